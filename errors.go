@@ -1,0 +1,60 @@
+package gormlease
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Match them with errors.Is: the errors that gormlease
+// returns wrap them with the target ID and the step that failed.
+var (
+	// ErrLeaseHeld is returned by Repository.Acquire and Runner.Run when
+	// another holder's lease on the target is live: it was acquired or
+	// renewed within the lease timeout and has not been released. Run returns
+	// it at once, without waiting for the holder and without running the work.
+	ErrLeaseHeld = errors.New("gormlease: lease held by another holder")
+
+	// ErrLeaseLost is returned by Repository.Heartbeat, CommitIfOwner and
+	// Release when the lease row no longer carries the caller's token: it was
+	// taken over, or already released. Runner.Run returns it, and reports it
+	// as the context.Cause of the work's context, when a heartbeat finds the
+	// lease taken or when the lease could not be confirmed in time (see the
+	// package documentation on self-fencing). Nothing is saved then.
+	ErrLeaseLost = errors.New("gormlease: lease lost")
+
+	// ErrInvalidArgument is wrapped by every error about bad input: an empty,
+	// oversized or unstorable target ID, a nil function or database, or an
+	// option value that is out of range or contradicts another. Nothing is
+	// written to the database when it is returned.
+	ErrInvalidArgument = errors.New("gormlease: invalid argument")
+)
+
+// invalidf returns an error that wraps ErrInvalidArgument and says what is wrong.
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
+}
+
+// PanicError is returned by Runner.Run when the work or the saver panics.
+// Run recovers the panic, releases the lease and returns a *PanicError; it
+// does not re-panic. Use errors.As to get at the value and the stack. When
+// the panic value is an error, errors.Is and errors.As see through to it.
+type PanicError struct {
+	// Step is "work" or "save": the function that panicked.
+	Step string
+	// Value is the value passed to panic.
+	Value any
+	// Stack is the stack of the panicking goroutine, as runtime/debug.Stack
+	// printed it.
+	Stack []byte
+}
+
+// Error implements error.
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("gormlease: %s panicked: %v", e.Step, e.Value)
+}
+
+// Unwrap returns the panic value when it is an error, and nil otherwise.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}

@@ -1,0 +1,131 @@
+package gormlease
+
+import (
+	"context"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+)
+
+const (
+	// MaxTargetIDLength is the longest target ID, in bytes, that gormlease
+	// accepts: the target_id columns are varchar(255) on every database.
+	MaxTargetIDLength = 255
+
+	// MaxHolderLength is the longest holder name, in bytes (see WithHolder).
+	MaxHolderLength = 255
+)
+
+// JobLease is a row of the job_lease table: the lease on one target.
+//
+// The row is kept when the lease is released (ReleasedAt is set), so that
+// Generation keeps increasing across acquisitions. Timestamps are written by
+// the database's clock, never the application's; create the table with
+// AutoMigrate or the DDL in docs/, not with gorm's own AutoMigrate.
+type JobLease struct {
+	// TargetID names the target: the thing the work runs for at most once at a time.
+	TargetID string `gorm:"column:target_id;primaryKey"`
+	// LeaseToken is minted afresh at every acquisition. Every later step of the
+	// lease (heartbeat, commit, release) matches it, so a holder whose lease was
+	// taken over can change nothing.
+	LeaseToken uuid.UUID `gorm:"column:lease_token"`
+	// Generation is 1 at the first acquisition of the target and grows by one
+	// at every acquisition after it, released or taken over.
+	Generation int64 `gorm:"column:generation"`
+	// Holder names the process that holds the lease (see WithHolder).
+	Holder string `gorm:"column:holder"`
+	// UpdatedAt is the database time of the acquisition or last heartbeat.
+	UpdatedAt time.Time `gorm:"column:updated_at;autoUpdateTime:false"`
+	// ReleasedAt is the database time of the release, or nil while held.
+	ReleasedAt *time.Time `gorm:"column:released_at"`
+}
+
+// TableName returns "job_lease".
+func (JobLease) TableName() string { return "job_lease" }
+
+// JobResult is a row of the job_result table, written by SaveJSON: the last
+// result saved for a target, as JSON, with the generation of the lease under
+// which it was saved.
+type JobResult struct {
+	// TargetID names the target.
+	TargetID string `gorm:"column:target_id;primaryKey"`
+	// Data is the result, encoded as JSON.
+	Data []byte `gorm:"column:data"`
+	// Generation is the generation of the lease that saved Data.
+	Generation int64 `gorm:"column:generation"`
+	// UpdatedAt is the database time of the save.
+	UpdatedAt time.Time `gorm:"column:updated_at;autoUpdateTime:false"`
+}
+
+// TableName returns "job_result".
+func (JobResult) TableName() string { return "job_result" }
+
+// AutoMigrate creates the job_lease and job_result tables, and does nothing
+// for a table that exists. It runs the database's own DDL (the same as in
+// docs/schema.sql) rather than gorm's AutoMigrate, so that the columns get
+// the types the lease statements rely on. It is safe to call from several
+// processes at once.
+func AutoMigrate(db *gorm.DB) error {
+	return AutoMigrateContext(context.Background(), db)
+}
+
+// AutoMigrateContext is AutoMigrate with a context.
+func AutoMigrateContext(ctx context.Context, db *gorm.DB) error {
+	if db == nil {
+		return invalidf("db is nil")
+	}
+	d, err := dialectFor(db)
+	if err != nil {
+		return err
+	}
+	if err := d.migrate(ctx, db.WithContext(ctx)); err != nil {
+		return fmt.Errorf("gormlease: migrate: %w", err)
+	}
+	return nil
+}
+
+// checkText says what is wrong with s as a target ID or holder name, or
+// returns "" when it is fine: it must be 1 to max bytes of valid UTF-8
+// without NUL bytes, which every supported database can store.
+func checkText(s string, max int) string {
+	switch {
+	case s == "":
+		return "is empty"
+	case len(s) > max:
+		return fmt.Sprintf("is %d bytes long, more than the %d the column holds", len(s), max)
+	case !utf8.ValidString(s):
+		return "is not valid UTF-8"
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return fmt.Sprintf("has a NUL byte at offset %d", i)
+		}
+	}
+	return ""
+}
+
+// checkTargetID returns an error wrapping ErrInvalidArgument when id cannot
+// be a target ID.
+func checkTargetID(id string) error {
+	if problem := checkText(id, MaxTargetIDLength); problem != "" {
+		if len(id) > 40 {
+			id = truncateUTF8(id, 40) + "..."
+		}
+		return invalidf("target ID %q %s", id, problem)
+	}
+	return nil
+}
+
+// truncateUTF8 cuts s to at most n bytes without splitting a character.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

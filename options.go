@@ -1,0 +1,150 @@
+package gormlease
+
+import (
+	"fmt"
+	"os"
+	"time"
+)
+
+const (
+	// DefaultHeartbeatInterval is how often a Runner renews its lease while
+	// the work runs. WithHeartbeatInterval overrides it.
+	DefaultHeartbeatInterval = 30 * time.Second
+
+	// DefaultLeaseTimeout is how long a lease stays live without a heartbeat;
+	// after that another Run may take the target over. WithLeaseTimeout
+	// overrides it.
+	DefaultLeaseTimeout = 2 * time.Minute
+
+	// DefaultOperationTimeout bounds each database call that a Runner makes
+	// for the lease: the acquire, each heartbeat, the fenced commit with the
+	// saver inside it, and the release. WithOperationTimeout overrides it.
+	DefaultOperationTimeout = 10 * time.Second
+
+	// DefaultSafetyMarginDivisor sets the default safety margin to the lease
+	// timeout divided by this number (12 s for the default 2 min timeout).
+	// WithSafetyMargin overrides it.
+	DefaultSafetyMarginDivisor = 10
+)
+
+// An Option configures a Runner. Options are validated together by
+// NewRunner, which names the option at fault.
+type Option interface {
+	apply(*config)
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// WithHeartbeatInterval sets how often the Runner renews the lease while the
+// work runs. It must be greater than zero, and the lease timeout must be at
+// least twice as long. The default is DefaultHeartbeatInterval.
+func WithHeartbeatInterval(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.heartbeatInterval = d })
+}
+
+// WithLeaseTimeout sets how long a lease stays live without a heartbeat,
+// judged on the database's clock. A Run that finds the last heartbeat older
+// than this takes the target over. It must be at least twice the heartbeat
+// interval. The default is DefaultLeaseTimeout.
+func WithLeaseTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.leaseTimeout = d })
+}
+
+// WithSafetyMargin sets how long before the lease timeout the Runner stops
+// trusting a lease that it could not confirm. The Runner cancels the work
+// with ErrLeaseLost once no heartbeat has succeeded for lease timeout minus
+// this margin, counted from when the last successful heartbeat was sent.
+// The margin covers the time the work takes to notice cancellation and
+// any drift between the clocks' rates. It must be greater than zero and
+// leave room for at least one heartbeat: interval + margin < timeout.
+// The default is the lease timeout divided by DefaultSafetyMarginDivisor.
+func WithSafetyMargin(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.safetyMargin = d; c.safetyMarginSet = true })
+}
+
+// WithOperationTimeout bounds each database call of the Runner: the acquire,
+// each heartbeat (which is further bounded by the self-fencing deadline), the
+// fenced commit with the saver inside it, and the release. It must be greater
+// than zero. The default is DefaultOperationTimeout.
+func WithOperationTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.operationTimeout = d })
+}
+
+// WithHolder sets the name stored in job_lease.holder while this Runner
+// holds a lease, so that an operator can see who holds a target. It must be
+// valid UTF-8, 1 to MaxHolderLength bytes, without NUL bytes. The default is
+// "hostname/pid".
+func WithHolder(name string) Option {
+	return optionFunc(func(c *config) { c.holder = name })
+}
+
+// config holds a Runner's settings after validation.
+type config struct {
+	heartbeatInterval time.Duration
+	leaseTimeout      time.Duration
+	safetyMargin      time.Duration
+	safetyMarginSet   bool
+	operationTimeout  time.Duration
+	holder            string
+}
+
+// newConfig applies opts over the defaults and validates the result.
+func newConfig(opts []Option) (config, error) {
+	c := config{
+		heartbeatInterval: DefaultHeartbeatInterval,
+		leaseTimeout:      DefaultLeaseTimeout,
+		operationTimeout:  DefaultOperationTimeout,
+		holder:            defaultHolder(),
+	}
+	for i, o := range opts {
+		if o == nil {
+			return config{}, invalidf("option %d is nil", i)
+		}
+		o.apply(&c)
+	}
+	if !c.safetyMarginSet {
+		c.safetyMargin = c.leaseTimeout / DefaultSafetyMarginDivisor
+	}
+	return c, c.validate()
+}
+
+func (c config) validate() error {
+	switch {
+	case c.heartbeatInterval <= 0:
+		return invalidf("WithHeartbeatInterval: interval must be > 0, got %v", c.heartbeatInterval)
+	case c.leaseTimeout <= 0:
+		return invalidf("WithLeaseTimeout: timeout must be > 0, got %v", c.leaseTimeout)
+	case c.leaseTimeout < 2*c.heartbeatInterval:
+		return invalidf("WithLeaseTimeout: timeout %v must be at least twice the heartbeat interval %v",
+			c.leaseTimeout, c.heartbeatInterval)
+	case c.safetyMargin <= 0:
+		return invalidf("WithSafetyMargin: margin must be > 0, got %v", c.safetyMargin)
+	case c.heartbeatInterval+c.safetyMargin >= c.leaseTimeout:
+		return invalidf("WithSafetyMargin: heartbeat interval %v + margin %v must be less than the lease timeout %v",
+			c.heartbeatInterval, c.safetyMargin, c.leaseTimeout)
+	case c.operationTimeout <= 0:
+		return invalidf("WithOperationTimeout: timeout must be > 0, got %v", c.operationTimeout)
+	}
+	if problem := checkText(c.holder, MaxHolderLength); problem != "" {
+		return invalidf("WithHolder: holder %s", problem)
+	}
+	return nil
+}
+
+// trustWindow is how long after sending its last successful heartbeat the
+// Runner keeps trusting the lease.
+func (c config) trustWindow() time.Duration {
+	return c.leaseTimeout - c.safetyMargin
+}
+
+// defaultHolder names this process: "hostname/pid", cut to MaxHolderLength.
+func defaultHolder() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	h := fmt.Sprintf("%s/%d", host, os.Getpid())
+	return truncateUTF8(h, MaxHolderLength)
+}

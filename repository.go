@@ -1,0 +1,221 @@
+package gormlease
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+// Lease is a lease that the caller holds: what Repository.Acquire returns and
+// every later step takes. Its Token is what proves ownership; keep the Lease
+// to the goroutine that acquired it.
+type Lease struct {
+	// TargetID names the leased target.
+	TargetID string
+	// Token was minted for this acquisition; no other acquisition has it.
+	Token uuid.UUID
+	// Generation is the fencing number of this acquisition: greater than that
+	// of every earlier acquisition of the same target. Use it, for instance,
+	// as the idempotency key of the external call the work makes.
+	Generation int64
+}
+
+// check returns an error wrapping ErrInvalidArgument when l cannot be a
+// lease that Acquire returned.
+func (l Lease) check() error {
+	if err := checkTargetID(l.TargetID); err != nil {
+		return err
+	}
+	if l.Token == uuid.Nil {
+		return invalidf("lease on %q has the nil token: use the Lease that Acquire returned", l.TargetID)
+	}
+	return nil
+}
+
+// Repository runs the steps of the lease protocol, one method a step, each
+// one or two statements on the database. Runner composes them; use the
+// Repository directly to drive the steps yourself. A Repository is safe for
+// concurrent use and holds no connection between calls.
+type Repository struct {
+	db      *gorm.DB
+	dialect dialect
+	holder  string
+}
+
+// NewRepository returns a Repository on db, which must be a *gorm.DB from
+// gorm.Open on a supported database, not inside a transaction. It does not
+// touch the database; create the tables with AutoMigrate.
+func NewRepository(db *gorm.DB) (*Repository, error) {
+	return newRepository(db, defaultHolder())
+}
+
+func newRepository(db *gorm.DB, holder string) (*Repository, error) {
+	if db == nil {
+		return nil, invalidf("db is nil")
+	}
+	if db.Statement != nil {
+		if _, inTx := db.Statement.ConnPool.(gorm.TxCommitter); inTx {
+			return nil, invalidf("db is inside a transaction: pass the *gorm.DB that gorm.Open returned")
+		}
+	}
+	d, err := dialectFor(db)
+	if err != nil {
+		return nil, err
+	}
+	// Each step is one statement or an explicit transaction: gorm's default
+	// transaction around single writes would only add round trips.
+	db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
+	return &Repository{db: db, dialect: d, holder: holder}, nil
+}
+
+// Acquire takes the lease on targetID in one statement, when no one holds it:
+// there is no row for the target, the row was released, or its last
+// heartbeat is older than timeout on the database's clock. It mints a fresh
+// token and returns the new Lease. When another holder's lease is live it
+// returns an error wrapping ErrLeaseHeld, at once and without writing.
+func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.Duration) (Lease, error) {
+	if err := checkTargetID(targetID); err != nil {
+		return Lease{}, err
+	}
+	if timeout <= 0 {
+		return Lease{}, invalidf("lease timeout must be > 0, got %v", timeout)
+	}
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return Lease{}, fmt.Errorf("gormlease: acquire %q: mint token: %w", targetID, err)
+	}
+	gen, ok, err := r.dialect.acquire(ctx, r.db, acquireArgs{
+		targetID: targetID, token: token, holder: r.holder, timeout: timeout,
+	})
+	if err != nil {
+		return Lease{}, fmt.Errorf("gormlease: acquire %q: %w", targetID, err)
+	}
+	if !ok {
+		return Lease{}, fmt.Errorf("%w: target %q", ErrLeaseHeld, targetID)
+	}
+	return Lease{TargetID: targetID, Token: token, Generation: gen}, nil
+}
+
+// Heartbeat renews l: one statement stamps the row with the database's time
+// where both the target and the token match. When no row matches, the lease
+// was taken over or released, and Heartbeat returns an error wrapping
+// ErrLeaseLost: stop the work.
+func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
+	if err := l.check(); err != nil {
+		return err
+	}
+	res := r.ownRow(ctx, r.db, l).UpdateColumn("updated_at", gorm.Expr(r.dialect.now()))
+	if res.Error != nil {
+		return fmt.Errorf("gormlease: heartbeat %q: %w", l.TargetID, res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return fmt.Errorf("gormlease: heartbeat %q: %w", l.TargetID, ErrLeaseLost)
+	}
+	return nil
+}
+
+// CommitIfOwner runs fn in a transaction that first locks the lease row
+// (SELECT ... FOR UPDATE) and checks that it still carries l's token. When it
+// does not, fn is not called, nothing is written, and CommitIfOwner returns an
+// error wrapping ErrLeaseLost. While the transaction runs, an acquire that
+// would take the lease over waits for it to end. The transaction runs at
+// READ COMMITTED. fn must use tx, and not keep it after it returns; when fn
+// returns an error the transaction is rolled back and the error returned.
+// The context of tx carries l (see LeaseFromContext), so SaveJSON works as fn.
+func (r *Repository) CommitIfOwner(ctx context.Context, l Lease, fn func(tx *gorm.DB) error) error {
+	return r.commit(ctx, l, fn, false)
+}
+
+// commit is CommitIfOwner; with release set it also releases the lease in
+// the same transaction, so that the save and the release are one durable write.
+func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) error, release bool) error {
+	if err := l.check(); err != nil {
+		return err
+	}
+	if fn == nil {
+		return invalidf("commit function is nil")
+	}
+	ctx = withLease(ctx, l)
+	err := r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := r.lockOwn(tx, l); err != nil {
+			return err
+		}
+		if err := fn(tx); err != nil {
+			return fmt.Errorf("gormlease: save %q: %w", l.TargetID, err)
+		}
+		if release {
+			return r.release(ctx, tx, l)
+		}
+		return nil
+	}, r.dialect.fenceTxOptions())
+	if err != nil {
+		return fmt.Errorf("gormlease: commit %q: %w", l.TargetID, err)
+	}
+	return nil
+}
+
+// lockOwn locks l's row for the rest of tx and checks that it is still l's.
+func (r *Repository) lockOwn(tx *gorm.DB, l Lease) error {
+	var rows []JobLease
+	res := tx.Clauses(clause.Locking{Strength: "UPDATE"}).
+		Select("lease_token", "released_at").
+		Where("target_id = ?", l.TargetID).
+		Limit(1).Find(&rows)
+	if res.Error != nil {
+		return fmt.Errorf("lock lease row: %w", res.Error)
+	}
+	if len(rows) == 0 || rows[0].LeaseToken != l.Token || rows[0].ReleasedAt != nil {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+// Release gives up l: the row is marked released, where both the target and
+// the token match, so the target can be acquired at once. It never touches a
+// lease that another holder acquired later: when l is no longer the caller's
+// (taken over, or already released) nothing changes and Release returns an
+// error wrapping ErrLeaseLost. Call it on a context that survives the
+// caller's cancellation, such as context.WithoutCancel with a timeout.
+func (r *Repository) Release(ctx context.Context, l Lease) error {
+	if err := l.check(); err != nil {
+		return err
+	}
+	return r.release(ctx, r.db, l)
+}
+
+func (r *Repository) release(ctx context.Context, db *gorm.DB, l Lease) error {
+	res := r.ownRow(ctx, db, l).UpdateColumn("released_at", gorm.Expr(r.dialect.now()))
+	if res.Error != nil {
+		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, ErrLeaseLost)
+	}
+	return nil
+}
+
+// ownRow selects l's row while it is held under l's token.
+func (r *Repository) ownRow(ctx context.Context, db *gorm.DB, l Lease) *gorm.DB {
+	return db.WithContext(ctx).Model(&JobLease{}).
+		Where("target_id = ? AND lease_token = ? AND released_at IS NULL", l.TargetID, l.Token)
+}
+
+// Get returns the lease row of targetID, and false when the target has never
+// been acquired. It is for inspection: the row may change right after.
+func (r *Repository) Get(ctx context.Context, targetID string) (JobLease, bool, error) {
+	if err := checkTargetID(targetID); err != nil {
+		return JobLease{}, false, err
+	}
+	var rows []JobLease
+	if err := r.db.WithContext(ctx).Where("target_id = ?", targetID).Limit(1).Find(&rows).Error; err != nil {
+		return JobLease{}, false, fmt.Errorf("gormlease: get %q: %w", targetID, err)
+	}
+	if len(rows) == 0 {
+		return JobLease{}, false, nil
+	}
+	return rows[0], true, nil
+}

@@ -1,0 +1,70 @@
+package gormlease
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+// ErrNoResult is returned by LoadJSON when no result was saved for the target.
+var ErrNoResult = errors.New("gormlease: no result saved")
+
+// SaveJSON is a saver for Runner.Run, the seed design's own: it stores result
+// as JSON in the job_result row of the lease's target, with the lease's
+// generation, replacing what an earlier generation saved. It takes the lease
+// from the context of tx, which Run and CommitIfOwner set; outside them it
+// returns an error. Pass it to Run as gormlease.SaveJSON[T].
+func SaveJSON[T any](tx *gorm.DB, result T) error {
+	if tx == nil {
+		return invalidf("tx is nil")
+	}
+	l, ok := LeaseFromContext(tx.Statement.Context)
+	if !ok {
+		return invalidf("SaveJSON: no lease in the transaction's context: call it as the saver of Run or CommitIfOwner")
+	}
+	d, err := dialectFor(tx)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(result)
+	if err != nil {
+		return fmt.Errorf("gormlease: encode result of %q: %w", l.TargetID, err)
+	}
+	return tx.Model(&JobResult{}).Clauses(clause.OnConflict{
+		Columns:   []clause.Column{{Name: "target_id"}},
+		DoUpdates: clause.AssignmentColumns([]string{"data", "generation", "updated_at"}),
+	}).Create(map[string]any{
+		"target_id":  l.TargetID,
+		"data":       string(data),
+		"generation": l.Generation,
+		"updated_at": gorm.Expr(d.now()),
+	}).Error
+}
+
+// LoadJSON reads the result that SaveJSON stored for targetID and decodes it
+// into a T. It also returns the row, for its generation and time. When
+// nothing was saved it returns an error wrapping ErrNoResult.
+func LoadJSON[T any](ctx context.Context, db *gorm.DB, targetID string) (T, JobResult, error) {
+	var value T
+	if db == nil {
+		return value, JobResult{}, invalidf("db is nil")
+	}
+	if err := checkTargetID(targetID); err != nil {
+		return value, JobResult{}, err
+	}
+	var rows []JobResult
+	if err := db.WithContext(ctx).Where("target_id = ?", targetID).Limit(1).Find(&rows).Error; err != nil {
+		return value, JobResult{}, fmt.Errorf("gormlease: load result of %q: %w", targetID, err)
+	}
+	if len(rows) == 0 {
+		return value, JobResult{}, fmt.Errorf("%w for target %q", ErrNoResult, targetID)
+	}
+	if err := json.Unmarshal(rows[0].Data, &value); err != nil {
+		return value, rows[0], fmt.Errorf("gormlease: decode result of %q: %w", targetID, err)
+	}
+	return value, rows[0], nil
+}

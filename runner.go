@@ -1,0 +1,170 @@
+package gormlease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Runner runs work once per target at a time, under a heartbeat lease, and
+// saves its result of type T only while the lease is still its own. A Runner
+// is safe for concurrent use; it holds no goroutine or connection between
+// Runs, and needs no closing.
+type Runner[T any] struct {
+	repo *Repository
+	cfg  config
+}
+
+// NewRunner returns a Runner on db, which must be a *gorm.DB from gorm.Open
+// on a supported database, not inside a transaction. It validates the options
+// together and returns an error wrapping ErrInvalidArgument that names the
+// option at fault. It does not touch the database; create the tables with
+// AutoMigrate.
+func NewRunner[T any](db *gorm.DB, opts ...Option) (*Runner[T], error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	repo, err := newRepository(db, cfg.holder)
+	if err != nil {
+		return nil, err
+	}
+	return &Runner[T]{repo: repo, cfg: cfg}, nil
+}
+
+// Repository returns the Repository that the Runner runs its steps with.
+func (r *Runner[T]) Repository() *Repository { return r.repo }
+
+// Run runs work for targetID under a lease, then saves its result with save,
+// once, if the lease is still the caller's.
+//
+//  1. Acquire: when another holder's lease on targetID is live, Run returns an
+//     error wrapping ErrLeaseHeld at once and does not call work.
+//  2. Work: work runs on the calling goroutine with a context that carries
+//     the lease (LeaseFromContext) and is cancelled when the caller's context
+//     is, or when the lease is lost; context.Cause then reports an error
+//     wrapping ErrLeaseLost. Meanwhile a heartbeat renews the lease every
+//     interval. No database connection is held while work runs.
+//  3. Save: when work returns a nil error and the lease was never lost, save
+//     runs inside the fenced commit (see Repository.CommitIfOwner), in the
+//     same transaction that releases the lease. When the lease turns out to
+//     have been taken over, nothing is saved and Run returns ErrLeaseLost.
+//  4. Release: on every other outcome the lease is released on a context
+//     that survives the caller's cancellation, bounded by the operation
+//     timeout.
+//
+// Run returns only after work has returned, the heartbeat has stopped, and
+// the result was committed or discarded. It returns work's result and nil
+// only when save committed. Errors from work and save are wrapped, so
+// errors.Is matches them; a panic in work or save is recovered and returned
+// as a *PanicError, and the lease is released. When the lease is lost, Run
+// returns ErrLeaseLost even if work returned a result.
+func (r *Runner[T]) Run(ctx context.Context, targetID string,
+	work func(ctx context.Context) (T, error),
+	save func(tx *gorm.DB, result T) error,
+) (T, error) {
+	var zero T
+	switch {
+	case ctx == nil:
+		return zero, invalidf("context is nil")
+	case work == nil:
+		return zero, invalidf("work function is nil")
+	case save == nil:
+		return zero, invalidf("save function is nil")
+	}
+	if err := checkTargetID(targetID); err != nil {
+		return zero, err
+	}
+
+	acquireCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
+	sent := time.Now()
+	lease, err := r.repo.Acquire(acquireCtx, targetID, r.cfg.leaseTimeout)
+	cancel()
+	if err != nil {
+		return zero, err
+	}
+
+	workCtx, cancelWork := context.WithCancelCause(withLease(ctx, lease))
+	defer cancelWork(context.Canceled)
+	hb := startHeartbeat(workCtx, r.repo, r.cfg, lease, sent, cancelWork)
+	result, workErr := callWork(workCtx, work)
+	hb.stop()
+
+	switch cause := context.Cause(workCtx); {
+	case errors.Is(cause, ErrLeaseLost):
+		return zero, r.releaseAfter(ctx, lease, cause)
+	case cause != nil:
+		return zero, r.releaseAfter(ctx, lease, fmt.Errorf("gormlease: run %q: %w", targetID, cause))
+	case workErr != nil:
+		return zero, r.releaseAfter(ctx, lease, fmt.Errorf("gormlease: work %q: %w", targetID, workErr))
+	}
+
+	commitCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
+	defer cancel()
+	err = r.repo.commit(commitCtx, lease, func(tx *gorm.DB) error { return callSave(tx, save, result) }, true)
+	if err == nil {
+		return result, nil
+	}
+	if errors.Is(err, ErrLeaseLost) {
+		return zero, err
+	}
+	// The transaction was rolled back, or its outcome is unknown; either way
+	// the lease is still ours or already released, and releasing is safe.
+	return zero, r.releaseAfter(ctx, lease, err)
+}
+
+// releaseAfter releases lease after Run failed with runErr, and returns
+// runErr, joined with the release's own error when that failed for a reason
+// other than the lease being gone already.
+func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, runErr error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
+	defer cancel()
+	err := r.repo.Release(ctx, lease)
+	if err == nil || errors.Is(err, ErrLeaseLost) {
+		return runErr
+	}
+	return errors.Join(runErr, err)
+}
+
+// callWork calls work and turns a panic into a *PanicError.
+func callWork[T any](ctx context.Context, work func(context.Context) (T, error)) (result T, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Step: "work", Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return work(ctx)
+}
+
+// callSave calls save and turns a panic into a *PanicError.
+func callSave[T any](tx *gorm.DB, save func(*gorm.DB, T) error, result T) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Step: "save", Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return save(tx, result)
+}
+
+type leaseKey struct{}
+
+// withLease returns ctx carrying l, for LeaseFromContext.
+func withLease(ctx context.Context, l Lease) context.Context {
+	return context.WithValue(ctx, leaseKey{}, l)
+}
+
+// LeaseFromContext returns the lease that the work runs under, from the
+// context that Runner.Run passes to work, or from the context of the
+// transaction that the saver gets. Use its Generation as an idempotency key
+// for the external call.
+func LeaseFromContext(ctx context.Context) (Lease, bool) {
+	if ctx == nil {
+		return Lease{}, false
+	}
+	l, ok := ctx.Value(leaseKey{}).(Lease)
+	return l, ok
+}
