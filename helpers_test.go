@@ -1,0 +1,139 @@
+package gormlease_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// eachDB runs fn as a parallel subtest on every supported database.
+func eachDB(t *testing.T, fn func(t *testing.T, s *testdb.Server, db *gorm.DB)) {
+	t.Helper()
+	for _, s := range testdb.All(t) {
+		t.Run(s.Name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, s, s.DB(t))
+		})
+	}
+}
+
+var targetSeq atomic.Int64
+
+// newTarget returns a target ID no other test uses.
+func newTarget(t *testing.T) string {
+	return fmt.Sprintf("%s#%d-%s", t.Name(), targetSeq.Add(1), uuid.NewString()[:8])
+}
+
+// leaseRow reads the job_lease row of target.
+func leaseRow(t *testing.T, db *gorm.DB, target string) gormlease.JobLease {
+	t.Helper()
+	var row gormlease.JobLease
+	require.NoError(t, db.Where("target_id = ?", target).Take(&row).Error)
+	return row
+}
+
+// countRows counts the rows of model's table for target.
+func countRows(t *testing.T, db *gorm.DB, model any, target string) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, db.Model(model).Where("target_id = ?", target).Count(&n).Error)
+	return n
+}
+
+// steal gives target's lease to a stranger, as a takeover by another process
+// would: a new token, a new generation, a fresh heartbeat.
+func steal(t *testing.T, s *testdb.Server, db *gorm.DB, target string) {
+	t.Helper()
+	res := db.Model(&gormlease.JobLease{}).Where("target_id = ?", target).Updates(map[string]any{
+		"lease_token": uuid.New(),
+		"generation":  gorm.Expr("generation + 1"),
+		"updated_at":  s.Ago(0),
+		"released_at": nil,
+	})
+	require.NoError(t, res.Error)
+	require.EqualValues(t, 1, res.RowsAffected, "steal %q", target)
+}
+
+// age sets target's last heartbeat d back on the database's clock.
+func age(t *testing.T, s *testdb.Server, db *gorm.DB, target string, d time.Duration) {
+	t.Helper()
+	res := db.Model(&gormlease.JobLease{}).Where("target_id = ?", target).Update("updated_at", s.Ago(d))
+	require.NoError(t, res.Error)
+	require.EqualValues(t, 1, res.RowsAffected)
+}
+
+// waitFor polls cond until it holds, failing t after timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// recv receives from ch, failing t after timeout.
+func recv[V any](t *testing.T, ch <-chan V, timeout time.Duration, what string) V {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(timeout):
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		panic("unreachable")
+	}
+}
+
+// runResult is what Run returned, sent over a channel.
+type runResult[T any] struct {
+	value T
+	err   error
+}
+
+// goRun calls r.Run on a goroutine and sends its result.
+func goRun[T any](ctx context.Context, r *gormlease.Runner[T], target string,
+	work func(context.Context) (T, error), save func(*gorm.DB, T) error,
+) <-chan runResult[T] {
+	ch := make(chan runResult[T], 1)
+	go func() {
+		v, err := r.Run(ctx, target, work, save)
+		ch <- runResult[T]{v, err}
+	}()
+	return ch
+}
+
+// newRunner makes a Runner[string] on db, failing t on error.
+func newRunner(t *testing.T, db *gorm.DB, opts ...gormlease.Option) *gormlease.Runner[string] {
+	t.Helper()
+	r, err := gormlease.NewRunner[string](db, opts...)
+	require.NoError(t, err)
+	return r
+}
+
+// fast are options for tests that watch heartbeats and expiry.
+func fast(interval, timeout time.Duration) []gormlease.Option {
+	return []gormlease.Option{
+		gormlease.WithHeartbeatInterval(interval),
+		gormlease.WithLeaseTimeout(timeout),
+		gormlease.WithOperationTimeout(2 * time.Second),
+	}
+}
+
+// noSave is a saver that fails the test if it is ever called.
+func noSave(t *testing.T) func(*gorm.DB, string) error {
+	return func(*gorm.DB, string) error {
+		t.Errorf("saver called, but nothing may be saved")
+		return nil
+	}
+}

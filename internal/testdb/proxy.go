@@ -1,0 +1,142 @@
+package testdb
+
+import (
+	"net"
+	"sync"
+	"testing"
+)
+
+// Proxy is a TCP proxy in front of a database server, for fault tests: it can
+// blackhole traffic (keep connections open and deliver nothing) and cut every
+// connection.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	blocked bool
+	closed  bool
+	conns   map[net.Conn]struct{}
+	wg      sync.WaitGroup
+}
+
+// NewProxy starts a proxy to target ("host:port") on a free loopback port.
+// It is closed when tb ends.
+func NewProxy(tb testing.TB, target string) *Proxy {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("proxy: %v", err)
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.cond = sync.NewCond(&p.mu)
+	p.wg.Add(1)
+	go p.accept()
+	tb.Cleanup(p.Close)
+	return p
+}
+
+// Addr is the address that clients connect to.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Blackhole withholds all traffic, both ways, on every connection, old and
+// new, until Restore. Connections stay open.
+func (p *Proxy) Blackhole() {
+	p.mu.Lock()
+	p.blocked = true
+	p.mu.Unlock()
+}
+
+// Restore delivers traffic again, including what was withheld.
+func (p *Proxy) Restore() {
+	p.mu.Lock()
+	p.blocked = false
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// Cut closes every open connection; new ones are still accepted.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
+// Close stops the proxy, closes its connections and waits for its goroutines.
+func (p *Proxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.blocked = false
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	p.ln.Close()
+	p.Cut()
+	p.wg.Wait()
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		if !p.track(client, server) {
+			return
+		}
+		p.wg.Add(2)
+		go p.pipe(client, server)
+		go p.pipe(server, client)
+	}
+}
+
+// track registers a connection pair, or closes it when the proxy is closed.
+func (p *Proxy) track(a, b net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		a.Close()
+		b.Close()
+		return false
+	}
+	p.conns[a], p.conns[b] = struct{}{}, struct{}{}
+	return true
+}
+
+// pipe copies from src to dst, holding each chunk while the proxy is blocked.
+func (p *Proxy) pipe(src, dst net.Conn) {
+	defer p.wg.Done()
+	defer func() {
+		src.Close()
+		dst.Close()
+		p.mu.Lock()
+		delete(p.conns, src)
+		delete(p.conns, dst)
+		p.mu.Unlock()
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			for p.blocked && !p.closed {
+				p.cond.Wait()
+			}
+			p.mu.Unlock()
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return // io.EOF or a closed connection: the pair is done
+		}
+	}
+}

@@ -1,0 +1,301 @@
+// Package testdb opens the real databases that gormlease's tests run
+// against. Each server is found once per test process, in this order:
+//
+//  1. a DSN from the environment (GORMLEASE_TEST_POSTGRES_DSN, or
+//     GORMLEASE_TEST_DSN for PostgreSQL);
+//  2. a container started with dockertest, when a Docker engine answers a
+//     ping within a few seconds;
+//  3. the local server (PostgreSQL on 127.0.0.1:5432).
+//
+// When none answers, the tests that need it are skipped with a loud message,
+// or fail when the CI environment variable is set, so that CI never counts a
+// skipped database test as a pass.
+//
+// Each test process works in a schema of its own, dropped by Close, so test
+// packages running at the same time never see each other's rows.
+package testdb
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/ory/dockertest/v3"
+	"github.com/ory/dockertest/v3/docker"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+	"gorm.io/gorm/logger"
+
+	"github.com/gormlease/gormlease"
+)
+
+// Server is one database server reached by the tests, with a schema (or
+// database) of this process's own.
+type Server struct {
+	// Name is the gorm dialector name: "postgres".
+	Name string
+	// Addr is the server's "host:port", for a Proxy in front of it.
+	Addr string
+	// Ago returns the SQL for the database's time d ago, to age a lease row.
+	Ago func(d time.Duration) clause.Expr
+
+	open     func(params map[string]string) (*gorm.DB, error)
+	teardown func() error
+
+	findErr error // why the server could not be found; set before it is shared
+
+	once    sync.Once
+	shared  *gorm.DB
+	openErr error
+}
+
+var (
+	mu      sync.Mutex
+	servers = map[string]*Server{}
+	closers []func() error
+)
+
+// Postgres returns the PostgreSQL server, or skips (fails under CI) tb when
+// none can be reached.
+func Postgres(tb testing.TB) *Server {
+	tb.Helper()
+	return get(tb, "postgres", findPostgres)
+}
+
+// All returns every supported server, for the guarantee tests that run on
+// each database. Under CI every one of them must be reachable.
+func All(tb testing.TB) []*Server {
+	tb.Helper()
+	return []*Server{Postgres(tb)}
+}
+
+func get(tb testing.TB, name string, find func() (*Server, error)) *Server {
+	tb.Helper()
+	mu.Lock()
+	s, ok := servers[name]
+	if !ok {
+		var err error
+		s, err = find()
+		if err != nil {
+			s = &Server{Name: name, findErr: err}
+		}
+		servers[name] = s
+	}
+	mu.Unlock()
+	if s.findErr != nil {
+		unavailable(tb, name, s.findErr)
+	}
+	return s
+}
+
+// unavailable skips tb, loudly, or fails it under CI.
+func unavailable(tb testing.TB, name string, err error) {
+	tb.Helper()
+	msg := fmt.Sprintf("DATABASE TESTS NOT RUN: no %s server: %v", name, err)
+	if os.Getenv("CI") != "" {
+		tb.Fatal(msg + " (CI is set, so this fails instead of skipping)")
+	}
+	tb.Skip(msg)
+}
+
+// DB returns the process's shared pool on s, with the gormlease tables made.
+func (s *Server) DB(tb testing.TB) *gorm.DB {
+	tb.Helper()
+	s.once.Do(func() {
+		s.shared, s.openErr = s.open(nil)
+		if s.openErr == nil {
+			s.openErr = gormlease.AutoMigrate(s.shared)
+		}
+	})
+	if s.openErr != nil {
+		tb.Fatalf("open %s: %v", s.Name, s.openErr)
+	}
+	return s.shared
+}
+
+// Open returns a new pool on s, closed when tb ends. params are session
+// settings (for PostgreSQL, run-time parameters such as
+// default_transaction_isolation). The tables exist: DB made them.
+func (s *Server) Open(tb testing.TB, params map[string]string) *gorm.DB {
+	tb.Helper()
+	s.DB(tb)
+	db, err := s.open(params)
+	if err != nil {
+		tb.Fatalf("open %s: %v", s.Name, err)
+	}
+	tb.Cleanup(func() { closeDB(db) })
+	return db
+}
+
+// OpenVia returns a new pool on s that connects to addr ("host:port")
+// instead of the server's own address, as through a proxy. It is closed when
+// tb ends.
+func (s *Server) OpenVia(tb testing.TB, addr string) *gorm.DB {
+	tb.Helper()
+	return s.Open(tb, map[string]string{addrParam: addr})
+}
+
+// addrParam is the pseudo-parameter by which OpenVia redirects a pool.
+const addrParam = "gormlease.addr"
+
+// Close drops the schemas the process made, stops the containers it started
+// and closes the shared pools. Call it from TestMain after m.Run.
+func Close() {
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range servers {
+		if s.shared != nil {
+			closeDB(s.shared)
+		}
+	}
+	for i := len(closers) - 1; i >= 0; i-- {
+		if err := closers[i](); err != nil {
+			fmt.Fprintln(os.Stderr, "testdb: close:", err)
+		}
+	}
+	servers, closers = map[string]*Server{}, nil
+}
+
+func closeDB(db *gorm.DB) {
+	if sqlDB, err := db.DB(); err == nil {
+		sqlDB.Close()
+	}
+}
+
+// quiet is the gorm config of every test pool: the tests check errors
+// themselves, and expected failures should not flood the output.
+func quiet() *gorm.Config {
+	return &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)}
+}
+
+func findPostgres() (*Server, error) {
+	dsn, err := postgresDSN()
+	if err != nil {
+		return nil, err
+	}
+	base, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse DSN: %w", err)
+	}
+	schema := fmt.Sprintf("gormlease_test_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
+	admin := stdlib.OpenDB(*base)
+	defer admin.Close()
+	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
+		return nil, fmt.Errorf("create schema: %w", err)
+	}
+	closers = append(closers, func() error {
+		db := stdlib.OpenDB(*base)
+		defer db.Close()
+		_, err := db.Exec("DROP SCHEMA " + schema + " CASCADE")
+		return err
+	})
+	return &Server{
+		Name: "postgres",
+		Addr: fmt.Sprintf("%s:%d", base.Host, base.Port),
+		Ago: func(d time.Duration) clause.Expr {
+			return gorm.Expr("clock_timestamp() - make_interval(secs => ?)", d.Seconds())
+		},
+		open: func(params map[string]string) (*gorm.DB, error) {
+			cfg := base.Copy()
+			cfg.RuntimeParams["search_path"] = schema
+			for k, v := range params {
+				if k == addrParam {
+					host, port, ok := strings.Cut(v, ":")
+					if !ok {
+						return nil, fmt.Errorf("address %q has no port", v)
+					}
+					var p uint16
+					fmt.Sscan(port, &p)
+					cfg.Host, cfg.Port, cfg.Fallbacks = host, p, nil
+					continue
+				}
+				cfg.RuntimeParams[k] = v
+			}
+			return gorm.Open(postgres.New(postgres.Config{Conn: stdlib.OpenDB(*cfg)}), quiet())
+		},
+	}, nil
+}
+
+// postgresDSN finds a PostgreSQL server: from the environment, in a
+// container, or on this machine.
+func postgresDSN() (string, error) {
+	for _, env := range []string{"GORMLEASE_TEST_POSTGRES_DSN", "GORMLEASE_TEST_DSN"} {
+		if dsn := os.Getenv(env); dsn != "" {
+			return dsn, ping("pgx", dsn)
+		}
+	}
+	if dsn, err := dockerPostgres(); err == nil {
+		return dsn, nil
+	}
+	dsn := "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable connect_timeout=5"
+	if err := ping("pgx", dsn); err != nil {
+		return "", fmt.Errorf("no DSN in GORMLEASE_TEST_POSTGRES_DSN, no Docker engine, and the local server: %w", err)
+	}
+	return dsn, nil
+}
+
+// dockerPostgres starts PostgreSQL 15 in a container when a Docker engine
+// answers within a few seconds.
+func dockerPostgres() (string, error) {
+	pool, err := dockerPool()
+	if err != nil {
+		return "", err
+	}
+	res, err := pool.RunWithOptions(&dockertest.RunOptions{
+		Repository: "postgres",
+		Tag:        "15",
+		Env:        []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test"},
+	}, func(hc *docker.HostConfig) {
+		hc.AutoRemove = true
+		hc.RestartPolicy = docker.RestartPolicy{Name: "no"}
+	})
+	if err != nil {
+		return "", err
+	}
+	closers = append(closers, func() error { return pool.Purge(res) })
+	_ = res.Expire(900) // the container goes even if this process dies
+	dsn := fmt.Sprintf("host=127.0.0.1 port=%s user=postgres dbname=test sslmode=disable",
+		res.GetPort("5432/tcp"))
+	pool.MaxWait = time.Minute
+	if err := pool.Retry(func() error { return ping("pgx", dsn) }); err != nil {
+		return "", err
+	}
+	return dsn, nil
+}
+
+// dockerPool returns a dockertest pool when a Docker engine answers a ping
+// within a few seconds. Client.Ping has no timeout of its own.
+func dockerPool() (*dockertest.Pool, error) {
+	if os.Getenv("GORMLEASE_TEST_NO_DOCKER") != "" {
+		return nil, fmt.Errorf("GORMLEASE_TEST_NO_DOCKER is set")
+	}
+	pool, err := dockertest.NewPool("")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := pool.Client.PingWithContext(ctx); err != nil {
+		return nil, err
+	}
+	return pool, nil
+}
+
+func ping(driver, dsn string) error {
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return db.PingContext(ctx)
+}

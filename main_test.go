@@ -1,0 +1,25 @@
+package gormlease_test
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// TestMain runs the tests, closes the test databases, and then fails the run
+// if any goroutine is left over: no Run may leave a heartbeat behind.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testdb.Close()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
