@@ -1,0 +1,56 @@
+package gormlease_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// Point 10: NewRunner validates its options together and names the one at
+// fault; a nil db is refused too.
+func TestNewRunner_RejectsBadOptions(t *testing.T) {
+	t.Parallel()
+	_, err := gormlease.NewRunner[string](nil)
+	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "db is nil")
+
+	db := testdb.Postgres(t).DB(t)
+	cases := []struct {
+		name string
+		opts []gormlease.Option
+		want string
+	}{
+		{"ZeroInterval", []gormlease.Option{gormlease.WithHeartbeatInterval(0)}, "WithHeartbeatInterval: interval must be > 0"},
+		{"NegativeInterval", []gormlease.Option{gormlease.WithHeartbeatInterval(-time.Second)}, "interval must be > 0"},
+		{"ZeroTimeout", []gormlease.Option{gormlease.WithLeaseTimeout(0)}, "WithLeaseTimeout: timeout must be > 0"},
+		{"TimeoutBelowTwiceInterval", []gormlease.Option{
+			gormlease.WithHeartbeatInterval(time.Minute), gormlease.WithLeaseTimeout(90 * time.Second),
+		}, "timeout 1m30s must be at least twice the heartbeat interval 1m0s"},
+		{"ZeroMargin", []gormlease.Option{gormlease.WithSafetyMargin(0)}, "WithSafetyMargin: margin must be > 0"},
+		{"MarginLeavesNoHeartbeat", []gormlease.Option{gormlease.WithSafetyMargin(90 * time.Second)},
+			"heartbeat interval 30s + margin 1m30s must be less than the lease timeout 2m0s"},
+		{"ZeroOperationTimeout", []gormlease.Option{gormlease.WithOperationTimeout(0)}, "WithOperationTimeout"},
+		{"EmptyHolder", []gormlease.Option{gormlease.WithHolder("")}, "WithHolder: holder is empty"},
+		{"LongHolder", []gormlease.Option{gormlease.WithHolder(strings.Repeat("h", 300))}, "300 bytes long"},
+		{"NilOption", []gormlease.Option{nil}, "option 0 is nil"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := gormlease.NewRunner[string](db, tc.opts...)
+			require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Nil(t, r)
+		})
+	}
+
+	// The smallest valid timeout is twice the interval.
+	_, err = gormlease.NewRunner[string](db,
+		gormlease.WithHeartbeatInterval(time.Second), gormlease.WithLeaseTimeout(2*time.Second))
+	assert.NoError(t, err)
+}
