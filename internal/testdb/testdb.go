@@ -79,7 +79,17 @@ func All(tb testing.TB) []*Server {
 
 func get(tb testing.TB, name string, find func() (*Server, error)) *Server {
 	tb.Helper()
+	s := lookup(name, find)
+	if s.findErr != nil {
+		unavailable(tb, name, s.findErr)
+	}
+	return s
+}
+
+// lookup finds the server called name once per process.
+func lookup(name string, find func() (*Server, error)) *Server {
 	mu.Lock()
+	defer mu.Unlock()
 	s, ok := servers[name]
 	if !ok {
 		var err error
@@ -89,11 +99,17 @@ func get(tb testing.TB, name string, find func() (*Server, error)) *Server {
 		}
 		servers[name] = s
 	}
-	mu.Unlock()
-	if s.findErr != nil {
-		unavailable(tb, name, s.findErr)
-	}
 	return s
+}
+
+// Example returns the shared PostgreSQL pool for runnable examples, which
+// have no testing.TB, or the reason there is none.
+func Example() (*gorm.DB, error) {
+	s := lookup("postgres", findPostgres)
+	if s.findErr != nil {
+		return nil, s.findErr
+	}
+	return s.sharedDB()
 }
 
 // unavailable skips tb, loudly, or fails it under CI.
@@ -109,16 +125,21 @@ func unavailable(tb testing.TB, name string, err error) {
 // DB returns the process's shared pool on s, with the gormlease tables made.
 func (s *Server) DB(tb testing.TB) *gorm.DB {
 	tb.Helper()
+	db, err := s.sharedDB()
+	if err != nil {
+		tb.Fatalf("open %s: %v", s.Name, err)
+	}
+	return db
+}
+
+func (s *Server) sharedDB() (*gorm.DB, error) {
 	s.once.Do(func() {
 		s.shared, s.openErr = s.open(nil)
 		if s.openErr == nil {
 			s.openErr = gormlease.AutoMigrate(s.shared)
 		}
 	})
-	if s.openErr != nil {
-		tb.Fatalf("open %s: %v", s.Name, s.openErr)
-	}
-	return s.shared
+	return s.shared, s.openErr
 }
 
 // Open returns a new pool on s, closed when tb ends. params are session

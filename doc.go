@@ -1,0 +1,69 @@
+// Package gormlease runs slow work once per target at a time, across
+// requests, processes and machines, with a heartbeat lease kept in one
+// database row, for GORM applications.
+//
+// The work is typically an external call that takes seconds to minutes,
+// followed by a database save. A PostgreSQL advisory lock would pin a
+// database connection for the whole call; a lease pins nothing. A Runner
+// holds no connection while the work runs, only for the few statements of
+// each step.
+//
+// # Lifecycle
+//
+// A lease on a target lives in the target's job_lease row:
+//
+//   - Acquire: one statement takes the lease when there is no row, the row
+//     was released, or its last heartbeat is older than the lease timeout on
+//     the database's clock. It mints a fresh token and bumps the generation.
+//     Otherwise the caller gets ErrLeaseHeld at once, and nothing is written.
+//   - Heartbeat: every interval, one statement stamps the row where both the
+//     target and the token match. Zero rows means the lease was taken over:
+//     the work is cancelled, with ErrLeaseLost as its context.Cause.
+//   - Fenced commit: one transaction locks the row (SELECT ... FOR UPDATE),
+//     compares the token, runs the caller's saver, and releases the lease.
+//     A stale holder's result is discarded: nothing is saved.
+//   - Release: marks the row released where the target and token match, so
+//     the target can be acquired at once. The row is kept, so that the
+//     generation keeps growing.
+//
+// # Fencing
+//
+// Every step matches the token, so a holder whose lease was taken over can
+// change nothing: not the heartbeat, not the result, not the new holder's
+// lease. The saver runs in the transaction that holds the row lock, so no
+// takeover can slip in between the check and the save. The generation is a
+// fencing number that grows with every acquisition of a target; the work
+// reads it with LeaseFromContext, to pass on as an idempotency key.
+//
+// # Failure handling and self-fencing
+//
+// A heartbeat that fails (the database is unreachable, slow or failing) is
+// retried. But the Runner trusts its lease only for the lease timeout minus
+// a safety margin after the last successful heartbeat was sent. The
+// database stamped that heartbeat after it was sent, so no one can take the
+// lease over before the timeout counted from then. A timer, independent of
+// the heartbeat calls, cancels the work with ErrLeaseLost when that trust
+// runs out: a database outage never leaves the work running where another
+// holder may start. Every database call carries a deadline.
+//
+// Release runs on a context that survives the caller's cancellation; if it
+// fails, the lease expires after the timeout.
+//
+// # Clocks
+//
+// Whether a lease has expired is decided by the database, in SQL, on its own
+// clock. The application's clock only measures durations (monotonic time) to
+// decide when to stop trusting a lease that it could not confirm.
+//
+// # What is not guaranteed
+//
+// The external call itself is not fenced: a holder that lost its lease may
+// still be in the middle of its call while the new holder makes its own.
+// Only the save is fenced. Make the call idempotent, keyed by the lease's
+// generation, if a duplicate call matters. Run does not kill work that
+// ignores its context; it only refuses to save its result. The guarantees
+// assume the database's clock does not jump, and that the clocks of the
+// database and the application run at about the same rate.
+//
+// See docs/design.md for the state diagram and the failure model.
+package gormlease
