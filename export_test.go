@@ -1,0 +1,4 @@
+package gormlease
+
+// PostgresSchema exposes the PostgreSQL DDL to the black-box tests.
+var PostgresSchema = postgresSchema
