@@ -46,7 +46,9 @@ func dialectFor(db *gorm.DB) (dialect, error) {
 	switch name := db.Dialector.Name(); name {
 	case "postgres":
 		return postgresDialect{}, nil
+	case "mysql":
+		return mysqlDialect{}, nil
 	default:
-		return nil, fmt.Errorf("gormlease: unsupported database %q: supported are postgres", name)
+		return nil, fmt.Errorf("gormlease: unsupported database %q: supported are postgres and mysql", name)
 	}
 }
