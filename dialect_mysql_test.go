@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	_ "time/tzdata" // for loc=Asia/Tokyo on machines without a zoneinfo database
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -32,9 +33,11 @@ func TestAutoMigrate_RejectsMySQLDSNWithoutUTCTimes(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			err := gormlease.AutoMigrate(s.Open(t, tc.params))
+			db := s.OpenEmpty(t, tc.params)
+			err := gormlease.AutoMigrate(db)
 			require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 			assert.Contains(t, err.Error(), tc.want)
+			assert.False(t, db.Migrator().HasTable("job_lease"), "AutoMigrate created a table")
 		})
 	}
 }
@@ -44,7 +47,7 @@ func TestAutoMigrate_RejectsMySQLDSNWithoutUTCTimes(t *testing.T) {
 func TestAutoMigrate_ConcurrentCallsSucceed(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
-		db := s.OpenEmpty(t)
+		db := s.OpenEmpty(t, nil)
 		const n = 8
 		var wg sync.WaitGroup
 		errs := make(chan error, n)
@@ -76,7 +79,7 @@ func TestAutoMigrate_MySQLMatchesDocsSchema(t *testing.T) {
 	s := testdb.MySQL(t)
 	ddl, err := os.ReadFile("docs/schema-mysql.sql")
 	require.NoError(t, err)
-	fromDocs := s.OpenEmpty(t)
+	fromDocs := s.OpenEmpty(t, nil)
 	var code []string // the file without its comment lines
 	for _, line := range strings.Split(string(ddl), "\n") {
 		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
@@ -91,7 +94,7 @@ func TestAutoMigrate_MySQLMatchesDocsSchema(t *testing.T) {
 		}
 	}
 	require.Equal(t, 2, statements, "statements in docs/schema-mysql.sql")
-	fromCode := s.OpenEmpty(t)
+	fromCode := s.OpenEmpty(t, nil)
 	require.NoError(t, gormlease.AutoMigrate(fromCode))
 	for _, table := range []string{"job_lease", "job_result"} {
 		assert.Equal(t, showCreateTable(t, fromCode, table), showCreateTable(t, fromDocs, table), table)

@@ -161,7 +161,8 @@ func TestRepository_ReleaseOnlyOwnLease(t *testing.T) {
 
 // Point 6: the fenced commit runs at READ COMMITTED whatever the session
 // default, so a heartbeat that commits while it waits for the row lock does
-// not make it fail with a serialization error (40001).
+// not make it fail with a serialization error (40001 on PostgreSQL; InnoDB's
+// locking read sees the latest row at every level, and must keep doing so).
 func TestRepository_CommitIgnoresSessionIsolation(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
@@ -297,6 +298,8 @@ func TestRepository_AcquireRaceNeverStealsLiveLease(t *testing.T) {
 					assert.Equal(t, won[0].Token, row.LeaseToken, what)
 					assert.Equal(t, gen, row.Generation, what)
 					assert.Nil(t, row.ReleasedAt, what)
+					// The winner's lease works: a heartbeat finds its row.
+					require.NoError(t, repo.Heartbeat(ctx, won[0]), what)
 					return won[0]
 				}
 

@@ -57,7 +57,9 @@ type Server struct {
 	// "serializable") the default isolation of the pool's sessions.
 	Isolation func(level string) map[string]string
 	// LockWaits counts the sessions that wait for a row lock while running
-	// a statement that matches the SQL LIKE pattern, asking through db.
+	// a statement that matches the SQL LIKE pattern, asking through db. On
+	// MySQL it reads information_schema.INNODB_TRX, which InnoDB refreshes
+	// only when it was last read more than 100ms ago: poll it more slowly.
 	LockWaits func(db *gorm.DB, like string) (int64, error)
 
 	open     func(params map[string]string) (*gorm.DB, error)
@@ -159,10 +161,10 @@ func (s *Server) OpenVia(tb testing.TB, addr string) *gorm.DB {
 	return s.Open(tb, map[string]string{addrParam: addr})
 }
 
-// OpenEmpty returns a new pool on s in a schema (PostgreSQL) or database
-// (MySQL) of its own, without the gormlease tables. Both are dropped when
-// tb ends.
-func (s *Server) OpenEmpty(tb testing.TB) *gorm.DB {
+// OpenEmpty returns a new pool on s, with params as for Open, in a schema
+// (PostgreSQL) or database (MySQL) of its own, without the gormlease
+// tables. Both are dropped when tb ends.
+func (s *Server) OpenEmpty(tb testing.TB, params map[string]string) *gorm.DB {
 	tb.Helper()
 	name := fmt.Sprintf("gormlease_empty_%d_%d", os.Getpid(), spaceSeq.Add(1))
 	drop, err := s.newSpace(name)
@@ -174,7 +176,11 @@ func (s *Server) OpenEmpty(tb testing.TB) *gorm.DB {
 			tb.Errorf("drop %s on %s: %v", name, s.Name, err)
 		}
 	})
-	db, err := s.open(map[string]string{spaceParam: name})
+	withSpace := map[string]string{spaceParam: name}
+	for k, v := range params {
+		withSpace[k] = v
+	}
+	db, err := s.open(withSpace)
 	if err != nil {
 		tb.Fatalf("open %s: %v", s.Name, err)
 	}
