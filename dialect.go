@@ -12,18 +12,19 @@ import (
 
 // dialect is the seam between the lease steps and one database's SQL. Only
 // what differs between databases lives behind it: the DDL, the database
-// clock, the one-statement acquire and the fenced commit's transaction
-// options. Heartbeat, fence and release are written once, in repository.go,
-// with gorm's builder and the dialect's clock.
+// clock, the acquire (one statement where the database has a conditional
+// upsert) and the fenced commit's transaction options. Heartbeat, fence and
+// release are written once, in repository.go, with gorm's builder and the
+// dialect's clock.
 type dialect interface {
 	// migrate creates the tables when they do not exist.
 	migrate(ctx context.Context, db *gorm.DB) error
 	// now is an SQL expression for the database's current time, read when the
 	// statement runs (not when its transaction began).
 	now() string
-	// acquire takes the lease on a.targetID in one statement when there is no
-	// row, the row is released, or its last heartbeat is older than
-	// a.timeout on the database's clock. It reports the new generation and
+	// acquire takes the lease on a.targetID, in as few statements as the
+	// database allows, when there is no row, the row is released, or its
+	// last heartbeat is older than a.timeout on the database's clock. It reports the new generation and
 	// whether the lease was taken; a refused acquire is not an error.
 	acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (generation int64, acquired bool, err error)
 	// fenceTxOptions are the options of the fenced commit's transaction.
@@ -46,7 +47,9 @@ func dialectFor(db *gorm.DB) (dialect, error) {
 	switch name := db.Dialector.Name(); name {
 	case "postgres":
 		return postgresDialect{}, nil
+	case "mysql":
+		return mysqlDialect{}, nil
 	default:
-		return nil, fmt.Errorf("gormlease: unsupported database %q: supported are postgres", name)
+		return nil, fmt.Errorf("gormlease: unsupported database %q: supported are postgres and mysql", name)
 	}
 }

@@ -83,6 +83,28 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// waitLockWait waits until a session of s waits for a row lock while
+// running a statement that matches the SQL LIKE pattern like. It polls
+// every 200ms: InnoDB refreshes the lock tables of information_schema only
+// when they were last read more than 100ms ago, so faster polling would
+// read the same stale snapshot for ever.
+func waitLockWait(t *testing.T, s *testdb.Server, what, like string) {
+	t.Helper()
+	require.NotEmpty(t, like, "no statement pattern for %s", s.Name)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := s.LockWaits(s.DB(t), like)
+		require.NoError(t, err)
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s to wait on the row lock", what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // recv receives from ch, failing t after timeout.
 func recv[V any](t *testing.T, ch <-chan V, timeout time.Duration, what string) V {
 	t.Helper()

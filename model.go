@@ -12,7 +12,8 @@ import (
 
 const (
 	// MaxTargetIDLength is the longest target ID, in bytes, that gormlease
-	// accepts: the target_id columns are varchar(255) on every database.
+	// accepts: the target_id columns hold 255 bytes on every database
+	// (varchar(255) on PostgreSQL, varbinary(255) on MySQL).
 	MaxTargetIDLength = 255
 
 	// MaxHolderLength is the longest holder name, in bytes (see WithHolder).
@@ -65,9 +66,11 @@ func (JobResult) TableName() string { return "job_result" }
 
 // AutoMigrate creates the job_lease and job_result tables, and does nothing
 // for a table that exists. It runs the database's own DDL (the same as in
-// docs/schema.sql) rather than gorm's AutoMigrate, so that the columns get
-// the types the lease statements rely on. It is safe to call from several
-// processes at once.
+// docs/schema.sql, or docs/schema-mysql.sql) rather than gorm's
+// AutoMigrate, so that the columns get the types the lease statements rely
+// on. It is safe to call from several processes at once. On MySQL it first
+// checks that the DSN reads the database's times right (parseTime=true,
+// loc=UTC), and returns an error wrapping ErrInvalidArgument when not.
 func AutoMigrate(db *gorm.DB) error {
 	return AutoMigrateContext(context.Background(), db)
 }

@@ -72,11 +72,14 @@ func newRepository(db *gorm.DB, holder string) (*Repository, error) {
 	return &Repository{db: db, dialect: d, holder: holder}, nil
 }
 
-// Acquire takes the lease on targetID in one statement, when no one holds it:
-// there is no row for the target, the row was released, or its last
-// heartbeat is older than timeout on the database's clock. It mints a fresh
-// token and returns the new Lease. When another holder's lease is live it
-// returns an error wrapping ErrLeaseHeld, at once and without writing.
+// Acquire takes the lease on targetID in one statement (on MySQL, two for a
+// target never acquired before), when no one holds it: there is no row for
+// the target, the row was released, or its last heartbeat is older than
+// timeout on the database's clock. It mints a fresh token and returns the
+// new Lease. When another holder's lease is live it returns an error
+// wrapping ErrLeaseHeld, at once and without writing. (On MySQL, InnoDB
+// locks the row before it checks it, so while the holder's fenced commit
+// runs, a refused acquire waits for that commit to end.)
 func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.Duration) (Lease, error) {
 	if err := checkTargetID(targetID); err != nil {
 		return Lease{}, err

@@ -2,6 +2,7 @@ package gormlease_test
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"sync"
 	"testing"
@@ -65,7 +66,9 @@ func TestRepository_StepsAreSingleStatements(t *testing.T) {
 
 		l, err := repo.Acquire(ctx, target, time.Minute)
 		require.NoError(t, err)
-		assert.Len(t, st.take(), 1, "acquire")
+		// MySQL has no conditional upsert: the first acquire of a target is
+		// an UPDATE that finds no row, then the INSERT.
+		assert.Len(t, st.take(), firstAcquireStatements[s.Name], "acquire")
 
 		require.NoError(t, repo.Heartbeat(ctx, l))
 		sql := st.take()
@@ -83,8 +86,17 @@ func TestRepository_StepsAreSingleStatements(t *testing.T) {
 		sql = st.take()
 		require.Len(t, sql, 1, "release")
 		assert.Contains(t, sql[0], l.Token.String(), "release does not match the token")
+
+		// Every later acquire of the target is one statement everywhere.
+		_, err = repo.Acquire(ctx, target, time.Minute)
+		require.NoError(t, err)
+		assert.Len(t, st.take(), 1, "acquire of a released target")
 	})
 }
+
+// firstAcquireStatements is how many statements each database runs for the
+// first acquire of a target.
+var firstAcquireStatements = map[string]int{"postgres": 1, "mysql": 2}
 
 // Point 2: a lease is taken over only when its last heartbeat is older than
 // the timeout on the database's clock; a fresher one never is.
@@ -149,41 +161,40 @@ func TestRepository_ReleaseOnlyOwnLease(t *testing.T) {
 
 // Point 6: the fenced commit runs at READ COMMITTED whatever the session
 // default, so a heartbeat that commits while it waits for the row lock does
-// not make it fail with a serialization error (40001).
+// not make it fail with a serialization error (40001 on PostgreSQL; InnoDB's
+// locking read sees the latest row at every level, and must keep doing so).
 func TestRepository_CommitIgnoresSessionIsolation(t *testing.T) {
 	t.Parallel()
-	s := testdb.Postgres(t)
-	for _, level := range []string{"repeatable read", "serializable"} {
-		t.Run(strings.ReplaceAll(level, " ", "_"), func(t *testing.T) {
-			t.Parallel()
-			db := s.Open(t, map[string]string{"default_transaction_isolation": level})
-			repo := newRepository(t, db)
-			ctx := context.Background()
-			target := newTarget(t)
-			l, err := repo.Acquire(ctx, target, time.Hour)
-			require.NoError(t, err)
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		for _, level := range []string{"repeatable read", "serializable"} {
+			t.Run(strings.ReplaceAll(level, " ", "_"), func(t *testing.T) {
+				t.Parallel()
+				db := s.Open(t, s.Isolation(level))
+				repo := newRepository(t, db)
+				ctx := context.Background()
+				target := newTarget(t)
+				l, err := repo.Acquire(ctx, target, time.Hour)
+				require.NoError(t, err)
 
-			// A heartbeat in flight: its transaction holds the row.
-			hb := db.Begin()
-			require.NoError(t, hb.Error)
-			require.NoError(t, hb.Exec("UPDATE job_lease SET updated_at = clock_timestamp() WHERE target_id = ?", target).Error)
-			done := make(chan error, 1)
-			go func() {
-				done <- repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error { return gormlease.SaveJSON(tx, "saved") })
-			}()
-			waitFor(t, 10*time.Second, "the commit to wait on the row lock", func() bool {
-				var n int64
-				s.DB(t).Raw(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
-					AND query LIKE '%job_lease%FOR UPDATE%'`).Scan(&n)
-				return n > 0
+				// A heartbeat in flight: its transaction holds the row.
+				hb := db.Begin()
+				require.NoError(t, hb.Error)
+				defer hb.Rollback()
+				require.NoError(t, hb.Model(&gormlease.JobLease{}).Where("target_id = ?", target).
+					Update("updated_at", s.Ago(0)).Error)
+				done := make(chan error, 1)
+				go func() {
+					done <- repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error { return gormlease.SaveJSON(tx, "saved") })
+				}()
+				waitLockWait(t, s, "the commit", "%job_lease%FOR UPDATE%")
+				require.NoError(t, hb.Commit().Error)
+				require.NoError(t, recv(t, done, 10*time.Second, "the commit"))
+				got, _, err := gormlease.LoadJSON[string](ctx, db, target)
+				require.NoError(t, err)
+				assert.Equal(t, "saved", got)
 			})
-			require.NoError(t, hb.Commit().Error)
-			require.NoError(t, recv(t, done, 10*time.Second, "the commit"))
-			got, _, err := gormlease.LoadJSON[string](ctx, db, target)
-			require.NoError(t, err)
-			assert.Equal(t, "saved", got)
-		})
-	}
+		}
+	})
 }
 
 // Point 10: bad input to the Repository is refused, naming the problem.
@@ -221,5 +232,124 @@ func TestRepository_BadInput(t *testing.T) {
 		require.NoError(t, err)
 		assert.ErrorContains(t, repo.CommitIfOwner(ctx, l, nil), "commit function is nil")
 		assert.ErrorContains(t, gormlease.SaveJSON(db, "x"), "no lease in the transaction's context")
+	})
+}
+
+// Point 2, under contention: when many acquire one target at once, exactly
+// one takes it, whether the target is new, released or expired, and none
+// takes a live lease. On MySQL it runs with clientFoundRows on and off,
+// which change what the server counts as affected rows.
+func TestRepository_AcquireRaceNeverStealsLiveLease(t *testing.T) {
+	t.Parallel()
+	const racers = 50
+	const timeout = time.Minute
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		variants := map[string]map[string]string{"DefaultDSN": nil}
+		if s.Name == "mysql" {
+			variants = map[string]map[string]string{
+				"ClientFoundRows": {"clientFoundRows": "true"},
+				"ChangedRows":     {"clientFoundRows": "false"},
+			}
+		}
+		for name, params := range variants {
+			t.Run(name, func(t *testing.T) {
+				db := s.Open(t, params)
+				warmPool(t, db, racers)
+				repo := newRepository(t, db)
+				ctx := context.Background()
+				target := newTarget(t)
+
+				// race has racers goroutines acquire target at once, and
+				// returns the leases taken; every other acquire is refused.
+				race := func(what string) []gormlease.Lease {
+					t.Helper()
+					start := make(chan struct{})
+					type outcome struct {
+						lease gormlease.Lease
+						err   error
+					}
+					out := make(chan outcome, racers)
+					for range racers {
+						go func() {
+							<-start
+							l, err := repo.Acquire(ctx, target, timeout)
+							out <- outcome{l, err}
+						}()
+					}
+					close(start)
+					var won []gormlease.Lease
+					for range racers {
+						o := recv(t, out, 30*time.Second, what)
+						if o.err == nil {
+							won = append(won, o.lease)
+							continue
+						}
+						require.ErrorIs(t, o.err, gormlease.ErrLeaseHeld, what)
+					}
+					return won
+				}
+				// takenOnce checks that exactly one racer took the lease, at
+				// the next generation, and that the row is its own.
+				takenOnce := func(won []gormlease.Lease, gen int64, what string) gormlease.Lease {
+					t.Helper()
+					require.Equal(t, 1, len(won), "%s: leases taken", what)
+					assert.Equal(t, gen, won[0].Generation, what)
+					row := leaseRow(t, db, target)
+					assert.Equal(t, won[0].Token, row.LeaseToken, what)
+					assert.Equal(t, gen, row.Generation, what)
+					assert.Nil(t, row.ReleasedAt, what)
+					// The winner's lease works: a heartbeat finds its row.
+					require.NoError(t, repo.Heartbeat(ctx, won[0]), what)
+					return won[0]
+				}
+
+				held := takenOnce(race("new target"), 1, "new target")
+				for range 3 {
+					assert.Empty(t, race("live lease"), "a live lease was taken")
+					assert.Equal(t, held.Token, leaseRow(t, db, target).LeaseToken, "a refused acquire changed the row")
+
+					require.NoError(t, repo.Release(ctx, held))
+					held = takenOnce(race("released"), held.Generation+1, "released")
+
+					age(t, s, db, target, timeout+time.Second)
+					held = takenOnce(race("expired"), held.Generation+1, "expired")
+				}
+			})
+		}
+	})
+}
+
+// warmPool opens n connections in db's pool and keeps them idle, so that n
+// goroutines can start statements at the same moment.
+func warmPool(t *testing.T, db *gorm.DB, n int) {
+	t.Helper()
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	sqlDB.SetMaxOpenConns(n)
+	sqlDB.SetMaxIdleConns(n)
+	conns := make([]*sql.Conn, n)
+	for i := range conns {
+		conns[i], err = sqlDB.Conn(context.Background())
+		require.NoError(t, err)
+	}
+	for _, c := range conns {
+		require.NoError(t, c.Close())
+	}
+}
+
+// Target IDs are compared byte for byte on every database: case and
+// trailing spaces make different targets, each with its own lease.
+func TestRepository_TargetIDsAreExact(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		repo := newRepository(t, db)
+		ctx := context.Background()
+		base := newTarget(t)
+		for _, target := range []string{base + "-a", base + "-A", base + "-a ", base + "-á"} {
+			l, err := repo.Acquire(ctx, target, time.Hour)
+			require.NoError(t, err, "%q shares a lease with another target", target)
+			assert.EqualValues(t, 1, l.Generation, target)
+			assert.Equal(t, target, leaseRow(t, db, target).TargetID)
+		}
 	})
 }

@@ -208,47 +208,47 @@ func TestRun_TakeoverBeforeCommitSavesNothing(t *testing.T) {
 // nothing, and works again once the database is back.
 func TestRun_SelfFencesWhenDatabaseUnreachable(t *testing.T) {
 	t.Parallel()
-	s := testdb.Postgres(t)
-	direct := s.DB(t)
-	proxy := testdb.NewProxy(t, s.Addr)
-	viaProxy := s.OpenVia(t, proxy.Addr())
-	const interval, timeout = 100 * time.Millisecond, 1500 * time.Millisecond
-	r := newRunner(t, viaProxy,
-		gormlease.WithHeartbeatInterval(interval),
-		gormlease.WithLeaseTimeout(timeout),
-		gormlease.WithOperationTimeout(300*time.Millisecond))
-	other, err := gormlease.NewRepository(direct)
-	require.NoError(t, err)
-	target := newTarget(t)
+	eachDB(t, func(t *testing.T, s *testdb.Server, direct *gorm.DB) {
+		proxy := testdb.NewProxy(t, s.Addr)
+		viaProxy := s.OpenVia(t, proxy.Addr())
+		const interval, timeout = 100 * time.Millisecond, 1500 * time.Millisecond
+		r := newRunner(t, viaProxy,
+			gormlease.WithHeartbeatInterval(interval),
+			gormlease.WithLeaseTimeout(timeout),
+			gormlease.WithOperationTimeout(300*time.Millisecond))
+		other, err := gormlease.NewRepository(direct)
+		require.NoError(t, err)
+		target := newTarget(t)
 
-	var heldAtCancel error
-	var cause error
-	begun := time.Now()
-	_, err = r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
-		proxy.Blackhole()
-		<-ctx.Done()
-		cause = context.Cause(ctx)
-		// At this moment no one else may take the lease over yet.
-		_, heldAtCancel = other.Acquire(context.Background(), target, timeout)
-		return "", ctx.Err()
-	}, noSave(t))
-	elapsed := time.Since(begun)
-	require.ErrorIs(t, err, gormlease.ErrLeaseLost)
-	require.ErrorIs(t, cause, gormlease.ErrLeaseLost)
-	require.ErrorIs(t, heldAtCancel, gormlease.ErrLeaseHeld, "the work still ran when another could take the lease")
-	assert.Less(t, elapsed, timeout+2*time.Second, "Run hung on the unreachable database")
+		var heldAtCancel error
+		var cause error
+		begun := time.Now()
+		_, err = r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
+			proxy.Blackhole()
+			<-ctx.Done()
+			cause = context.Cause(ctx)
+			// At this moment no one else may take the lease over yet.
+			_, heldAtCancel = other.Acquire(context.Background(), target, timeout)
+			return "", ctx.Err()
+		}, noSave(t))
+		elapsed := time.Since(begun)
+		require.ErrorIs(t, err, gormlease.ErrLeaseLost)
+		require.ErrorIs(t, cause, gormlease.ErrLeaseLost)
+		require.ErrorIs(t, heldAtCancel, gormlease.ErrLeaseHeld, "the work still ran when another could take the lease")
+		assert.Less(t, elapsed, timeout+2*time.Second, "Run hung on the unreachable database")
 
-	// Once the lease expires on the database's clock, another holder takes it.
-	waitFor(t, 5*time.Second, "the lease to expire", func() bool {
-		_, err := other.Acquire(context.Background(), target, timeout)
-		return err == nil
+		// Once the lease expires on the database's clock, another holder takes it.
+		waitFor(t, 5*time.Second, "the lease to expire", func() bool {
+			_, err := other.Acquire(context.Background(), target, timeout)
+			return err == nil
+		})
+		proxy.Restore()
+		got, err := r.Run(context.Background(), newTarget(t), func(context.Context) (string, error) {
+			return "back", nil
+		}, func(*gorm.DB, string) error { return nil })
+		require.NoError(t, err, "Run after the database came back")
+		assert.Equal(t, "back", got)
 	})
-	proxy.Restore()
-	got, err := r.Run(context.Background(), newTarget(t), func(context.Context) (string, error) {
-		return "back", nil
-	}, func(*gorm.DB, string) error { return nil })
-	require.NoError(t, err, "Run after the database came back")
-	assert.Equal(t, "back", got)
 }
 
 // Point 6: the commit locks the lease row; a takeover attempted during the
@@ -275,7 +275,7 @@ func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 				_, err := other.Acquire(context.Background(), target, time.Microsecond)
 				takeoverDone <- err
 			}()
-			waitBlockedOnLock(t, s, db, target)
+			waitLockWait(t, s, "the takeover", acquireSQL[s.Name])
 			select {
 			case err := <-takeoverDone:
 				t.Errorf("takeover finished during the fenced commit: %v", err)
@@ -293,21 +293,11 @@ func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 	})
 }
 
-// waitBlockedOnLock waits until some session waits for a lock, as the
-// takeover of target does while the fenced commit holds the row.
-func waitBlockedOnLock(t *testing.T, s *testdb.Server, db *gorm.DB, target string) {
-	t.Helper()
-	switch s.Name {
-	case "postgres":
-		waitFor(t, 10*time.Second, "the takeover to wait on the row lock", func() bool {
-			var n int64
-			db.Raw(`SELECT count(*) FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO job_lease%'`).Scan(&n)
-			return n > 0
-		})
-	default:
-		t.Fatalf("no lock probe for %s", s.Name)
-	}
+// acquireSQL is a LIKE pattern for each database's acquire statement that
+// can wait for a row lock: the one that takes over an existing row.
+var acquireSQL = map[string]string{
+	"postgres": "%INSERT INTO job_lease%",
+	"mysql":    "%UPDATE job_lease SET%lease_token%",
 }
 
 // Point 7: caller cancellation releases the lease, on a context that

@@ -1,18 +1,22 @@
 // Package testdb opens the real databases that gormlease's tests run
 // against. Each server is found once per test process, in this order:
 //
-//  1. a DSN from the environment (GORMLEASE_TEST_POSTGRES_DSN, or
-//     GORMLEASE_TEST_DSN for PostgreSQL);
-//  2. a container started with dockertest, when a Docker engine answers a
-//     ping within a few seconds;
-//  3. the local server (PostgreSQL on 127.0.0.1:5432).
+//  1. a DSN from the environment: GORMLEASE_TEST_POSTGRES_DSN (or
+//     GORMLEASE_TEST_DSN) for PostgreSQL, GORMLEASE_TEST_MYSQL_DSN, in the
+//     go-sql-driver/mysql form, for MySQL or MariaDB;
+//  2. a container started with dockertest (postgres:15, mysql:8), when a
+//     Docker engine answers a ping within a few seconds;
+//  3. the local server: PostgreSQL on 127.0.0.1:5432 (user postgres,
+//     database test), MySQL or MariaDB on 127.0.0.1:3306 (user root, no
+//     password).
 //
 // When none answers, the tests that need it are skipped with a loud message,
 // or fail when the CI environment variable is set, so that CI never counts a
 // skipped database test as a pass.
 //
-// Each test process works in a schema of its own, dropped by Close, so test
-// packages running at the same time never see each other's rows.
+// Each test process works in a schema (PostgreSQL) or database (MySQL) of
+// its own, dropped by Close, so test packages running at the same time never
+// see each other's rows.
 package testdb
 
 import (
@@ -22,6 +26,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,14 +45,25 @@ import (
 // Server is one database server reached by the tests, with a schema (or
 // database) of this process's own.
 type Server struct {
-	// Name is the gorm dialector name: "postgres".
+	// Name is the gorm dialector name: "postgres" or "mysql".
 	Name string
+	// Version is the server's version string.
+	Version string
 	// Addr is the server's "host:port", for a Proxy in front of it.
 	Addr string
 	// Ago returns the SQL for the database's time d ago, to age a lease row.
 	Ago func(d time.Duration) clause.Expr
+	// Isolation returns the Open params that make level ("repeatable read",
+	// "serializable") the default isolation of the pool's sessions.
+	Isolation func(level string) map[string]string
+	// LockWaits counts the sessions that wait for a row lock while running
+	// a statement that matches the SQL LIKE pattern, asking through db. On
+	// MySQL it reads information_schema.INNODB_TRX, which InnoDB refreshes
+	// only when it was last read more than 100ms ago: poll it more slowly.
+	LockWaits func(db *gorm.DB, like string) (int64, error)
 
 	open     func(params map[string]string) (*gorm.DB, error)
+	newSpace func(name string) (drop func() error, err error)
 	teardown func() error
 
 	findErr error // why the server could not be found; set before it is shared
@@ -74,7 +90,7 @@ func Postgres(tb testing.TB) *Server {
 // each database. Under CI every one of them must be reachable.
 func All(tb testing.TB) []*Server {
 	tb.Helper()
-	return []*Server{Postgres(tb)}
+	return []*Server{Postgres(tb), MySQL(tb)}
 }
 
 func get(tb testing.TB, name string, find func() (*Server, error)) *Server {
@@ -143,8 +159,10 @@ func (s *Server) sharedDB() (*gorm.DB, error) {
 }
 
 // Open returns a new pool on s, closed when tb ends. params are session
-// settings (for PostgreSQL, run-time parameters such as
-// default_transaction_isolation). The tables exist: DB made them.
+// settings: for PostgreSQL, run-time parameters such as
+// default_transaction_isolation; for MySQL, DSN parameters, which are the
+// driver's settings (clientFoundRows=true) or session variables that it
+// SETs on each connection. The tables exist: DB made them.
 func (s *Server) Open(tb testing.TB, params map[string]string) *gorm.DB {
 	tb.Helper()
 	s.DB(tb)
@@ -164,8 +182,42 @@ func (s *Server) OpenVia(tb testing.TB, addr string) *gorm.DB {
 	return s.Open(tb, map[string]string{addrParam: addr})
 }
 
-// addrParam is the pseudo-parameter by which OpenVia redirects a pool.
-const addrParam = "gormlease.addr"
+// OpenEmpty returns a new pool on s, with params as for Open, in a schema
+// (PostgreSQL) or database (MySQL) of its own, without the gormlease
+// tables. Both are dropped when tb ends.
+func (s *Server) OpenEmpty(tb testing.TB, params map[string]string) *gorm.DB {
+	tb.Helper()
+	name := fmt.Sprintf("gormlease_empty_%d_%d", os.Getpid(), spaceSeq.Add(1))
+	drop, err := s.newSpace(name)
+	if err != nil {
+		tb.Fatalf("create %s on %s: %v", name, s.Name, err)
+	}
+	tb.Cleanup(func() {
+		if err := drop(); err != nil {
+			tb.Errorf("drop %s on %s: %v", name, s.Name, err)
+		}
+	})
+	withSpace := map[string]string{spaceParam: name}
+	for k, v := range params {
+		withSpace[k] = v
+	}
+	db, err := s.open(withSpace)
+	if err != nil {
+		tb.Fatalf("open %s: %v", s.Name, err)
+	}
+	tb.Cleanup(func() { closeDB(db) })
+	return db
+}
+
+var spaceSeq atomic.Int64
+
+// addrParam is the pseudo-parameter by which OpenVia redirects a pool, and
+// spaceParam the one by which OpenEmpty puts it in another schema or
+// database.
+const (
+	addrParam  = "gormlease.addr"
+	spaceParam = "gormlease.space"
+)
 
 // Close drops the schemas the process made, stops the containers it started
 // and closes the shared pools. Call it from TestMain after m.Run.
@@ -206,28 +258,49 @@ func findPostgres() (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse DSN: %w", err)
 	}
-	schema := fmt.Sprintf("gormlease_test_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
 	admin := stdlib.OpenDB(*base)
 	defer admin.Close()
-	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
+	var version string
+	if err := admin.QueryRow("SHOW server_version").Scan(&version); err != nil {
+		return nil, fmt.Errorf("read version: %w", err)
+	}
+	newSpace := func(name string) (func() error, error) {
+		if err := postgresExec(base, "CREATE SCHEMA "+name); err != nil {
+			return nil, err
+		}
+		return func() error { return postgresExec(base, "DROP SCHEMA "+name+" CASCADE") }, nil
+	}
+	schema := fmt.Sprintf("gormlease_test_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
+	drop, err := newSpace(schema)
+	if err != nil {
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
-	closers = append(closers, func() error {
-		db := stdlib.OpenDB(*base)
-		defer db.Close()
-		_, err := db.Exec("DROP SCHEMA " + schema + " CASCADE")
-		return err
-	})
+	closers = append(closers, drop)
 	return &Server{
-		Name: "postgres",
-		Addr: fmt.Sprintf("%s:%d", base.Host, base.Port),
+		Name:    "postgres",
+		Version: version,
+		Addr:    fmt.Sprintf("%s:%d", base.Host, base.Port),
 		Ago: func(d time.Duration) clause.Expr {
 			return gorm.Expr("clock_timestamp() - make_interval(secs => ?)", d.Seconds())
 		},
+		Isolation: func(level string) map[string]string {
+			return map[string]string{"default_transaction_isolation": level}
+		},
+		LockWaits: func(db *gorm.DB, like string) (int64, error) {
+			var n int64
+			err := db.Raw(`SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND query LIKE ?`, like).Scan(&n).Error
+			return n, err
+		},
+		newSpace: newSpace,
 		open: func(params map[string]string) (*gorm.DB, error) {
 			cfg := base.Copy()
 			cfg.RuntimeParams["search_path"] = schema
 			for k, v := range params {
+				if k == spaceParam {
+					cfg.RuntimeParams["search_path"] = v
+					continue
+				}
 				if k == addrParam {
 					host, port, ok := strings.Cut(v, ":")
 					if !ok {
@@ -308,6 +381,14 @@ func dockerPool() (*dockertest.Pool, error) {
 		return nil, err
 	}
 	return pool, nil
+}
+
+// postgresExec runs one statement on the server.
+func postgresExec(cfg *pgx.ConnConfig, query string) error {
+	db := stdlib.OpenDB(*cfg)
+	defer db.Close()
+	_, err := db.Exec(query)
+	return err
 }
 
 func ping(driver, dsn string) error {

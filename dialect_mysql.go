@@ -1,0 +1,155 @@
+package gormlease
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// mysqlDialect is MySQL 8 and MariaDB 10.6 or later, on InnoDB, with
+// gorm.io/driver/mysql. The DSN must set parseTime=true and keep loc=UTC
+// (the driver's default); AutoMigrate checks both.
+type mysqlDialect struct{}
+
+// mysqlLeaseTable and mysqlResultTable are the DDL of docs/schema-mysql.sql.
+//
+// target_id is varbinary(255): its bytes are compared as they are, as on
+// PostgreSQL. A utf8mb4 varchar would compare under a collation, where the
+// usual ones ignore case ("a" = "A") and trailing spaces ("a" = "a "), so
+// two targets would share one lease. The key is 255 bytes, within every
+// InnoDB row format's index limit (767 bytes for COMPACT). lease_token is
+// the UUID's text, which is what uuid.UUID writes and reads. The times are
+// datetime(6), written by UTC_TIMESTAMP(6) only: datetime is not converted
+// by the session time zone, as timestamp would be.
+const (
+	mysqlLeaseTable = `CREATE TABLE IF NOT EXISTS job_lease (
+	target_id   varbinary(255) NOT NULL,
+	lease_token char(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+	generation  bigint NOT NULL,
+	holder      varchar(255) NOT NULL DEFAULT '',
+	updated_at  datetime(6) NOT NULL,
+	released_at datetime(6) NULL,
+	PRIMARY KEY (target_id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
+
+	mysqlResultTable = `CREATE TABLE IF NOT EXISTS job_result (
+	target_id  varbinary(255) NOT NULL,
+	data       json NOT NULL,
+	generation bigint NOT NULL,
+	updated_at datetime(6) NOT NULL,
+	PRIMARY KEY (target_id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
+)
+
+// migrate needs no lock of its own, unlike on PostgreSQL: CREATE TABLE IF
+// NOT EXISTS takes an exclusive metadata lock on the table's name before it
+// looks, so concurrent calls wait for each other and then find the table.
+// TestAutoMigrate_ConcurrentCallsSucceed checks it on an empty database.
+func (mysqlDialect) migrate(ctx context.Context, db *gorm.DB) error {
+	if err := mysqlCheckTimes(db); err != nil {
+		return err
+	}
+	for _, ddl := range []string{mysqlLeaseTable, mysqlResultTable} {
+		if err := db.Exec(ddl).Error; err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mysqlCheckTimes makes sure that the DSN lets the lease rows be read: a
+// datetime scans into a time.Time only with parseTime=true, and reads as
+// the right instant only when loc is UTC, as UTC_TIMESTAMP wrote it. It
+// compares the database's UTC time, as read back, with its Unix time.
+func mysqlCheckTimes(db *gorm.DB) error {
+	var now any
+	var unix int64
+	if err := db.Raw("SELECT UTC_TIMESTAMP(6), UNIX_TIMESTAMP()").Row().Scan(&now, &unix); err != nil {
+		return fmt.Errorf("read the database's time: %w", err)
+	}
+	t, ok := now.(time.Time)
+	if !ok {
+		return invalidf("the MySQL DSN must set parseTime=true: a datetime reads as %T, not time.Time", now)
+	}
+	if off := t.Sub(time.Unix(unix, 0)); off > 2*time.Second || off < -2*time.Second {
+		return invalidf("the MySQL DSN must keep loc=UTC, the default: with loc=%v the database's UTC time reads back %v off",
+			t.Location(), off.Round(time.Second))
+	}
+	return nil
+}
+
+// now is UTC_TIMESTAMP(6): NOW() and CURRENT_TIMESTAMP follow the session
+// time zone. Like them it is read once, when the statement starts, not when
+// its transaction began. A statement that waited for a row lock so stamps a
+// time earlier than its write, but never earlier than the client sent it,
+// which is the time self-fencing counts from.
+func (mysqlDialect) now() string { return "UTC_TIMESTAMP(6)" }
+
+// mysqlTakeOver takes over an existing row that is released or expired.
+// InnoDB locks the row before checking the WHERE, so two takeovers are
+// serialised and the second finds the row live. LAST_INSERT_ID(expr)
+// returns the new generation in the reply's insert ID: the statement's
+// result says both whether it took the row and its generation, in one round
+// trip and whatever the DSN's clientFoundRows. (RowsAffected alone also
+// works: lease_token always changes, so a matched row is a changed row.)
+const mysqlTakeOver = `UPDATE job_lease SET
+	lease_token = ?,
+	generation  = LAST_INSERT_ID(generation + 1),
+	holder      = ?,
+	updated_at  = UTC_TIMESTAMP(6),
+	released_at = NULL
+WHERE target_id = ?
+  AND (released_at IS NOT NULL OR updated_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)`
+
+// mysqlInsert creates the row of a target never acquired before. IGNORE
+// turns a duplicate key into a warning and zero rows: no error to translate
+// (gorm's TranslateError setting does not matter) and nothing in the
+// application's log for an acquire that is simply refused. IGNORE would
+// also let through values that do not fit, but Acquire has checked them
+// against the columns' sizes.
+const mysqlInsert = `INSERT IGNORE INTO job_lease
+	(target_id, lease_token, generation, holder, updated_at, released_at)
+VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6), NULL)`
+
+// acquire cannot be one statement here: INSERT ... ON DUPLICATE KEY UPDATE
+// has no WHERE (gorm's OnConflict{Where} drops it silently), and its
+// RowsAffected means different things under clientFoundRows. So it is a
+// conditional UPDATE and, only when that took nothing, an INSERT. Rows are
+// never deleted, so every acquire of a target after its first is the one
+// UPDATE. When the INSERT meets a row, another acquire created it after
+// the UPDATE looked: the lease was held during this call, and refusing is
+// right.
+func (mysqlDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
+	db = db.WithContext(ctx)
+	res := gorm.WithResult()
+	up := db.Clauses(res).Exec(mysqlTakeOver, a.token, a.holder, a.targetID, a.timeout.Microseconds())
+	if up.Error != nil {
+		return 0, false, fmt.Errorf("take over: %w", up.Error)
+	}
+	if up.RowsAffected > 0 {
+		if res.Result == nil {
+			return 0, false, errors.New("take over: no result to read the generation from")
+		}
+		gen, err := res.Result.LastInsertId()
+		if err != nil || gen <= 0 {
+			return 0, false, fmt.Errorf("take over: read generation (insert ID %d): %v", gen, err)
+		}
+		return gen, true, nil
+	}
+	ins := db.Exec(mysqlInsert, a.targetID, a.token, a.holder)
+	if ins.Error != nil {
+		return 0, false, fmt.Errorf("insert: %w", ins.Error)
+	}
+	return 1, ins.RowsAffected == 1, nil
+}
+
+// fenceTxOptions asks for READ COMMITTED, as on PostgreSQL. InnoDB's locking
+// read sees the latest row at any level, but READ COMMITTED takes no gap
+// locks, so the saver's writes block fewer other transactions.
+func (mysqlDialect) fenceTxOptions() *sql.TxOptions {
+	return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+}

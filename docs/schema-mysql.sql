@@ -1,0 +1,34 @@
+-- gormlease tables for MySQL 8 and MariaDB 10.6 or later (InnoDB).
+-- gormlease.AutoMigrate runs these same statements; use this file when
+-- migrations are run by a tool of your own.
+--
+-- The DSN must set parseTime=true and keep loc=UTC (the driver's default):
+--   user:password@tcp(host:3306)/dbname?parseTime=true
+--
+-- target_id is varbinary(255): target IDs are compared byte for byte, as on
+-- PostgreSQL. A utf8mb4 varchar would compare under a collation that ignores
+-- case and trailing spaces, so "a", "A" and "a " would share one lease. Up to
+-- 255 bytes of UTF-8 (gormlease.MaxTargetIDLength); longer IDs are refused
+-- before anything is written. The key fits every InnoDB row format.
+--
+-- The times are datetime(6) in UTC, written only by the database's
+-- UTC_TIMESTAMP(6), never by the application. job_result.data is json
+-- (on MariaDB, longtext with a json_valid check).
+
+CREATE TABLE IF NOT EXISTS job_lease (
+	target_id   varbinary(255) NOT NULL,
+	lease_token char(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+	generation  bigint NOT NULL,
+	holder      varchar(255) NOT NULL DEFAULT '',
+	updated_at  datetime(6) NOT NULL,
+	released_at datetime(6) NULL,
+	PRIMARY KEY (target_id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+CREATE TABLE IF NOT EXISTS job_result (
+	target_id  varbinary(255) NOT NULL,
+	data       json NOT NULL,
+	generation bigint NOT NULL,
+	updated_at datetime(6) NOT NULL,
+	PRIMARY KEY (target_id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
