@@ -251,13 +251,15 @@ func TestRun_SelfFencesWhenDatabaseUnreachable(t *testing.T) {
 	assert.Equal(t, "back", got)
 }
 
-// Point 6: the commit locks the lease row; a takeover attempted during the
-// saver waits for the commit, and then finds the lease released.
+// Point 6: the commit locks the lease row (on SQLite, the database's write
+// lock); a takeover attempted during the saver waits for the commit, and
+// then finds the lease released.
 func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		r := newRunner(t, db)
-		other, err := gormlease.NewRepository(db)
+		takeoverDB := s.Open(t, nil)
+		other, err := gormlease.NewRepository(takeoverDB)
 		require.NoError(t, err)
 		target := newTarget(t)
 		inSaver := make(chan struct{})
@@ -271,15 +273,16 @@ func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 			close(inSaver)
 			go func() {
 				// A timeout of 1µs makes the lease look expired: only the
-				// row lock can hold this takeover back.
+				// lock can hold this takeover back.
 				_, err := other.Acquire(context.Background(), target, time.Microsecond)
 				takeoverDone <- err
 			}()
-			waitBlockedOnLock(t, s, db, target)
+			waitBlockedOnLock(t, s, takeoverDB)
+			// Blocked, it stays blocked for as long as the commit goes on.
 			select {
 			case err := <-takeoverDone:
 				t.Errorf("takeover finished during the fenced commit: %v", err)
-			default:
+			case <-time.After(200 * time.Millisecond):
 			}
 			return gormlease.SaveJSON(tx, result)
 		})
@@ -293,17 +296,25 @@ func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 	})
 }
 
-// waitBlockedOnLock waits until some session waits for a lock, as the
-// takeover of target does while the fenced commit holds the row.
-func waitBlockedOnLock(t *testing.T, s *testdb.Server, db *gorm.DB, target string) {
+// waitBlockedOnLock waits until the acquire on takeoverDB waits for a lock,
+// as the takeover does while the fenced commit holds the row.
+func waitBlockedOnLock(t *testing.T, s *testdb.Server, takeoverDB *gorm.DB) {
 	t.Helper()
 	switch s.Name {
 	case "postgres":
 		waitFor(t, 10*time.Second, "the takeover to wait on the row lock", func() bool {
 			var n int64
-			db.Raw(`SELECT count(*) FROM pg_stat_activity
+			takeoverDB.Raw(`SELECT count(*) FROM pg_stat_activity
 				WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO job_lease%'`).Scan(&n)
 			return n > 0
+		})
+	case "sqlite":
+		// SQLite has one write lock per file, and no view of who waits for
+		// it: a statement that needs it retries until the busy timeout.
+		// Once the acquire has begun to run on its own pool, it can only be
+		// waiting, since the fenced commit holds the write lock.
+		waitFor(t, 10*time.Second, "the takeover to begin, and wait for the write lock", func() bool {
+			return testdb.Started(takeoverDB, "INSERT INTO job_lease") > 0
 		})
 	default:
 		t.Fatalf("no lock probe for %s", s.Name)
