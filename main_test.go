@@ -10,9 +10,12 @@ import (
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
-// TestMain runs the tests, closes the test databases, and then fails the run
+// TestMain runs the tests (or, in a child process, the helper), closes the test databases, and then fails the run
 // if any goroutine is left over: no Run may leave a heartbeat behind.
 func TestMain(m *testing.M) {
+	if dsn := os.Getenv(helperDSNEnv); dsn != "" {
+		os.Exit(helperProcess(dsn)) // a child of TestSQLite_Processes*
+	}
 	code := m.Run()
 	testdb.Close()
 	if code == 0 {
