@@ -227,3 +227,34 @@ func TestRepository_BadInput(t *testing.T) {
 		assert.ErrorContains(t, gormlease.SaveJSON(db, "x"), "no lease in the transaction's context")
 	})
 }
+
+// Timestamps are written by the database's clock and scan back into
+// time.Time as the right instants, on every database (SQLite stores them as
+// text).
+func TestRepository_TimestampsScanAsTime(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		repo := newRepository(t, db)
+		ctx := context.Background()
+		target := newTarget(t)
+		l, err := repo.Acquire(ctx, target, time.Hour)
+		require.NoError(t, err)
+		row, ok, err := repo.Get(ctx, target)
+		require.NoError(t, err)
+		require.True(t, ok)
+		// The database runs on this machine: its clock is ours.
+		assert.WithinDuration(t, time.Now(), row.UpdatedAt, 5*time.Second, "updated_at")
+		assert.Nil(t, row.ReleasedAt)
+
+		require.NoError(t, repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error { return gormlease.SaveJSON(tx, 1) }))
+		require.NoError(t, repo.Release(ctx, l))
+		row, _, err = repo.Get(ctx, target)
+		require.NoError(t, err)
+		require.NotNil(t, row.ReleasedAt, "released_at")
+		assert.WithinDuration(t, time.Now(), *row.ReleasedAt, 5*time.Second, "released_at")
+		assert.False(t, row.ReleasedAt.Before(row.UpdatedAt), "released before the last heartbeat")
+		_, res, err := gormlease.LoadJSON[int](ctx, db, target)
+		require.NoError(t, err)
+		assert.WithinDuration(t, time.Now(), res.UpdatedAt, 5*time.Second, "job_result.updated_at")
+	})
+}

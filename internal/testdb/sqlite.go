@@ -18,10 +18,10 @@ import (
 	"gorm.io/gorm/clause"
 )
 
-// SQLitePragmas are the PRAGMAs of every test connection to SQLite, in the
+// sqlitePragmas are the PRAGMAs of every test connection to SQLite, in the
 // order they are set: the busy timeout first, as the driver asks. Open's
 // params override them by name.
-var SQLitePragmas = []string{"busy_timeout=10000", "journal_mode=wal", "synchronous=normal"}
+var sqlitePragmas = []string{"busy_timeout=10000", "journal_mode=wal", "synchronous=normal"}
 
 // SQLite returns this process's SQLite database: a file in a temporary
 // directory of its own, removed by Close. It is always available.
@@ -39,7 +39,7 @@ func findSQLite() (*Server, error) {
 	path := filepath.Join(dir, "lease.db")
 	return &Server{
 		Name: "sqlite",
-		DSN:  SQLiteDSN(path, nil),
+		DSN:  sqliteDSN(path, nil),
 		Ago: func(d time.Duration) clause.Expr {
 			return gorm.Expr("strftime('%Y-%m-%d %H:%M:%f', julianday('now') - ?)", d.Seconds()/86400)
 		},
@@ -48,7 +48,7 @@ func findSQLite() (*Server, error) {
 				return nil, fmt.Errorf("sqlite is a file: it has no address to redirect")
 			}
 			log := &statementLog{}
-			pool, err := driver.Open(SQLiteDSN(path, params), traceStatements(log))
+			pool, err := driver.Open(sqliteDSN(path, params), traceStatements(log))
 			if err != nil {
 				return nil, err
 			}
@@ -63,14 +63,14 @@ func findSQLite() (*Server, error) {
 	}, nil
 }
 
-// SQLiteDSN is the ncruces driver's DSN for the database file at path with
-// SQLitePragmas, overridden or added to by params: a key that starts with
+// sqliteDSN is the ncruces driver's DSN for the database file at path with
+// sqlitePragmas, overridden or added to by params: a key that starts with
 // "_" is a DSN parameter (such as "_txlock"), any other a PRAGMA name, set
 // after the default ones; a PRAGMA with the value "" is left out.
-func SQLiteDSN(path string, params map[string]string) string {
+func sqliteDSN(path string, params map[string]string) string {
 	q := url.Values{}
 	seen := map[string]bool{}
-	for _, p := range SQLitePragmas {
+	for _, p := range sqlitePragmas {
 		name, value, _ := strings.Cut(p, "=")
 		seen[name] = true
 		if v, ok := params[name]; ok {

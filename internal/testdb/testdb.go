@@ -131,7 +131,9 @@ func (s *Server) DB(tb testing.TB) *gorm.DB {
 
 // Open returns a new pool on s, closed when tb ends. params are session
 // settings (for PostgreSQL, run-time parameters such as
-// default_transaction_isolation). The tables exist: DB made them.
+// default_transaction_isolation; for SQLite, PRAGMAs such as busy_timeout,
+// or DSN parameters such as _txlock: see sqliteDSN). The tables exist: DB
+// made them.
 func (s *Server) Open(tb testing.TB, params map[string]string) *gorm.DB {
 	tb.Helper()
 	s.DB(tb)
