@@ -20,15 +20,37 @@ import (
 // every save that commits, so the verdict can see every save, not only the
 // last one.
 type savedReport struct {
-	ID         uint   `gorm:"primaryKey"`
-	TargetID   string `gorm:"size:255;index"`
+	ID         string // a UUID
+	TargetID   string
 	Generation int64
-	Tab        string `gorm:"size:255"`
+	Tab        string
 	Body       string
 }
 
 // TableName returns "leasedemo_saves".
 func (savedReport) TableName() string { return "leasedemo_saves" }
+
+// savesTable is the DDL of leasedemo_saves, the same on every database.
+// Unlike gorm's AutoMigrate, it is safe to run from two demos at once on
+// SQLite, where the write lock serialises it.
+const savesTable = `CREATE TABLE IF NOT EXISTS leasedemo_saves (
+	id          varchar(36)  NOT NULL PRIMARY KEY,
+	target_id   varchar(255) NOT NULL,
+	generation  bigint       NOT NULL,
+	tab         varchar(255) NOT NULL,
+	body        text         NOT NULL
+)`
+
+// migrateSaves creates leasedemo_saves. On PostgreSQL, two CREATE TABLE IF
+// NOT EXISTS at once can fail for the one that loses: it is fine when the
+// table is there afterwards.
+func migrateSaves(ctx context.Context, db *gorm.DB) error {
+	err := db.WithContext(ctx).Exec(savesTable).Error
+	if err != nil && !db.Migrator().HasTable(&savedReport{}) {
+		return fmt.Errorf("create leasedemo_saves: %w", err)
+	}
+	return nil
+}
 
 // story is one run of the demo on one target.
 type story struct {
@@ -58,8 +80,8 @@ func newStory(ctx context.Context, out io.Writer, cfg config, d *database) (*sto
 	if err := gormlease.AutoMigrateContext(ctx, db); err != nil {
 		return nil, err
 	}
-	if err := db.WithContext(ctx).AutoMigrate(&savedReport{}); err != nil {
-		return nil, fmt.Errorf("migrate leasedemo_saves: %w", err)
+	if err := migrateSaves(ctx, db); err != nil {
+		return nil, err
 	}
 	repo, err := gormlease.NewRepository(db)
 	if err != nil {
@@ -89,16 +111,19 @@ func (s *story) play(ctx context.Context) error {
 	s.tl.start = time.Now()
 	stopWatch := s.watch(ctx)
 	start := make(chan struct{})
-	var requests sync.WaitGroup
+	var rush, reload sync.WaitGroup
 	for i := 1; i <= c.tabs; i++ {
-		requests.Go(func() {
+		rush.Go(func() {
 			<-start
 			s.request(ctx, i, false)
 		})
 	}
 	close(start)
-	requests.Go(func() { s.reload(ctx, c.tabs+1) })
-	requests.Wait()
+	rushDone := make(chan struct{})
+	reload.Go(func() { s.reload(ctx, c.tabs+1, rushDone) })
+	rush.Wait()
+	close(rushDone)
+	reload.Wait()
 	s.bg.Wait()
 	stopWatch()
 	return s.verdict(ctx)
@@ -197,14 +222,19 @@ func (s *story) thawLater(ctx context.Context, who string, conn *stallable) {
 }
 
 // reload is the request that comes once the holder is frozen: the user
-// reloads the page, every interval, until the lease can be taken over.
-func (s *story) reload(ctx context.Context, tab int) {
+// reloads the page, every interval, until the lease can be taken over. When
+// the first requests are all over (rushDone) and none froze, the story went
+// wrong, and there is nothing to reload for.
+func (s *story) reload(ctx context.Context, tab int, rushDone <-chan struct{}) {
+	who := tabName(tab)
 	select {
 	case <-s.frozen:
+	case <-rushDone:
+		s.fail(who, errors.New("the holder never froze"))
+		return
 	case <-ctx.Done():
 		return
 	}
-	who := tabName(tab)
 	for attempt := 0; attempt < 4*int(s.cfg.timeout/s.cfg.interval)+4; attempt++ {
 		select {
 		case <-time.After(s.cfg.interval):
@@ -224,7 +254,7 @@ func (s *story) reload(ctx context.Context, tab int) {
 func (s *story) save(who string) func(tx *gorm.DB, report string) error {
 	return func(tx *gorm.DB, report string) error {
 		l, _ := gormlease.LeaseFromContext(tx.Statement.Context)
-		row := savedReport{TargetID: s.target, Generation: l.Generation, Tab: who, Body: report}
+		row := savedReport{ID: uuid.NewString(), TargetID: s.target, Generation: l.Generation, Tab: who, Body: report}
 		if err := tx.Create(&row).Error; err != nil {
 			return err
 		}
@@ -278,7 +308,7 @@ func (s *story) verdict(ctx context.Context) error {
 		return s.judge([]string{"no lease row"}, "")
 	}
 	var saves []savedReport
-	if err := s.db.WithContext(ctx).Where("target_id = ?", s.target).Order("id").Find(&saves).Error; err != nil {
+	if err := s.db.WithContext(ctx).Where("target_id = ?", s.target).Order("generation").Find(&saves).Error; err != nil {
 		return fmt.Errorf("read leasedemo_saves: %w", err)
 	}
 	var problems []string
