@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -59,7 +60,7 @@ func TestDemo_VerdictCatchesStaleSave(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, st.play(context.Background()))
 
-	stale := savedReport{ID: "stale", TargetID: st.target, Generation: 1, Tab: "tab 9", Body: "stale"}
+	stale := savedReport{ID: uuid.NewString(), TargetID: st.target, Generation: 1, Tab: "tab 9", Body: "stale"}
 	require.NoError(t, st.db.Create(&stale).Error)
 	err = st.verdict(context.Background())
 	require.ErrorIs(t, err, errVerdict)
