@@ -39,6 +39,17 @@ type acquireArgs struct {
 	timeout  time.Duration
 }
 
+// scanAcquire runs query, an acquire statement with named args that returns
+// the new generation when it takes the lease, and no row when it does not.
+func scanAcquire(ctx context.Context, db *gorm.DB, query string, args map[string]any) (int64, bool, error) {
+	var generation int64
+	res := db.WithContext(ctx).Raw(query, args).Scan(&generation)
+	if res.Error != nil {
+		return 0, false, res.Error
+	}
+	return generation, res.RowsAffected == 1, nil
+}
+
 // dialectFor picks the dialect for db's gorm dialector.
 func dialectFor(db *gorm.DB) (dialect, error) {
 	if db.Dialector == nil {
@@ -49,7 +60,30 @@ func dialectFor(db *gorm.DB) (dialect, error) {
 		return postgresDialect{}, nil
 	case "mysql":
 		return mysqlDialect{}, nil
+	case "sqlite":
+		return sqliteDialect{}, nil
 	default:
-		return nil, fmt.Errorf("gormlease: unsupported database %q: supported are postgres and mysql", name)
+		return nil, fmt.Errorf("gormlease: unsupported database %q: supported are postgres, mysql and sqlite", name)
 	}
+}
+
+// settingsChecker is a dialect that can tell, before any lease step, that
+// the connection's settings would make the steps fail later.
+type settingsChecker interface {
+	// checkSettings returns an error wrapping ErrInvalidArgument that says
+	// what to change when db's settings do not suit the lease steps. It
+	// writes nothing.
+	checkSettings(ctx context.Context, db *gorm.DB) error
+}
+
+// settingsCheckTimeout bounds the settings check of NewRepository, which
+// takes no context.
+const settingsCheckTimeout = 10 * time.Second
+
+// checkSettings runs d's settings check on db, when d has one.
+func checkSettings(ctx context.Context, d dialect, db *gorm.DB) error {
+	if c, ok := d.(settingsChecker); ok {
+		return c.checkSettings(ctx, db)
+	}
+	return nil
 }

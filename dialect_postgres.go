@@ -72,17 +72,12 @@ WHERE l.released_at IS NOT NULL
 RETURNING l.generation`
 
 func (postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
-	var generation int64
-	res := db.WithContext(ctx).Raw(postgresAcquire, map[string]any{
+	return scanAcquire(ctx, db, postgresAcquire, map[string]any{
 		"target":  a.targetID,
 		"token":   a.token,
 		"holder":  a.holder,
 		"timeout": a.timeout.Seconds(),
-	}).Scan(&generation)
-	if res.Error != nil {
-		return 0, false, res.Error
-	}
-	return generation, res.RowsAffected == 1, nil
+	})
 }
 
 // fenceTxOptions asks for READ COMMITTED whatever the session default: under

@@ -18,7 +18,26 @@ import (
 // eachDB runs fn as a parallel subtest on every supported database.
 func eachDB(t *testing.T, fn func(t *testing.T, s *testdb.Server, db *gorm.DB)) {
 	t.Helper()
+	eachServer(t, testdb.All(t), fn)
+}
+
+// eachServerDB runs fn as a parallel subtest on every database server: the
+// databases reached over a network, with sessions and row locks that other
+// sessions can see, as opposed to SQLite's file.
+func eachServerDB(t *testing.T, fn func(t *testing.T, s *testdb.Server, db *gorm.DB)) {
+	t.Helper()
+	var servers []*testdb.Server
 	for _, s := range testdb.All(t) {
+		if s.Addr != "" {
+			servers = append(servers, s)
+		}
+	}
+	eachServer(t, servers, fn)
+}
+
+func eachServer(t *testing.T, servers []*testdb.Server, fn func(t *testing.T, s *testdb.Server, db *gorm.DB)) {
+	t.Helper()
+	for _, s := range servers {
 		t.Run(s.Name, func(t *testing.T) {
 			t.Parallel()
 			fn(t, s, s.DB(t))

@@ -84,6 +84,9 @@ func AutoMigrateContext(ctx context.Context, db *gorm.DB) error {
 	if err != nil {
 		return err
 	}
+	if err := checkSettings(ctx, d, db.WithContext(ctx)); err != nil {
+		return err
+	}
 	if err := d.migrate(ctx, db.WithContext(ctx)); err != nil {
 		return fmt.Errorf("gormlease: migrate: %w", err)
 	}

@@ -47,8 +47,10 @@ type Repository struct {
 }
 
 // NewRepository returns a Repository on db, which must be a *gorm.DB from
-// gorm.Open on a supported database, not inside a transaction. It does not
-// touch the database; create the tables with AutoMigrate.
+// gorm.Open on a supported database, not inside a transaction. It writes
+// nothing to the database; create the tables with AutoMigrate. On SQLite it
+// reads the connection's busy timeout, and refuses one that would make
+// concurrent steps fail with "database is locked" (see MinSQLiteBusyTimeout).
 func NewRepository(db *gorm.DB) (*Repository, error) {
 	return newRepository(db, defaultHolder())
 }
@@ -69,6 +71,11 @@ func newRepository(db *gorm.DB, holder string) (*Repository, error) {
 	// Each step is one statement or an explicit transaction: gorm's default
 	// transaction around single writes would only add round trips.
 	db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
+	ctx, cancel := context.WithTimeout(context.Background(), settingsCheckTimeout)
+	defer cancel()
+	if err := checkSettings(ctx, d, db); err != nil {
+		return nil, err
+	}
 	return &Repository{db: db, dialect: d, holder: holder}, nil
 }
 

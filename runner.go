@@ -22,8 +22,8 @@ type Runner[T any] struct {
 // NewRunner returns a Runner on db, which must be a *gorm.DB from gorm.Open
 // on a supported database, not inside a transaction. It validates the options
 // together and returns an error wrapping ErrInvalidArgument that names the
-// option at fault. It does not touch the database; create the tables with
-// AutoMigrate.
+// option at fault. It writes nothing to the database (on SQLite it checks the
+// busy timeout, as NewRepository does); create the tables with AutoMigrate.
 func NewRunner[T any](db *gorm.DB, opts ...Option) (*Runner[T], error) {
 	cfg, err := newConfig(opts)
 	if err != nil {

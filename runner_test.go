@@ -208,7 +208,7 @@ func TestRun_TakeoverBeforeCommitSavesNothing(t *testing.T) {
 // nothing, and works again once the database is back.
 func TestRun_SelfFencesWhenDatabaseUnreachable(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, direct *gorm.DB) {
+	eachServerDB(t, func(t *testing.T, s *testdb.Server, direct *gorm.DB) {
 		proxy := testdb.NewProxy(t, s.Addr)
 		viaProxy := s.OpenVia(t, proxy.Addr())
 		const interval, timeout = 100 * time.Millisecond, 1500 * time.Millisecond
@@ -251,13 +251,15 @@ func TestRun_SelfFencesWhenDatabaseUnreachable(t *testing.T) {
 	})
 }
 
-// Point 6: the commit locks the lease row; a takeover attempted during the
-// saver waits for the commit, and then finds the lease released.
+// Point 6: the commit locks the lease row (on SQLite, the database's write
+// lock); a takeover attempted during the saver waits for the commit, and
+// then finds the lease released.
 func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		r := newRunner(t, db)
-		other, err := gormlease.NewRepository(db)
+		takeoverDB := s.Open(t, nil)
+		other, err := gormlease.NewRepository(takeoverDB)
 		require.NoError(t, err)
 		target := newTarget(t)
 		inSaver := make(chan struct{})
@@ -271,15 +273,16 @@ func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 			close(inSaver)
 			go func() {
 				// A timeout of 1µs makes the lease look expired: only the
-				// row lock can hold this takeover back.
+				// lock can hold this takeover back.
 				_, err := other.Acquire(context.Background(), target, time.Microsecond)
 				takeoverDone <- err
 			}()
-			waitLockWait(t, s, "the takeover", acquireSQL[s.Name])
+			waitTakeoverBlocked(t, s, takeoverDB)
+			// Blocked, it stays blocked for as long as the commit goes on.
 			select {
 			case err := <-takeoverDone:
 				t.Errorf("takeover finished during the fenced commit: %v", err)
-			default:
+			case <-time.After(200 * time.Millisecond):
 			}
 			return gormlease.SaveJSON(tx, result)
 		})
@@ -298,6 +301,23 @@ func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 var acquireSQL = map[string]string{
 	"postgres": "%INSERT INTO job_lease%",
 	"mysql":    "%UPDATE job_lease SET%lease_token%",
+}
+
+// waitTakeoverBlocked waits until the acquire on takeoverDB waits for the
+// lock that the fenced commit holds.
+func waitTakeoverBlocked(t *testing.T, s *testdb.Server, takeoverDB *gorm.DB) {
+	t.Helper()
+	if s.Name != "sqlite" {
+		waitLockWait(t, s, "the takeover", acquireSQL[s.Name])
+		return
+	}
+	// SQLite has one write lock per file, and no view of who waits for it:
+	// a statement that needs it retries until the busy timeout. Once the
+	// acquire has begun to run on its own pool, it can only be waiting,
+	// since the fenced commit holds the write lock.
+	waitFor(t, 10*time.Second, "the takeover to begin, and wait for the write lock", func() bool {
+		return testdb.Started(takeoverDB, "INSERT INTO job_lease") > 0
+	})
 }
 
 // Point 7: caller cancellation releases the lease, on a context that

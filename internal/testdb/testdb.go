@@ -16,14 +16,18 @@
 //
 // Each test process works in a schema (PostgreSQL) or database (MySQL) of
 // its own, dropped by Close, so test packages running at the same time never
-// see each other's rows.
+// see each other's rows. SQLite needs no server: each test process gets a
+// database file in a temporary directory of its own (see SQLite).
 package testdb
 
 import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,12 +49,15 @@ import (
 // Server is one database server reached by the tests, with a schema (or
 // database) of this process's own.
 type Server struct {
-	// Name is the gorm dialector name: "postgres" or "mysql".
+	// Name is the gorm dialector name: "postgres", "mysql" or "sqlite".
 	Name string
 	// Version is the server's version string.
 	Version string
 	// Addr is the server's "host:port", for a Proxy in front of it.
 	Addr string
+	// DSN opens the same database from another process (for SQLite, the
+	// same file); empty when there is none.
+	DSN string
 	// Ago returns the SQL for the database's time d ago, to age a lease row.
 	Ago func(d time.Duration) clause.Expr
 	// Isolation returns the Open params that make level ("repeatable read",
@@ -90,7 +97,7 @@ func Postgres(tb testing.TB) *Server {
 // each database. Under CI every one of them must be reachable.
 func All(tb testing.TB) []*Server {
 	tb.Helper()
-	return []*Server{Postgres(tb), MySQL(tb)}
+	return []*Server{Postgres(tb), MySQL(tb), SQLite(tb)}
 }
 
 func get(tb testing.TB, name string, find func() (*Server, error)) *Server {
@@ -162,7 +169,8 @@ func (s *Server) sharedDB() (*gorm.DB, error) {
 // settings: for PostgreSQL, run-time parameters such as
 // default_transaction_isolation; for MySQL, DSN parameters, which are the
 // driver's settings (clientFoundRows=true) or session variables that it
-// SETs on each connection. The tables exist: DB made them.
+// SETs on each connection; for SQLite, PRAGMAs such as busy_timeout, or DSN
+// parameters such as _txlock (see sqliteDSN). The tables exist: DB made them.
 func (s *Server) Open(tb testing.TB, params map[string]string) *gorm.DB {
 	tb.Helper()
 	s.DB(tb)
@@ -280,6 +288,7 @@ func findPostgres() (*Server, error) {
 		Name:    "postgres",
 		Version: version,
 		Addr:    fmt.Sprintf("%s:%d", base.Host, base.Port),
+		DSN:     postgresURL(base, schema),
 		Ago: func(d time.Duration) clause.Expr {
 			return gorm.Expr("clock_timestamp() - make_interval(secs => ?)", d.Seconds())
 		},
@@ -316,6 +325,26 @@ func findPostgres() (*Server, error) {
 			return gorm.Open(postgres.New(postgres.Config{Conn: stdlib.OpenDB(*cfg)}), quiet())
 		},
 	}, nil
+}
+
+// postgresURL is a postgres:// URL for base's server, database and user,
+// working in schema.
+func postgresURL(base *pgx.ConnConfig, schema string) string {
+	u := url.URL{
+		Scheme: "postgres",
+		User:   url.User(base.User),
+		Host:   net.JoinHostPort(base.Host, strconv.Itoa(int(base.Port))),
+		Path:   "/" + base.Database,
+	}
+	if base.Password != "" {
+		u.User = url.UserPassword(base.User, base.Password)
+	}
+	q := url.Values{"search_path": {schema}, "sslmode": {"disable"}}
+	if base.TLSConfig != nil {
+		q.Set("sslmode", "require")
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // postgresDSN finds a PostgreSQL server: from the environment, in a

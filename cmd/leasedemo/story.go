@@ -1,0 +1,374 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+)
+
+// savedReport is a row of leasedemo_saves: the demo's saver appends one for
+// every save that commits, so the verdict can see every save, not only the
+// last one.
+type savedReport struct {
+	ID         string // a UUID
+	TargetID   string
+	Generation int64
+	Tab        string
+	Body       string
+}
+
+// TableName returns "leasedemo_saves".
+func (savedReport) TableName() string { return "leasedemo_saves" }
+
+// savesTable is the DDL of leasedemo_saves, the same on every database.
+// Unlike gorm's AutoMigrate, it is safe to run from two demos at once on
+// SQLite, where the write lock serialises it.
+const savesTable = `CREATE TABLE IF NOT EXISTS leasedemo_saves (
+	id          varchar(36)  NOT NULL PRIMARY KEY,
+	target_id   varchar(255) NOT NULL,
+	generation  bigint       NOT NULL,
+	tab         varchar(255) NOT NULL,
+	body        text         NOT NULL
+)`
+
+// migrateSaves creates leasedemo_saves. On PostgreSQL, two CREATE TABLE IF
+// NOT EXISTS at once can fail for the one that loses: it is fine when the
+// table is there afterwards.
+func migrateSaves(ctx context.Context, db *gorm.DB) error {
+	err := db.WithContext(ctx).Exec(savesTable).Error
+	if err != nil && !db.Migrator().HasTable(&savedReport{}) {
+		return fmt.Errorf("create leasedemo_saves: %w", err)
+	}
+	return nil
+}
+
+// story is one run of the demo on one target.
+type story struct {
+	cfg    config
+	d      *database
+	db     *gorm.DB // a direct pool, for the watcher and the verdict
+	repo   *gormlease.Repository
+	target string
+	tl     *timeline
+
+	freezeOnce sync.Once
+	frozenWho  string        // the frozen tab and its generation; set before frozen is closed
+	frozen     chan struct{} // closed when the first holder freezes
+	takenOver  chan struct{} // closed when a reload takes the lease over
+	takeOnce   sync.Once
+	refused    atomic.Int32 // tabs refused in the first rush
+	fenced     atomic.Int32 // holders fenced off at their save
+	failures   atomic.Int32 // unexpected errors
+	bg         sync.WaitGroup
+}
+
+func newStory(ctx context.Context, out io.Writer, cfg config, d *database) (*story, error) {
+	db, err := d.gorm(d.pool)
+	if err != nil {
+		return nil, fmt.Errorf("open gorm: %w", err)
+	}
+	if err := gormlease.AutoMigrateContext(ctx, db); err != nil {
+		return nil, err
+	}
+	if err := migrateSaves(ctx, db); err != nil {
+		return nil, err
+	}
+	repo, err := gormlease.NewRepository(db)
+	if err != nil {
+		return nil, err
+	}
+	return &story{
+		cfg:       cfg,
+		d:         d,
+		db:        db,
+		repo:      repo,
+		target:    "report/user-42/" + uuid.NewString()[:8],
+		tl:        &timeline{out: out},
+		frozen:    make(chan struct{}),
+		takenOver: make(chan struct{}),
+	}, nil
+}
+
+// play acts out the story and then checks the verdict.
+func (s *story) play(ctx context.Context) error {
+	c := s.cfg
+	fmt.Fprintf(s.tl.out, "leasedemo: %d browser tabs ask at once for the same slow report\n", c.tabs)
+	fmt.Fprintf(s.tl.out, "  database  %s\n", s.d.about)
+	fmt.Fprintf(s.tl.out, "  lease     heartbeat every %v; taken over after %v without one\n", c.interval, c.timeout)
+	fmt.Fprintf(s.tl.out, "  API       answers in %v\n", c.latency)
+	fmt.Fprintf(s.tl.out, "  target    %s\n\n", s.target)
+
+	s.tl.start = time.Now()
+	stopWatch := s.watch(ctx)
+	start := make(chan struct{})
+	var rush, reload sync.WaitGroup
+	for i := 1; i <= c.tabs; i++ {
+		rush.Go(func() {
+			<-start
+			s.request(ctx, i, false)
+		})
+	}
+	close(start)
+	rushDone := make(chan struct{})
+	reload.Go(func() { s.reload(ctx, c.tabs+1, rushDone) })
+	rush.Wait()
+	close(rushDone)
+	reload.Wait()
+	s.bg.Wait()
+	stopWatch()
+	return s.verdict(ctx)
+}
+
+func tabName(tab int) string { return fmt.Sprintf("tab %d", tab) }
+
+// request is one tab's request: Run the report under the lease. It returns
+// whether the lease was held by another tab.
+func (s *story) request(ctx context.Context, tab int, reload bool) (held bool) {
+	who := tabName(tab)
+	conn := newStallable(s.d.pool)
+	db, err := s.d.gorm(conn)
+	if err != nil {
+		s.fail(who, err)
+		return false
+	}
+	r, err := gormlease.NewRunner[string](db,
+		gormlease.WithHeartbeatInterval(s.cfg.interval),
+		gormlease.WithLeaseTimeout(s.cfg.timeout),
+		gormlease.WithHolder(who),
+		// The commit of a frozen tab waits for it to thaw, longer than the
+		// default 10 s would allow with long settings.
+		gormlease.WithOperationTimeout(time.Minute+2*s.cfg.timeout))
+	if err != nil {
+		s.fail(who, err)
+		return false
+	}
+	if !reload {
+		s.tl.log(who, "asks for the report")
+	}
+	var generation int64
+	_, err = r.Run(ctx, s.target, func(ctx context.Context) (string, error) {
+		l, _ := gormlease.LeaseFromContext(ctx)
+		generation = l.Generation
+		return s.work(ctx, who, l, conn, reload)
+	}, s.save(who))
+	switch {
+	case err == nil:
+		s.tl.log(who, "saved its report and released the lease (generation %d)", generation)
+	case errors.Is(err, gormlease.ErrLeaseHeld):
+		if reload {
+			s.tl.log(who, "refused: the frozen tab's lease has not timed out yet (ErrLeaseHeld)")
+		} else {
+			s.refused.Add(1)
+			s.tl.log(who, "refused at once: another tab holds the lease (ErrLeaseHeld); shows \"in progress\"")
+		}
+		return true
+	case errors.Is(err, gormlease.ErrLeaseLost):
+		s.fenced.Add(1)
+		s.tl.log(who, "FENCED OFF by the database: %v", err)
+		s.tl.log(who, "its stale result is discarded; nothing was written")
+	default:
+		s.fail(who, err)
+	}
+	return false
+}
+
+// work is the slow part of a request: the external API call. The first
+// holder to get its answer then freezes, before it can save.
+func (s *story) work(ctx context.Context, who string, l gormlease.Lease, conn *stallable, reload bool) (string, error) {
+	if reload {
+		s.tl.log(who, "TAKES OVER the expired lease: generation %d; calls the API, %v", l.Generation, s.cfg.latency)
+		s.takeOnce.Do(func() { close(s.takenOver) })
+	} else {
+		s.tl.log(who, "wins the lease: generation %d; calls the API, %v", l.Generation, s.cfg.latency)
+	}
+	select {
+	case <-time.After(s.cfg.latency):
+	case <-ctx.Done():
+		return "", context.Cause(ctx)
+	}
+	report := fmt.Sprintf("report for user 42, made by %s under generation %d", who, l.Generation)
+	s.freezeOnce.Do(func() {
+		s.frozenWho = fmt.Sprintf("%s (generation %d)", who, l.Generation)
+		s.tl.log(who, "gets the API answer, then FREEZES before saving (simulated stall: no heartbeats, no database calls)")
+		conn.freeze()
+		close(s.frozen)
+		s.bg.Go(func() { s.thawLater(ctx, who, conn) })
+	})
+	return report, nil
+}
+
+// thawLater wakes the frozen tab one interval after another tab took its
+// lease over (or, if none does, after long enough for the verdict to fail).
+func (s *story) thawLater(ctx context.Context, who string, conn *stallable) {
+	frozenAt := time.Now()
+	select {
+	case <-s.takenOver:
+		time.Sleep(s.cfg.interval)
+	case <-time.After(3*s.cfg.timeout + 2*s.cfg.latency):
+	case <-ctx.Done():
+	}
+	s.tl.log(who, "wakes up after %.1fs frozen, and tries to save its result", time.Since(frozenAt).Seconds())
+	conn.thaw()
+}
+
+// reload is the request that comes once the holder is frozen: the user
+// reloads the page, every interval, until the lease can be taken over. When
+// the first requests are all over (rushDone) and none froze, the story went
+// wrong, and there is nothing to reload for.
+func (s *story) reload(ctx context.Context, tab int, rushDone <-chan struct{}) {
+	who := tabName(tab)
+	select {
+	case <-s.frozen:
+	case <-rushDone:
+		s.fail(who, errors.New("the holder never froze"))
+		return
+	case <-ctx.Done():
+		return
+	}
+	for attempt := 0; attempt < 4*int(s.cfg.timeout/s.cfg.interval)+4; attempt++ {
+		select {
+		case <-time.After(s.cfg.interval):
+		case <-ctx.Done():
+			return
+		}
+		s.tl.log(who, "the user reloads the page")
+		if !s.request(ctx, tab, true) {
+			return
+		}
+	}
+	s.fail(who, errors.New("the lease was never taken over"))
+}
+
+// save is the saver of a tab: it appends to leasedemo_saves and stores the
+// result with gormlease.SaveJSON, inside the fenced commit.
+func (s *story) save(who string) func(tx *gorm.DB, report string) error {
+	return func(tx *gorm.DB, report string) error {
+		l, _ := gormlease.LeaseFromContext(tx.Statement.Context)
+		row := savedReport{ID: uuid.NewString(), TargetID: s.target, Generation: l.Generation, Tab: who, Body: report}
+		if err := tx.Create(&row).Error; err != nil {
+			return err
+		}
+		return gormlease.SaveJSON(tx, report)
+	}
+}
+
+// watch prints each heartbeat that the database records, until the
+// returned function is called.
+func (s *story) watch(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var last gormlease.JobLease
+		tick := time.NewTicker(s.cfg.interval / 5)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			row, ok, err := s.repo.Get(ctx, s.target)
+			if err != nil || !ok {
+				continue
+			}
+			if row.Generation == last.Generation && row.ReleasedAt == nil && row.UpdatedAt.After(last.UpdatedAt) {
+				s.tl.log("db", "heartbeat from %s renews generation %d", row.Holder, row.Generation)
+			}
+			last = row
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+func (s *story) fail(who string, err error) {
+	s.failures.Add(1)
+	s.tl.log(who, "ERROR: %v", err)
+}
+
+// verdict reads the outcome from the database and checks the invariant:
+// exactly one saved result, written by the holder of the current (last)
+// generation, and nothing saved by a stale holder.
+func (s *story) verdict(ctx context.Context) error {
+	lease, ok, err := s.repo.Get(ctx, s.target)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return s.judge([]string{"no lease row"}, "")
+	}
+	var saves []savedReport
+	if err := s.db.WithContext(ctx).Where("target_id = ?", s.target).Order("generation").Find(&saves).Error; err != nil {
+		return fmt.Errorf("read leasedemo_saves: %w", err)
+	}
+	var problems []string
+	if len(saves) != 1 {
+		problems = append(problems, fmt.Sprintf("%d saved results, want 1", len(saves)))
+	}
+	for _, sv := range saves {
+		switch {
+		case sv.Generation != lease.Generation:
+			problems = append(problems, fmt.Sprintf("a stale holder saved: %s under generation %d, the current is %d",
+				sv.Tab, sv.Generation, lease.Generation))
+		case sv.Tab != lease.Holder:
+			problems = append(problems, fmt.Sprintf("saved by %s, but generation %d is held by %s",
+				sv.Tab, lease.Generation, lease.Holder))
+		}
+	}
+	if _, res, err := gormlease.LoadJSON[string](ctx, s.db, s.target); err != nil {
+		problems = append(problems, fmt.Sprintf("job_result: %v", err))
+	} else if res.Generation != lease.Generation {
+		problems = append(problems, fmt.Sprintf("job_result holds generation %d, the current is %d",
+			res.Generation, lease.Generation))
+	}
+	if lease.ReleasedAt == nil {
+		problems = append(problems, "the lease is still held")
+	}
+	if n := s.refused.Load(); int(n) != s.cfg.tabs-1 {
+		problems = append(problems, fmt.Sprintf("%d of %d tabs refused in the rush, want %d", n, s.cfg.tabs, s.cfg.tabs-1))
+	}
+	if s.fenced.Load() != 1 {
+		problems = append(problems, "the frozen tab was not fenced off")
+	}
+	if n := s.failures.Load(); n > 0 {
+		problems = append(problems, fmt.Sprintf("%d unexpected errors (above)", n))
+	}
+	summary := fmt.Sprintf("1 saved result, by %s under generation %d, the current one; "+
+		"nothing saved by the stale holder %s", lease.Holder, lease.Generation, s.frozenWho)
+	return s.judge(problems, summary)
+}
+
+// judge prints the verdict line, and returns an error wrapping errVerdict
+// when there are problems.
+func (s *story) judge(problems []string, summary string) error {
+	fmt.Fprintln(s.tl.out)
+	if len(problems) > 0 {
+		fmt.Fprintf(s.tl.out, "VERDICT FAILED (read from the database): %s\n", strings.Join(problems, "; "))
+		return fmt.Errorf("%w: %s", errVerdict, strings.Join(problems, "; "))
+	}
+	fmt.Fprintf(s.tl.out, "VERDICT OK (read from the database): %s\n", summary)
+	return nil
+}
+
+// timeline prints events with the time elapsed since start.
+type timeline struct {
+	mu    sync.Mutex
+	out   io.Writer
+	start time.Time
+}
+
+func (t *timeline) log(who, format string, args ...any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fmt.Fprintf(t.out, "%6.2fs  %-6s  %s\n", time.Since(t.start).Seconds(), who, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,34 @@
+package testdb
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// Main runs a test package's tests, closes the test databases, and then
+// fails the run if any goroutine is left over: no Run may leave a heartbeat
+// behind. Call it from TestMain; it does not return.
+//
+// Runnable examples cannot skip themselves, so when there is no PostgreSQL
+// server and CI is not set, Main leaves them out, loudly; the tests skip
+// (and fail under CI) on their own.
+func Main(m *testing.M) {
+	flag.Parse()
+	if _, err := Example(); err != nil && os.Getenv("CI") == "" && flag.Lookup("test.run").Value.String() == "" {
+		fmt.Fprintln(os.Stderr, "DATABASE TESTS NOT RUN: examples left out:", err)
+		flag.Set("test.run", "^(Test|Fuzz)")
+	}
+	code := m.Run()
+	Close()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}

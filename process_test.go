@@ -1,0 +1,303 @@
+package gormlease_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ncruces/go-sqlite3/gormlite"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// helperDSNEnv, when set, turns the test binary into a helper process that
+// runs lease steps on the SQLite database it names (see helperProcess).
+const helperDSNEnv = "GORMLEASE_TEST_HELPER_DSN"
+
+// Several processes on one SQLite file, all starting at once: exactly one
+// runs the work and saves, every other is refused with ErrLeaseHeld while
+// the winner holds the lease.
+func TestSQLite_ProcessesRunWorkOnce(t *testing.T) {
+	t.Parallel()
+	s := testdb.SQLite(t)
+	db := s.DB(t)
+	target := newTarget(t)
+	const n = 6
+	procs := make([]*proc, n)
+	for i := range procs {
+		procs[i] = startProc(t, s.DSN, fmt.Sprintf("p%d", i))
+	}
+	for _, p := range procs {
+		p.expect("ready")
+	}
+	for i, p := range procs {
+		p.send(fmt.Sprintf("run %s from-p%d", target, i))
+	}
+	var winner *proc
+	for _, p := range procs {
+		switch line := p.next(); {
+		case strings.HasPrefix(line, "working"):
+			require.Nil(t, winner, "%s works too, while %s holds the lease", p.name, winnerName(winner))
+			winner = p
+		case line != "held":
+			t.Fatalf("%s: %q, want working or held", p.name, line)
+		}
+	}
+	require.NotNil(t, winner, "no process ran the work")
+	winner.send("finish")
+	winner.expect("saving")
+	winner.send("save")
+	winner.expect("ok")
+
+	got, row, err := gormlease.LoadJSON[string](context.Background(), db, target)
+	require.NoError(t, err)
+	assert.Equal(t, "from-"+winner.name, got)
+	lease := leaseRow(t, db, target)
+	assert.Equal(t, lease.Generation, row.Generation, "saved under another generation")
+	assert.EqualValues(t, 1, lease.Generation, "more than one acquisition")
+	assert.NotNil(t, lease.ReleasedAt, "lease not released")
+	assert.Equal(t, "proc-"+winner.name, lease.Holder)
+}
+
+func winnerName(p *proc) string {
+	if p == nil {
+		return "none"
+	}
+	return p.name
+}
+
+// Across processes: a holder whose lease was taken over by another process
+// is fenced off at its commit, and a takeover from a third process waits for
+// the new holder's fenced commit to end.
+func TestSQLite_ProcessesTakeoverAndFencedCommit(t *testing.T) {
+	t.Parallel()
+	s := testdb.SQLite(t)
+	db := s.DB(t)
+	target := newTarget(t)
+	a, b, c := startProc(t, s.DSN, "a"), startProc(t, s.DSN, "b"), startProc(t, s.DSN, "c")
+	for _, p := range []*proc{a, b, c} {
+		p.expect("ready")
+	}
+
+	a.send("acquire " + target + " 1s")
+	a.expect("acquiring")
+	a.expect("acquired 1")
+	age(t, s, db, target, 5*time.Second) // a stalls past the timeout
+	b.send("run " + target + " from-b")
+	b.expect("working 2")
+	a.send("commit " + target + " from-a")
+	a.expect("lost")
+	assert.Zero(t, countRows(t, db, &gormlease.JobResult{}, target), "the stale holder saved")
+
+	b.send("finish")
+	b.expect("saving") // b's fenced commit holds the write lock
+	c.send("acquire " + target + " 1us")
+	c.expect("acquiring")
+	c.expectNothing(300 * time.Millisecond)
+	b.send("save")
+	b.expect("ok")
+	c.expect("acquired 3")
+
+	got, row, err := gormlease.LoadJSON[string](context.Background(), db, target)
+	require.NoError(t, err)
+	assert.Equal(t, "from-b", got)
+	assert.EqualValues(t, 2, row.Generation)
+	assert.True(t, strings.HasSuffix(leaseRow(t, db, target).Holder, fmt.Sprintf("/%d", c.pid)),
+		"the lease is not c's (pid %d)", c.pid)
+}
+
+// proc is a helper process, scripted line by line through its stdin.
+type proc struct {
+	t     *testing.T
+	name  string
+	pid   int
+	stdin io.WriteCloser
+	lines chan string
+}
+
+// startProc starts a helper process on the SQLite database dsn.
+func startProc(t *testing.T, dsn, name string) *proc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperDSNEnv+"="+dsn, "GORMLEASE_TEST_HELPER_NAME="+name)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	p := &proc{t: t, name: name, pid: cmd.Process.Pid, stdin: stdin, lines: make(chan string, 16)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(p.lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+	}()
+	t.Cleanup(func() {
+		stdin.Close() // the helper exits at the end of its input
+		exited := make(chan error, 1)
+		go func() { <-done; exited <- cmd.Wait() }()
+		select {
+		case err := <-exited:
+			assert.NoError(t, err, "helper %s", name)
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+			t.Errorf("helper %s did not exit", name)
+		}
+	})
+	return p
+}
+
+func (p *proc) send(line string) {
+	p.t.Helper()
+	_, err := fmt.Fprintln(p.stdin, line)
+	require.NoError(p.t, err, "send to %s", p.name)
+}
+
+// next returns the next line that the helper prints.
+func (p *proc) next() string {
+	p.t.Helper()
+	var line string
+	var ok bool
+	select {
+	case line, ok = <-p.lines:
+	case <-time.After(20 * time.Second):
+		p.t.Fatalf("%s printed nothing for 20s", p.name)
+	}
+	if !ok {
+		p.t.Fatalf("%s exited", p.name)
+	}
+	return line
+}
+
+// expect requires the next line to be want.
+func (p *proc) expect(want string) {
+	p.t.Helper()
+	require.Equal(p.t, want, p.next(), "from %s", p.name)
+}
+
+// expectNothing requires the helper to print nothing for d.
+func (p *proc) expectNothing(d time.Duration) {
+	p.t.Helper()
+	select {
+	case line := <-p.lines:
+		p.t.Fatalf("%s printed %q, while it should wait", p.name, line)
+	case <-time.After(d):
+	}
+}
+
+// helperProcess runs lease steps on the SQLite database dsn, one command a
+// line from stdin, and prints what came of each to stdout:
+//
+//	acquire TARGET TIMEOUT  prints "acquiring", then "acquired GEN" or "held"
+//	commit TARGET VALUE     saves VALUE under the acquired lease: "committed" or "lost"
+//	run TARGET VALUE        Runner.Run: "held", or "working GEN"; then reads
+//	                        "finish", prints "saving", reads "save", saves
+//	                        VALUE, and prints "ok" or "lost"
+//
+// Anything else prints "error ..." and ends the helper with status 1.
+func helperProcess(dsn string) int {
+	name := os.Getenv("GORMLEASE_TEST_HELPER_NAME")
+	fail := func(format string, args ...any) int {
+		fmt.Printf("error "+format+"\n", args...)
+		return 1
+	}
+	db, err := gorm.Open(gormlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		return fail("open: %v", err)
+	}
+	repo, err := gormlease.NewRepository(db)
+	if err != nil {
+		return fail("repository: %v", err)
+	}
+	runner, err := gormlease.NewRunner[string](db, gormlease.WithHolder("proc-"+name),
+		gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(time.Second))
+	if err != nil {
+		return fail("runner: %v", err)
+	}
+	in := bufio.NewScanner(os.Stdin)
+	readLine := func(want string) error {
+		if !in.Scan() || in.Text() != want {
+			return fmt.Errorf("expected %q on stdin", want)
+		}
+		return nil
+	}
+	var lease gormlease.Lease
+	ctx := context.Background()
+	fmt.Println("ready")
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		if len(f) != 3 {
+			return fail("bad command %q", in.Text())
+		}
+		switch f[0] {
+		case "acquire":
+			timeout, err := time.ParseDuration(f[2])
+			if err != nil {
+				return fail("timeout: %v", err)
+			}
+			fmt.Println("acquiring")
+			lease, err = repo.Acquire(ctx, f[1], timeout)
+			switch {
+			case errors.Is(err, gormlease.ErrLeaseHeld):
+				fmt.Println("held")
+			case err != nil:
+				return fail("acquire: %v", err)
+			default:
+				fmt.Println("acquired " + strconv.FormatInt(lease.Generation, 10))
+			}
+		case "commit":
+			err := repo.CommitIfOwner(ctx, lease, func(tx *gorm.DB) error { return gormlease.SaveJSON(tx, f[2]) })
+			switch {
+			case errors.Is(err, gormlease.ErrLeaseLost):
+				fmt.Println("lost")
+			case err != nil:
+				return fail("commit: %v", err)
+			default:
+				fmt.Println("committed")
+			}
+		case "run":
+			_, err := runner.Run(ctx, f[1], func(ctx context.Context) (string, error) {
+				l, _ := gormlease.LeaseFromContext(ctx)
+				fmt.Println("working " + strconv.FormatInt(l.Generation, 10))
+				return f[2], readLine("finish")
+			}, func(tx *gorm.DB, v string) error {
+				fmt.Println("saving")
+				if err := readLine("save"); err != nil {
+					return err
+				}
+				return gormlease.SaveJSON(tx, v)
+			})
+			switch {
+			case errors.Is(err, gormlease.ErrLeaseHeld):
+				fmt.Println("held")
+			case errors.Is(err, gormlease.ErrLeaseLost):
+				fmt.Println("lost")
+			case err != nil:
+				return fail("run: %v", err)
+			default:
+				fmt.Println("ok")
+			}
+		default:
+			return fail("unknown command %q", f[0])
+		}
+	}
+	return 0
+}
