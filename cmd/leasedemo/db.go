@@ -8,10 +8,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
+	mysqldriver "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"github.com/ncruces/go-sqlite3/driver"
 	"github.com/ncruces/go-sqlite3/gormlite"
+	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -33,7 +36,8 @@ type database struct {
 
 // openDatabase opens the database that dsn names: "" for an SQLite file in
 // a new temporary directory, removed by close; "file:..." for an SQLite
-// file; "postgres://..." for PostgreSQL.
+// file; "postgres://..." for PostgreSQL; "mysql://" and the MySQL driver's
+// DSN for MySQL or MariaDB.
 func openDatabase(dsn string) (*database, error) {
 	switch {
 	case dsn == "":
@@ -64,10 +68,33 @@ func openDatabase(dsn string) (*database, error) {
 				return postgres.New(postgres.Config{Conn: c})
 			},
 		}, nil
+	case strings.HasPrefix(dsn, "mysql://"):
+		return openMySQL(strings.TrimPrefix(dsn, "mysql://"))
 	default:
-		return nil, fmt.Errorf("unsupported -dsn %q: give file:PATH?%s for SQLite, or postgres://USER@HOST/DB for PostgreSQL",
-			redact(dsn), sqlitePragmas)
+		return nil, fmt.Errorf("unsupported -dsn %q: give file:PATH?%s for SQLite, postgres://USER@HOST/DB for PostgreSQL, "+
+			"or mysql://USER:PASSWORD@tcp(HOST:3306)/DB for MySQL or MariaDB", redact(dsn), sqlitePragmas)
 	}
+}
+
+// openMySQL opens MySQL or MariaDB with the driver's DSN, adding the
+// settings gormlease needs: datetimes read as time.Time, in UTC.
+func openMySQL(dsn string) (*database, error) {
+	cfg, err := mysqldriver.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("mysql DSN: %w", err)
+	}
+	cfg.ParseTime, cfg.Loc, cfg.InterpolateParams = true, time.UTC, true
+	pool, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		return nil, err
+	}
+	return &database{
+		about: fmt.Sprintf("MySQL %s@%s/%s", cfg.User, cfg.Addr, cfg.DBName),
+		pool:  pool,
+		dialector: func(c gorm.ConnPool) gorm.Dialector {
+			return mysql.New(mysql.Config{Conn: c})
+		},
+	}, nil
 }
 
 func openSQLite(dsn string) (*database, error) {

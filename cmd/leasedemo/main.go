@@ -15,6 +15,7 @@
 //
 //	go run ./cmd/leasedemo                      # an SQLite file in a temporary directory
 //	go run ./cmd/leasedemo -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//	go run ./cmd/leasedemo -dsn 'mysql://root@tcp(127.0.0.1:3306)/test'
 //	go run ./cmd/leasedemo -tabs 6 -interval 500ms -timeout 2s -latency 3s
 package main
 
@@ -41,7 +42,8 @@ type config struct {
 func main() {
 	var cfg config
 	flag.StringVar(&cfg.dsn, "dsn", "", "database: empty for an SQLite file in a temporary directory, "+
-		"file:PATH?"+sqlitePragmas+" for SQLite, postgres://... for PostgreSQL")
+		"file:PATH?"+sqlitePragmas+" for SQLite, postgres://... for PostgreSQL, "+
+		"mysql://USER:PASSWORD@tcp(HOST:3306)/DB for MySQL or MariaDB")
 	flag.IntVar(&cfg.tabs, "tabs", 4, "number of tabs that ask for the report at once")
 	flag.DurationVar(&cfg.interval, "interval", time.Second, "heartbeat interval")
 	flag.DurationVar(&cfg.timeout, "timeout", 3*time.Second, "lease timeout: a lease without a heartbeat for this long can be taken over")

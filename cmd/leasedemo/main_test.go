@@ -36,6 +36,8 @@ func TestDemo_VerdictHolds(t *testing.T) {
 			t.Log("\n" + out.String())
 			require.NoError(t, err)
 			text := out.String()
+			header := map[string]string{"postgres": "PostgreSQL", "mysql": "MySQL", "sqlite": "SQLite"}[s.Name]
+			assert.Contains(t, text, "database  "+header, "the story ran on another database")
 			assert.Equal(t, cfg.tabs-1, strings.Count(text, "refused at once"), "refused tabs")
 			assert.Equal(t, 1, strings.Count(text, "wins the lease: generation 1"))
 			assert.Contains(t, text, "db      heartbeat from tab")

@@ -61,6 +61,7 @@ func findMySQL() (*Server, error) {
 		Name:    "mysql",
 		Version: version,
 		Addr:    cfg.Addr,
+		DSN:     "mysql://" + cfg.FormatDSN(),
 		Ago: func(d time.Duration) clause.Expr {
 			return gorm.Expr("UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND", d.Microseconds())
 		},
