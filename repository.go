@@ -88,8 +88,13 @@ func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.
 	if err != nil {
 		return Lease{}, fmt.Errorf("gormlease: acquire %q: mint token: %w", targetID, err)
 	}
-	gen, ok, err := r.dialect.acquire(ctx, r.db, acquireArgs{
-		targetID: targetID, token: token, holder: r.holder, timeout: timeout,
+	var gen int64
+	var ok bool
+	err = retryStatement(ctx, func() (err error) {
+		gen, ok, err = r.dialect.acquire(ctx, r.db, acquireArgs{
+			targetID: targetID, token: token, holder: r.holder, timeout: timeout,
+		})
+		return err
 	})
 	if err != nil {
 		return Lease{}, fmt.Errorf("gormlease: acquire %q: %w", targetID, err)
@@ -108,7 +113,7 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 	if err := l.check(); err != nil {
 		return err
 	}
-	res := r.ownRow(ctx, r.db, l).UpdateColumn("updated_at", gorm.Expr(r.dialect.now()))
+	res := r.updateOwnRow(ctx, r.db, l, "updated_at")
 	if res.Error != nil {
 		return fmt.Errorf("gormlease: heartbeat %q: %w", l.TargetID, res.Error)
 	}
@@ -188,7 +193,7 @@ func (r *Repository) Release(ctx context.Context, l Lease) error {
 }
 
 func (r *Repository) release(ctx context.Context, db *gorm.DB, l Lease) error {
-	res := r.ownRow(ctx, db, l).UpdateColumn("released_at", gorm.Expr(r.dialect.now()))
+	res := r.updateOwnRow(ctx, db, l, "released_at")
 	if res.Error != nil {
 		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, res.Error)
 	}
@@ -196,6 +201,22 @@ func (r *Repository) release(ctx context.Context, db *gorm.DB, l Lease) error {
 		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, ErrLeaseLost)
 	}
 	return nil
+}
+
+// updateOwnRow stamps column of l's row with the database's time, while l
+// holds it. Outside a transaction the statement is retried after a
+// serialization failure (see retryStatement); inside one, the failure is
+// the transaction's to handle.
+func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, column string) *gorm.DB {
+	stmt := func() *gorm.DB {
+		return r.ownRow(ctx, db, l).UpdateColumn(column, gorm.Expr(r.dialect.now()))
+	}
+	if _, inTx := db.Statement.ConnPool.(gorm.TxCommitter); inTx {
+		return stmt()
+	}
+	var res *gorm.DB
+	_ = retryStatement(ctx, func() error { res = stmt(); return res.Error })
+	return res
 }
 
 // ownRow selects l's row while it is held under l's token.
