@@ -2,6 +2,7 @@ package gormlease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -145,6 +146,7 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 		return invalidf("commit function is nil")
 	}
 	ctx = withLease(ctx, l)
+	committing := false
 	err := r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := r.lockOwn(tx, l); err != nil {
 			return err
@@ -153,14 +155,28 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 			return fmt.Errorf("gormlease: save %q: %w", l.TargetID, err)
 		}
 		if release {
-			return r.release(ctx, tx, l)
+			if err := r.release(ctx, tx, l); err != nil {
+				return err
+			}
 		}
+		committing = true // gorm sends COMMIT next
 		return nil
 	}, r.dialect.fenceTxOptions())
-	if err != nil {
-		return fmt.Errorf("gormlease: commit %q: %w", l.TargetID, err)
+	switch {
+	case err == nil:
+		return nil
+	case committing && !answeredByServer(err):
+		// COMMIT was sent, or about to be, and no answer came back.
+		return &commitUnknownError{targetID: l.TargetID, cause: err}
 	}
-	return nil
+	return fmt.Errorf("gormlease: commit %q: %w", l.TargetID, err)
+}
+
+// answeredByServer reports whether err is the database's own answer (it
+// carries an SQLSTATE), as opposed to a lost connection or a timeout.
+func answeredByServer(err error) bool {
+	var st sqlStater
+	return errors.As(err, &st)
 }
 
 // lockOwn locks l's row for the rest of tx and checks that it is still l's.
