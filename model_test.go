@@ -109,6 +109,26 @@ func TestModel_LeaseProtocol(t *testing.T) {
 			}
 		}
 
+		// holderStep has an actor that holds a lease (current or not) run
+		// one step with it. When the model says the lease is the actor's,
+		// the step must succeed, and effect updates the model; otherwise it
+		// must fail with ErrLeaseLost and change nothing.
+		holderStep := func(rt *rapid.T, name string, step func(i int, a *actor) error, effect func(a *actor)) {
+			i, a := pick(rt)
+			if a.lease == nil {
+				rt.Skip("holds nothing")
+			}
+			ok := m.ownedBy(a.lease)
+			var err error
+			if ok {
+				err = step(i, a)
+				effect(a)
+			} else {
+				unchanged(rt, "stale "+name, func() { err = step(i, a) })
+			}
+			expect(rt, fmt.Sprintf("actor %d %s", i, name), err, ok, gormlease.ErrLeaseLost)
+		}
+
 		rt.Repeat(map[string]func(*rapid.T){
 			"acquire": func(rt *rapid.T) {
 				i, a := pick(rt)
@@ -131,54 +151,21 @@ func TestModel_LeaseProtocol(t *testing.T) {
 				m = leaseModel{exists: true, token: l.Token, generation: l.Generation, savedGen: m.savedGen}
 			},
 			"heartbeat": func(rt *rapid.T) {
-				i, a := pick(rt)
-				if a.lease == nil {
-					rt.Skip("holds nothing")
-				}
-				ok := m.ownedBy(a.lease)
-				var err error
-				if ok {
-					err = a.repo.Heartbeat(ctx, *a.lease)
-					m.age = 0
-				} else {
-					unchanged(rt, "stale heartbeat", func() { err = a.repo.Heartbeat(ctx, *a.lease) })
-				}
-				expect(rt, fmt.Sprintf("actor %d heartbeat", i), err, ok, gormlease.ErrLeaseLost)
+				holderStep(rt, "heartbeat", func(i int, a *actor) error {
+					return a.repo.Heartbeat(ctx, *a.lease)
+				}, func(*actor) { m.age = 0 })
 			},
 			"commit": func(rt *rapid.T) {
-				i, a := pick(rt)
-				if a.lease == nil {
-					rt.Skip("holds nothing")
-				}
-				ok := m.ownedBy(a.lease)
-				var err error
-				commit := func() {
-					err = a.repo.CommitIfOwner(ctx, *a.lease, func(tx *gorm.DB) error {
+				holderStep(rt, "commit", func(i int, a *actor) error {
+					return a.repo.CommitIfOwner(ctx, *a.lease, func(tx *gorm.DB) error {
 						return gormlease.SaveJSON(tx, i)
 					})
-				}
-				if ok {
-					commit()
-					m.savedGen = a.lease.Generation
-				} else {
-					unchanged(rt, "stale commit", commit)
-				}
-				expect(rt, fmt.Sprintf("actor %d commit", i), err, ok, gormlease.ErrLeaseLost)
+				}, func(a *actor) { m.savedGen = a.lease.Generation })
 			},
 			"release": func(rt *rapid.T) {
-				i, a := pick(rt)
-				if a.lease == nil {
-					rt.Skip("holds nothing")
-				}
-				ok := m.ownedBy(a.lease)
-				var err error
-				if ok {
-					err = a.repo.Release(ctx, *a.lease)
-					m.released = true
-				} else {
-					unchanged(rt, "stale release", func() { err = a.repo.Release(ctx, *a.lease) })
-				}
-				expect(rt, fmt.Sprintf("actor %d release", i), err, ok, gormlease.ErrLeaseLost)
+				holderStep(rt, "release", func(i int, a *actor) error {
+					return a.repo.Release(ctx, *a.lease)
+				}, func(*actor) { m.released = true })
 			},
 			"steal": func(rt *rapid.T) {
 				if !m.exists {
