@@ -2,6 +2,7 @@ package gormlease_test
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -56,4 +57,17 @@ func terminate(t *testing.T, db *gorm.DB, pid int64) {
 	if err := db.Raw("SELECT pg_terminate_backend(?)", pid).Scan(&ok).Error; err != nil || !ok {
 		t.Fatalf("pg_terminate_backend(%d): %v %v", pid, ok, err)
 	}
+}
+
+// soak reports whether GORMLEASE_SOAK is set: the long settings of the
+// reliability suite (see docs/reliability.md) instead of the short ones that
+// plain go test runs.
+func soak() bool { return os.Getenv("GORMLEASE_SOAK") != "" }
+
+// soakOr returns short, or long under GORMLEASE_SOAK.
+func soakOr(short, long int) int {
+	if soak() {
+		return long
+	}
+	return short
 }
