@@ -42,6 +42,20 @@ func (f *killFixture) heartbeatAfter(t *testing.T, since time.Time) {
 	})
 }
 
+// runAndCheck runs work that calls fault and then returns "done", and checks
+// that the Run saved its result once, under its own generation.
+func (f *killFixture) runAndCheck(t *testing.T, fault func()) {
+	var gen int64
+	_, err := f.r.Run(context.Background(), f.target, func(ctx context.Context) (string, error) {
+		l, _ := gormlease.LeaseFromContext(ctx)
+		gen = l.Generation
+		fault()
+		return "done", ctx.Err()
+	}, gormlease.SaveJSON[string])
+	require.NoError(t, err)
+	f.checkSavedOnce(t, gen)
+}
+
 // checkSavedOnce checks that the target's result is saved once, by the
 // given generation, and that the lease is released.
 func (f *killFixture) checkSavedOnce(t *testing.T, generation int64) {
@@ -58,10 +72,7 @@ func (f *killFixture) checkSavedOnce(t *testing.T, generation int64) {
 func TestFault_KilledDuringHeartbeat(t *testing.T) {
 	t.Parallel()
 	f := newKillFixture(t)
-	var gen int64
-	_, err := f.r.Run(context.Background(), f.target, func(ctx context.Context) (string, error) {
-		l, _ := gormlease.LeaseFromContext(ctx)
-		gen = l.Generation
+	f.runAndCheck(t, func() {
 		// Hold the row so that the next heartbeat waits on it, then kill it.
 		tx := f.direct.Begin()
 		require.NoError(t, tx.Error)
@@ -72,10 +83,7 @@ func TestFault_KilledDuringHeartbeat(t *testing.T) {
 		killed := leaseRow(t, tx, f.target).UpdatedAt
 		require.NoError(t, tx.Rollback().Error)
 		f.heartbeatAfter(t, killed)
-		return "done", ctx.Err()
-	}, gormlease.SaveJSON[string])
-	require.NoError(t, err)
-	f.checkSavedOnce(t, gen)
+	})
 }
 
 // Fault: every connection of the runner's pool is killed while the work
@@ -83,10 +91,7 @@ func TestFault_KilledDuringHeartbeat(t *testing.T) {
 func TestFault_KilledDuringWork(t *testing.T) {
 	t.Parallel()
 	f := newKillFixture(t)
-	var gen int64
-	_, err := f.r.Run(context.Background(), f.target, func(ctx context.Context) (string, error) {
-		l, _ := gormlease.LeaseFromContext(ctx)
-		gen = l.Generation
+	f.runAndCheck(t, func() {
 		waitFor(t, 5*time.Second, "a pooled backend", func() bool {
 			return len(backends(t, f.direct, f.app, "")) > 0
 		})
@@ -94,10 +99,7 @@ func TestFault_KilledDuringWork(t *testing.T) {
 			terminate(t, f.direct, pid)
 		}
 		f.heartbeatAfter(t, leaseRow(t, f.direct, f.target).UpdatedAt)
-		return "done", ctx.Err()
-	}, gormlease.SaveJSON[string])
-	require.NoError(t, err)
-	f.checkSavedOnce(t, gen)
+	})
 }
 
 // Fault: the backend of the fenced commit is killed after the saver wrote.
@@ -128,12 +130,5 @@ func TestFault_KilledInsideFencedCommit(t *testing.T) {
 	assert.Zero(t, countRows(t, f.direct, &gormlease.JobResult{}, f.target), "a killed transaction saved")
 	assert.NotNil(t, leaseRow(t, f.direct, f.target).ReleasedAt, "lease not released after the rollback")
 
-	var gen int64
-	_, err = f.r.Run(context.Background(), f.target, func(ctx context.Context) (string, error) {
-		l, _ := gormlease.LeaseFromContext(ctx)
-		gen = l.Generation
-		return "done", nil
-	}, gormlease.SaveJSON[string])
-	require.NoError(t, err)
-	f.checkSavedOnce(t, gen)
+	f.runAndCheck(t, func() {})
 }
