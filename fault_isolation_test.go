@@ -33,7 +33,7 @@ func TestFault_StrictSessionIsolation(t *testing.T) {
 			r, err := gormlease.NewRunner[int](db)
 			require.NoError(t, err)
 			target := newTarget(t)
-			const rounds, n = 10, 8
+			rounds, n := soakOr(10, 200), 8
 			for round := range rounds {
 				if round%2 == 1 {
 					age(t, s, s.DB(t), target, time.Hour) // expired rather than released

@@ -19,8 +19,8 @@ import (
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
-// Load: 1,000 concurrent Runs (10,000 under GORMLEASE_SOAK) over 100
-// targets, with random work durations, failures and panics. At no instant
+// Load: 1,000 concurrent Runs over 100 targets (ten rounds of them under
+// GORMLEASE_SOAK), with random work durations, failures and panics. At no instant
 // do two works run for one target; every save is made under the lease that
 // the row carries at commit, once per generation; and afterwards the
 // goroutines and the pool's connections are back to their baseline.
@@ -38,7 +38,8 @@ func TestLoad_ConcurrentRuns(t *testing.T) {
 		gormlease.WithOperationTimeout(5*time.Second))
 	require.NoError(t, err)
 
-	runs := soakOr(1000, 10000)
+	const runs = 1000
+	rounds := soakOr(1, 10)
 	const targets = 100
 	prefix := newTarget(t)
 	target := func(i int) string { return fmt.Sprintf("%s/%d", prefix, i%targets) }
@@ -95,13 +96,8 @@ func TestLoad_ConcurrentRuns(t *testing.T) {
 		return err
 	}
 
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range runs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
+	for range rounds {
+		runRound(runs, func(i int) {
 			slot := &running[i%targets]
 			// A refused Run tries again a few times, so that leases change
 			// hands often.
@@ -129,10 +125,8 @@ func TestLoad_ConcurrentRuns(t *testing.T) {
 			default:
 				t.Errorf("unexpected error: %v", err)
 			}
-		}()
+		})
 	}
-	close(start)
-	wg.Wait()
 
 	assert.Zero(t, overlaps.Load(), "two works ran at once for one target")
 	assert.Zero(t, badSaves.Load(), "saves not made under the current lease")
@@ -157,7 +151,7 @@ func TestLoad_ConcurrentRuns(t *testing.T) {
 		summary += fmt.Sprintf(" %s=%d", k, v.(*atomic.Int32).Load())
 		return true
 	})
-	t.Logf("%d Runs over %d targets:%s", runs, targets, summary)
+	t.Logf("%d rounds of %d Runs over %d targets:%s", rounds, runs, targets, summary)
 
 	// Nothing leaks: no Run left a goroutine or a connection behind.
 	waitFor(t, 10*time.Second, "goroutines back to their baseline", func() bool {
@@ -166,4 +160,21 @@ func TestLoad_ConcurrentRuns(t *testing.T) {
 	stats := sqlDB.Stats()
 	assert.Zero(t, stats.InUse, "connections still in use")
 	assert.LessOrEqual(t, stats.OpenConnections, 4, "more open connections than the idle limit")
+}
+
+// runRound calls run(i) for i from 0 to n-1, each on a goroutine of its own,
+// all released at once, and waits for them all.
+func runRound(n int, run func(i int)) {
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			run(i)
+		}()
+	}
+	close(start)
+	wg.Wait()
 }
