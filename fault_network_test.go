@@ -56,12 +56,11 @@ func TestFault_UnreachableThenBack(t *testing.T) {
 
 	// The runner recovers: with the short operation timeout, the first
 	// connections through the proxy may take too long on a loaded machine.
-	var lastErr error
 	waitFor(t, 10*time.Second, "a Run to succeed after the database came back", func() bool {
-		_, lastErr = r.Run(context.Background(), newTarget(t), func(context.Context) (string, error) {
+		_, err := r.Run(context.Background(), newTarget(t), func(context.Context) (string, error) {
 			return "back", nil
 		}, gormlease.SaveJSON[string])
-		return lastErr == nil
+		return err == nil
 	})
 }
 
