@@ -77,8 +77,23 @@ func newRepository(db *gorm.DB, holder string) (*Repository, error) {
 // there is no row for the target, the row was released, or its last
 // heartbeat is older than timeout on the database's clock. It mints a fresh
 // token and returns the new Lease. When another holder's lease is live it
-// returns an error wrapping ErrLeaseHeld, at once and without writing.
+// returns an error wrapping ErrLeaseHeld, at once and without writing. When
+// the connection fails before the answer comes back, Acquire returns the
+// error after releasing, by its new token, the lease that the statement may
+// have taken, so that the target is not left held until the timeout.
 func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.Duration) (Lease, error) {
+	return r.acquire(ctx, targetID, timeout, DefaultOperationTimeout)
+}
+
+// acquire is Acquire. When the statement fails without an answer from the
+// database (a lost connection, a timeout), it may still have taken the
+// lease, under a token that no one would know: the target would stay held
+// until the lease timed out. So acquire then releases the lease by that
+// token, on a context that survives ctx's cancellation, bounded by cleanup.
+// The token is this attempt's alone, so the release cannot touch another
+// holder's lease. It is best effort: a statement still in flight after the
+// release leaves the lease to time out.
+func (r *Repository) acquire(ctx context.Context, targetID string, timeout, cleanup time.Duration) (Lease, error) {
 	if err := checkTargetID(targetID); err != nil {
 		return Lease{}, err
 	}
@@ -98,6 +113,11 @@ func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.
 		return err
 	})
 	if err != nil {
+		if !answeredByServer(err) {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanup)
+			_ = r.release(cctx, r.db, Lease{TargetID: targetID, Token: token})
+			cancel()
+		}
 		return Lease{}, fmt.Errorf("gormlease: acquire %q: %w", targetID, err)
 	}
 	if !ok {

@@ -88,7 +88,7 @@ func (r *Runner[T]) Run(ctx context.Context, targetID string,
 
 	acquireCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
 	sent := time.Now()
-	lease, err := r.repo.Acquire(acquireCtx, targetID, r.cfg.leaseTimeout)
+	lease, err := r.repo.acquire(acquireCtx, targetID, r.cfg.leaseTimeout, r.cfg.operationTimeout)
 	cancel()
 	if err != nil {
 		return zero, err
