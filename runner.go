@@ -65,7 +65,8 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 // returns ErrLeaseLost even if work returned a result.
 //
 // When the connection fails while COMMIT is in flight, Run settles whether
-// the commit took effect (see settleCommit in the source): it returns the
+// the commit took effect, by releasing the lease and reading its row: it
+// returns the
 // result and nil when it did, an error saying nothing was saved when it
 // rolled back, and an error wrapping ErrCommitUnknown when it cannot tell.
 // Run never saves twice: the saver is called at most once per Run.
@@ -129,8 +130,8 @@ func (r *Runner[T]) Run(ctx context.Context, targetID string,
 		}
 		return zero, err
 	}
-	// The transaction was rolled back, or its outcome is unknown; either way
-	// the lease is still ours or already released, and releasing is safe.
+	// The transaction was rolled back: the lease is still ours, or already
+	// gone, and releasing is safe.
 	return zero, r.releaseAfter(ctx, lease, err)
 }
 
