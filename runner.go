@@ -66,9 +66,9 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 //
 // When the connection fails while COMMIT is in flight, Run settles whether
 // the commit took effect, by releasing the lease and reading its row: it
-// returns the
-// result and nil when it did, an error saying nothing was saved when it
-// rolled back, and an error wrapping ErrCommitUnknown when it cannot tell.
+// returns the result and nil when it did, an error saying nothing was saved
+// when it rolled back, and an error wrapping ErrCommitUnknown when it cannot
+// tell.
 // Run never saves twice: the saver is called at most once per Run.
 func (r *Runner[T]) Run(ctx context.Context, targetID string,
 	work func(ctx context.Context) (T, error),
