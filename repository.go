@@ -152,6 +152,8 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 // READ COMMITTED. fn must use tx, and not keep it after it returns; when fn
 // returns an error the transaction is rolled back and the error returned.
 // The context of tx carries l (see LeaseFromContext), so SaveJSON works as fn.
+// When the connection fails while COMMIT is in flight, CommitIfOwner returns
+// an error wrapping ErrCommitUnknown: fn's writes may or may not be saved.
 func (r *Repository) CommitIfOwner(ctx context.Context, l Lease, fn func(tx *gorm.DB) error) error {
 	return r.commit(ctx, l, fn, false)
 }
