@@ -125,3 +125,47 @@ func tableCounts(t *testing.T, db *gorm.DB) [2]int64 {
 	require.NoError(t, db.Model(&gormlease.JobResult{}).Count(&c[1]).Error)
 	return c
 }
+
+// FuzzRepository_ForgedLease hands Heartbeat, CommitIfOwner and Release a
+// Lease that Acquire never returned: any target ID, token and generation,
+// next to a real lease on a target of the same name when the ID is valid.
+// Each step must refuse with ErrInvalidArgument or ErrLeaseLost, never call
+// the saver, and never change the real lease.
+func FuzzRepository_ForgedLease(f *testing.F) {
+	f.Add("order-42", []byte("0123456789abcdef"), int64(1))
+	s := testdb.Postgres(f)
+	db := s.DB(f)
+	repo, err := gormlease.NewRepository(db)
+	require.NoError(f, err)
+	f.Fuzz(func(t *testing.T, target string, token []byte, generation int64) {
+		forged := gormlease.Lease{TargetID: target, Generation: generation}
+		copy(forged.Token[:], token)
+		held, err := repo.Acquire(context.Background(), target, time.Hour)
+		if err != nil {
+			require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+		} else {
+			defer repo.Release(context.Background(), held)
+			if forged.Token == held.Token {
+				return // a forger that guessed the token is the holder
+			}
+		}
+		var before gormlease.JobLease
+		if err == nil {
+			before = leaseRow(t, db, target)
+		}
+		check := func(step string, err error) {
+			if !errors.Is(err, gormlease.ErrInvalidArgument) && !errors.Is(err, gormlease.ErrLeaseLost) {
+				t.Fatalf("%s with a forged lease %+v: %v", step, forged, err)
+			}
+		}
+		check("heartbeat", repo.Heartbeat(context.Background(), forged))
+		check("commit", repo.CommitIfOwner(context.Background(), forged, func(*gorm.DB) error {
+			t.Fatal("the saver ran for a forged lease")
+			return nil
+		}))
+		check("release", repo.Release(context.Background(), forged))
+		if err == nil {
+			assert.Equal(t, before, leaseRow(t, db, target), "a forged lease changed the real one")
+		}
+	})
+}
