@@ -26,9 +26,13 @@ func TestFault_UnreachableThenBack(t *testing.T) {
 	direct := s.DB(t)
 	proxy := testdb.NewProxy(t, s.Addr)
 	const timeout = 1500 * time.Millisecond
+	// The safety margin is the time the work has to notice the cancellation
+	// before the lease can be taken over; here, that includes this test's
+	// own check, on a loaded machine.
 	r := newRunner(t, s.OpenVia(t, proxy.Addr()),
 		gormlease.WithHeartbeatInterval(100*time.Millisecond),
 		gormlease.WithLeaseTimeout(timeout),
+		gormlease.WithSafetyMargin(700*time.Millisecond),
 		gormlease.WithOperationTimeout(300*time.Millisecond))
 	other := newRepository(t, direct)
 	target := newTarget(t)
