@@ -213,9 +213,12 @@ func TestRun_SelfFencesWhenDatabaseUnreachable(t *testing.T) {
 	proxy := testdb.NewProxy(t, s.Addr)
 	viaProxy := s.OpenVia(t, proxy.Addr())
 	const interval, timeout = 100 * time.Millisecond, 1500 * time.Millisecond
+	// The margin leaves the work time to run its check below on a loaded
+	// machine before the lease can be taken over.
 	r := newRunner(t, viaProxy,
 		gormlease.WithHeartbeatInterval(interval),
 		gormlease.WithLeaseTimeout(timeout),
+		gormlease.WithSafetyMargin(700*time.Millisecond),
 		gormlease.WithOperationTimeout(300*time.Millisecond))
 	other, err := gormlease.NewRepository(direct)
 	require.NoError(t, err)
