@@ -31,11 +31,7 @@ func TestFault_AcquireAnswerLost(t *testing.T) {
 	tripped := proxy.BlackholeOn(target, true)
 	go func() {
 		<-tripped
-		var n int64
-		for deadline := time.Now().Add(5 * time.Second); n == 0 && time.Now().Before(deadline); {
-			time.Sleep(5 * time.Millisecond)
-			direct.Model(&gormlease.JobLease{}).Where("target_id = ?", target).Count(&n)
-		}
+		waitRow(direct, target)
 		proxy.Cut()
 		proxy.Restore()
 	}()
