@@ -79,7 +79,7 @@ func TestFault_ShortOutageRidesThrough(t *testing.T) {
 	r := newRunner(t, s.OpenVia(t, proxy.Addr()),
 		gormlease.WithHeartbeatInterval(100*time.Millisecond),
 		gormlease.WithLeaseTimeout(6*time.Second),
-		gormlease.WithOperationTimeout(200*time.Millisecond))
+		gormlease.WithOperationTimeout(time.Second))
 	target := newTarget(t)
 	_, err := r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
 		before := leaseRow(t, direct, target).UpdatedAt
