@@ -22,6 +22,14 @@ var (
 	// package documentation on self-fencing). Nothing is saved then.
 	ErrLeaseLost = errors.New("gormlease: lease lost")
 
+	// ErrCommitUnknown is returned by Repository.CommitIfOwner when the
+	// connection failed while the fenced commit's COMMIT was in flight: the
+	// database may or may not have saved the result. Runner.Run first settles
+	// the question itself (see Run) and returns ErrCommitUnknown only when it
+	// cannot; then look at what was saved (LoadJSON, for instance) before
+	// running the work again.
+	ErrCommitUnknown = errors.New("gormlease: commit outcome unknown")
+
 	// ErrInvalidArgument is wrapped by every error about bad input: an empty,
 	// oversized or unstorable target ID, a nil function or database, or an
 	// option value that is out of range or contradicts another. Nothing is
@@ -33,6 +41,19 @@ var (
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
 }
+
+// commitUnknownError is an error from the fenced commit's COMMIT that the
+// database did not answer: it wraps both ErrCommitUnknown and the cause.
+type commitUnknownError struct {
+	targetID string
+	cause    error
+}
+
+func (e *commitUnknownError) Error() string {
+	return fmt.Sprintf("gormlease: commit %q: outcome unknown, the result may have been saved: %v", e.targetID, e.cause)
+}
+
+func (e *commitUnknownError) Unwrap() []error { return []error{ErrCommitUnknown, e.cause} }
 
 // PanicError is returned by Runner.Run when the work or the saver panics.
 // Run recovers the panic, releases the lease and returns a *PanicError; it

@@ -2,6 +2,7 @@ package gormlease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -86,8 +87,23 @@ func newRepository(db *gorm.DB, holder string) (*Repository, error) {
 // new Lease. When another holder's lease is live it returns an error
 // wrapping ErrLeaseHeld, at once and without writing. (On MySQL, InnoDB
 // locks the row before it checks it, so while the holder's fenced commit
-// runs, a refused acquire waits for that commit to end.)
+// runs, a refused acquire waits for that commit to end.) When the
+// connection fails before the answer comes back, Acquire returns the error
+// after releasing, by its new token, the lease that the statement may have
+// taken, so that the target is not left held until the timeout.
 func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.Duration) (Lease, error) {
+	return r.acquire(ctx, targetID, timeout, DefaultOperationTimeout)
+}
+
+// acquire is Acquire. When the statement fails without an answer from the
+// database (a lost connection, a timeout), it may still have taken the
+// lease, under a token that no one would know: the target would stay held
+// until the lease timed out. So acquire then releases the lease by that
+// token, on a context that survives ctx's cancellation, bounded by cleanup.
+// The token is this attempt's alone, so the release cannot touch another
+// holder's lease. It is best effort: a statement still in flight after the
+// release leaves the lease to time out.
+func (r *Repository) acquire(ctx context.Context, targetID string, timeout, cleanup time.Duration) (Lease, error) {
 	if err := checkTargetID(targetID); err != nil {
 		return Lease{}, err
 	}
@@ -98,10 +114,20 @@ func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.
 	if err != nil {
 		return Lease{}, fmt.Errorf("gormlease: acquire %q: mint token: %w", targetID, err)
 	}
-	gen, ok, err := r.dialect.acquire(ctx, r.db, acquireArgs{
-		targetID: targetID, token: token, holder: r.holder, timeout: timeout,
+	var gen int64
+	var ok bool
+	err = retryStatement(ctx, func() (err error) {
+		gen, ok, err = r.dialect.acquire(ctx, r.db, acquireArgs{
+			targetID: targetID, token: token, holder: r.holder, timeout: timeout,
+		})
+		return err
 	})
 	if err != nil {
+		if !answeredByServer(err) {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanup)
+			_ = r.release(cctx, r.db, Lease{TargetID: targetID, Token: token})
+			cancel()
+		}
 		return Lease{}, fmt.Errorf("gormlease: acquire %q: %w", targetID, err)
 	}
 	if !ok {
@@ -118,7 +144,7 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 	if err := l.check(); err != nil {
 		return err
 	}
-	res := r.ownRow(ctx, r.db, l).UpdateColumn("updated_at", gorm.Expr(r.dialect.now()))
+	res := r.updateOwnRow(ctx, r.db, l, "updated_at")
 	if res.Error != nil {
 		return fmt.Errorf("gormlease: heartbeat %q: %w", l.TargetID, res.Error)
 	}
@@ -136,6 +162,8 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 // READ COMMITTED. fn must use tx, and not keep it after it returns; when fn
 // returns an error the transaction is rolled back and the error returned.
 // The context of tx carries l (see LeaseFromContext), so SaveJSON works as fn.
+// When the connection fails while COMMIT is in flight, CommitIfOwner returns
+// an error wrapping ErrCommitUnknown: fn's writes may or may not be saved.
 func (r *Repository) CommitIfOwner(ctx context.Context, l Lease, fn func(tx *gorm.DB) error) error {
 	return r.commit(ctx, l, fn, false)
 }
@@ -150,6 +178,7 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 		return invalidf("commit function is nil")
 	}
 	ctx = withLease(ctx, l)
+	committing := false
 	err := r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := r.lockOwn(tx, l); err != nil {
 			return err
@@ -158,14 +187,28 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 			return fmt.Errorf("gormlease: save %q: %w", l.TargetID, err)
 		}
 		if release {
-			return r.release(ctx, tx, l)
+			if err := r.release(ctx, tx, l); err != nil {
+				return err
+			}
 		}
+		committing = true // gorm sends COMMIT next
 		return nil
 	}, r.dialect.fenceTxOptions())
-	if err != nil {
-		return fmt.Errorf("gormlease: commit %q: %w", l.TargetID, err)
+	switch {
+	case err == nil:
+		return nil
+	case committing && !answeredByServer(err):
+		// COMMIT was sent, or about to be, and no answer came back.
+		return &commitUnknownError{targetID: l.TargetID, cause: err}
 	}
-	return nil
+	return fmt.Errorf("gormlease: commit %q: %w", l.TargetID, err)
+}
+
+// answeredByServer reports whether err is the database's own answer (it
+// carries an SQLSTATE), as opposed to a lost connection or a timeout.
+func answeredByServer(err error) bool {
+	var st sqlStater
+	return errors.As(err, &st)
 }
 
 // lockOwn locks l's row for the rest of tx and checks that it is still l's.
@@ -198,7 +241,7 @@ func (r *Repository) Release(ctx context.Context, l Lease) error {
 }
 
 func (r *Repository) release(ctx context.Context, db *gorm.DB, l Lease) error {
-	res := r.ownRow(ctx, db, l).UpdateColumn("released_at", gorm.Expr(r.dialect.now()))
+	res := r.updateOwnRow(ctx, db, l, "released_at")
 	if res.Error != nil {
 		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, res.Error)
 	}
@@ -206,6 +249,22 @@ func (r *Repository) release(ctx context.Context, db *gorm.DB, l Lease) error {
 		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, ErrLeaseLost)
 	}
 	return nil
+}
+
+// updateOwnRow stamps column of l's row with the database's time, while l
+// holds it. Outside a transaction the statement is retried after a
+// serialization failure (see retryStatement); inside one, the failure is
+// the transaction's to handle.
+func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, column string) *gorm.DB {
+	stmt := func() *gorm.DB {
+		return r.ownRow(ctx, db, l).UpdateColumn(column, gorm.Expr(r.dialect.now()))
+	}
+	if _, inTx := db.Statement.ConnPool.(gorm.TxCommitter); inTx {
+		return stmt()
+	}
+	var res *gorm.DB
+	_ = retryStatement(ctx, func() error { res = stmt(); return res.Error })
+	return res
 }
 
 // ownRow selects l's row while it is held under l's token.

@@ -34,6 +34,10 @@ func SaveJSON[T any](tx *gorm.DB, result T) error {
 	if err != nil {
 		return fmt.Errorf("gormlease: encode result of %q: %w", l.TargetID, err)
 	}
+	if at := jsonNUL(data); at >= 0 {
+		return invalidf("SaveJSON: result of %q has a NUL character (\\u0000 at byte %d of its JSON), which PostgreSQL's jsonb cannot store",
+			l.TargetID, at)
+	}
 	return tx.Model(&JobResult{}).Clauses(clause.OnConflict{
 		Columns:   []clause.Column{{Name: "target_id"}},
 		DoUpdates: clause.AssignmentColumns([]string{"data", "generation", "updated_at"}),
@@ -43,6 +47,26 @@ func SaveJSON[T any](tx *gorm.DB, result T) error {
 		"generation": l.Generation,
 		"updated_at": gorm.Expr(d.now()),
 	}).Error
+}
+
+// jsonNUL returns the offset of the first \u0000 escape in the JSON text
+// data, or -1. An escape starts at a backslash that is not itself escaped:
+// one preceded by an even number of backslashes.
+func jsonNUL(data []byte) int {
+	const esc = `\u0000`
+	for i := 0; i+len(esc) <= len(data); i++ {
+		if string(data[i:i+len(esc)]) != esc {
+			continue
+		}
+		n := 0
+		for j := i - 1; j >= 0 && data[j] == '\\'; j-- {
+			n++
+		}
+		if n%2 == 0 {
+			return i
+		}
+	}
+	return -1
 }
 
 // LoadJSON reads the result that SaveJSON stored for targetID and decodes it

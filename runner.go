@@ -63,6 +63,13 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 // errors.Is matches them; a panic in work or save is recovered and returned
 // as a *PanicError, and the lease is released. When the lease is lost, Run
 // returns ErrLeaseLost even if work returned a result.
+//
+// When the connection fails while COMMIT is in flight, Run settles whether
+// the commit took effect, by releasing the lease and reading its row: it
+// returns the result and nil when it did, an error saying nothing was saved
+// when it rolled back, and an error wrapping ErrCommitUnknown when it cannot
+// tell.
+// Run never saves twice: the saver is called at most once per Run.
 func (r *Runner[T]) Run(ctx context.Context, targetID string,
 	work func(ctx context.Context) (T, error),
 	save func(tx *gorm.DB, result T) error,
@@ -82,7 +89,7 @@ func (r *Runner[T]) Run(ctx context.Context, targetID string,
 
 	acquireCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
 	sent := time.Now()
-	lease, err := r.repo.Acquire(acquireCtx, targetID, r.cfg.leaseTimeout)
+	lease, err := r.repo.acquire(acquireCtx, targetID, r.cfg.leaseTimeout, r.cfg.operationTimeout)
 	cancel()
 	if err != nil {
 		return zero, err
@@ -112,8 +119,19 @@ func (r *Runner[T]) Run(ctx context.Context, targetID string,
 	if errors.Is(err, ErrLeaseLost) {
 		return zero, err
 	}
-	// The transaction was rolled back, or its outcome is unknown; either way
-	// the lease is still ours or already released, and releasing is safe.
+	var unknown *commitUnknownError
+	if errors.As(err, &unknown) {
+		switch committed, known := r.settleCommit(ctx, lease); {
+		case known && committed:
+			return result, nil
+		case known:
+			return zero, fmt.Errorf("gormlease: commit %q: rolled back when the connection failed, nothing saved: %w",
+				targetID, unknown.cause)
+		}
+		return zero, err
+	}
+	// The transaction was rolled back: the lease is still ours, or already
+	// gone, and releasing is safe.
 	return zero, r.releaseAfter(ctx, lease, err)
 }
 
@@ -128,6 +146,31 @@ func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, runErr error)
 		return runErr
 	}
 	return errors.Join(runErr, err)
+}
+
+// settleCommit finds out, after a commit whose COMMIT got no answer, whether
+// that commit took effect: known reports whether it could tell, and
+// committed whether the commit took effect. It first releases
+// the lease. The fenced transaction keeps the lease row locked until it
+// ends, so a release that succeeds proves that it rolled back: then the
+// lease is released, nothing was saved, and the outcome is known. A release
+// that finds the row released under this lease's own token proves that the
+// commit, which releases in the same transaction, took effect. Anything else
+// (the database is still unreachable, or another holder already took the
+// target) leaves the outcome unknown, and Run returns ErrCommitUnknown.
+func (r *Runner[T]) settleCommit(ctx context.Context, lease Lease) (committed, known bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
+	defer cancel()
+	err := r.repo.Release(ctx, lease)
+	if err == nil {
+		return false, true
+	}
+	if !errors.Is(err, ErrLeaseLost) {
+		return false, false
+	}
+	row, found, err := r.repo.Get(ctx, lease.TargetID)
+	applied := err == nil && found && row.LeaseToken == lease.Token && row.ReleasedAt != nil
+	return applied, applied
 }
 
 // callWork calls work and turns a panic into a *PanicError.

@@ -19,6 +19,7 @@ type Proxy struct {
 	closed  bool
 	conns   map[net.Conn]struct{}
 	wg      sync.WaitGroup
+	trigger *trigger // see BlackholeOn
 }
 
 // NewProxy starts a proxy to target ("host:port") on a free loopback port.
@@ -93,8 +94,8 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.wg.Add(2)
-		go p.pipe(client, server)
-		go p.pipe(server, client)
+		go p.pipe(client, server, true)
+		go p.pipe(server, client, false)
 	}
 }
 
@@ -112,7 +113,8 @@ func (p *Proxy) track(a, b net.Conn) bool {
 }
 
 // pipe copies from src to dst, holding each chunk while the proxy is blocked.
-func (p *Proxy) pipe(src, dst net.Conn) {
+// toServer says that src is the client.
+func (p *Proxy) pipe(src, dst net.Conn, toServer bool) {
 	defer p.wg.Done()
 	defer func() {
 		src.Close()
@@ -127,7 +129,8 @@ func (p *Proxy) pipe(src, dst net.Conn) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			for p.blocked && !p.closed {
+			passes := toServer && p.tripLocked(buf[:n])
+			for p.blocked && !p.closed && !passes {
 				p.cond.Wait()
 			}
 			p.mu.Unlock()

@@ -1,0 +1,174 @@
+package testdb
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"testing"
+
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+)
+
+// Cluster is a PostgreSQL cluster of a test's own, made with initdb in a
+// temporary directory and run with pg_ctl on a free port, so that a test can
+// stop and restart it without touching the shared server. It is stopped and
+// deleted when the test ends.
+//
+// The binaries are found in GORMLEASE_PG_BIN, or else in the newest
+// /usr/lib/postgresql/*/bin. PostgreSQL refuses to run as root, so as root
+// the cluster runs as the "postgres" user (through runuser). When a
+// prerequisite is missing the test is skipped loudly, or fails under CI.
+type Cluster struct {
+	bin, dir, data string
+	port           int
+	asUser         string // the user to run the binaries as, or "" for this one
+	uid, gid       int
+}
+
+// NewCluster makes and starts a new cluster.
+func NewCluster(tb testing.TB) *Cluster {
+	tb.Helper()
+	c, err := newCluster()
+	if err != nil {
+		unavailable(tb, "private PostgreSQL cluster", err)
+	}
+	tb.Cleanup(func() {
+		_ = c.pgctl("stop", "-m", "immediate")
+		os.RemoveAll(c.dir)
+	})
+	if err := c.run("initdb", "-D", c.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {
+		tb.Fatalf("initdb: %v", err)
+	}
+	c.Start(tb)
+	return c
+}
+
+func newCluster() (*Cluster, error) {
+	bin := os.Getenv("GORMLEASE_PG_BIN")
+	if bin == "" {
+		dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+		sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) < version(dirs[j]) })
+		if len(dirs) == 0 {
+			return nil, fmt.Errorf("no /usr/lib/postgresql/*/bin and no GORMLEASE_PG_BIN")
+		}
+		bin = dirs[len(dirs)-1]
+	}
+	for _, tool := range []string{"initdb", "pg_ctl", "postgres"} {
+		if _, err := os.Stat(filepath.Join(bin, tool)); err != nil {
+			return nil, fmt.Errorf("no %s in %s: %w", tool, bin, err)
+		}
+	}
+	dir, err := os.MkdirTemp("", "gormlease-pg-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{bin: bin, dir: dir, data: filepath.Join(dir, "data"), uid: -1, gid: -1}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("running as root, and no postgres user to run the cluster as: %w", err)
+		}
+		if _, err := exec.LookPath("runuser"); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("running as root, and no runuser: %w", err)
+		}
+		c.asUser = u.Username
+		c.uid, _ = strconv.Atoi(u.Uid)
+		c.gid, _ = strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, c.uid, c.gid); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	port, err := freePort()
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	c.port = port
+	return c, nil
+}
+
+// version is the major version in a /usr/lib/postgresql/N/bin path.
+func version(binDir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return n
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Addr is the cluster's "host:port".
+func (c *Cluster) Addr() string { return fmt.Sprintf("127.0.0.1:%d", c.port) }
+
+// Open returns a new pool on the cluster's postgres database, with the
+// gormlease tables made. It is closed when tb ends.
+func (c *Cluster) Open(tb testing.TB) *gorm.DB {
+	tb.Helper()
+	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=5", c.port)
+	db, err := gorm.Open(postgres.Open(dsn), quiet())
+	if err != nil {
+		tb.Fatalf("open cluster: %v", err)
+	}
+	tb.Cleanup(func() { closeDB(db) })
+	if err := gormlease.AutoMigrate(db); err != nil {
+		tb.Fatalf("migrate cluster: %v", err)
+	}
+	return db
+}
+
+// Start starts the cluster and waits until it accepts connections.
+func (c *Cluster) Start(tb testing.TB) {
+	tb.Helper()
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off", c.port, c.dir)
+	if err := c.pgctl("start", "-w", "-t", "60", "-l", filepath.Join(c.dir, "log"), "-o", opts); err != nil {
+		log, _ := os.ReadFile(filepath.Join(c.dir, "log"))
+		tb.Fatalf("pg_ctl start: %v\n%s", err, log)
+	}
+}
+
+// Crash stops the cluster at once, as a crash would (pg_ctl stop -m
+// immediate): connections drop and transactions in flight are lost, but
+// what was committed survives, through WAL recovery at the next Start.
+func (c *Cluster) Crash(tb testing.TB) {
+	tb.Helper()
+	if err := c.pgctl("stop", "-w", "-m", "immediate"); err != nil {
+		tb.Fatalf("pg_ctl stop: %v", err)
+	}
+}
+
+func (c *Cluster) pgctl(args ...string) error {
+	return c.run("pg_ctl", append([]string{"-D", c.data}, args...)...)
+}
+
+// run runs one of the PostgreSQL binaries, as the cluster's user.
+func (c *Cluster) run(tool string, args ...string) error {
+	path := filepath.Join(c.bin, tool)
+	var cmd *exec.Cmd
+	if c.asUser != "" {
+		cmd = exec.Command("runuser", append([]string{"-u", c.asUser, "--", path}, args...)...)
+	} else {
+		cmd = exec.Command(path, args...)
+	}
+	cmd.Dir = c.dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %w\n%s", tool, err, out)
+	}
+	return nil
+}
