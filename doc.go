@@ -46,6 +46,15 @@
 // runs out: a database outage never leaves the work running where another
 // holder may start. Every database call carries a deadline.
 //
+// Acquire, heartbeat and release are single statements: after a
+// serialization failure or deadlock (under a REPEATABLE READ or SERIALIZABLE
+// session default) they are retried a few times. The fenced commit is not
+// retried, since it runs the caller's saver. When the connection is lost
+// while COMMIT is in flight, Run finds out whether the commit took effect
+// (the release waits on the row lock until the transaction ends) and returns
+// ErrCommitUnknown only when it cannot tell. An acquire whose answer was
+// lost releases, by its new token, the lease it may have taken.
+//
 // Release runs on a context that survives the caller's cancellation; if it
 // fails, the lease expires after the timeout.
 //
