@@ -24,8 +24,11 @@ import (
 // do two works run for one target; every save is made under the lease that
 // the row carries at commit, once per generation; and afterwards the
 // goroutines and the pool's connections are back to their baseline.
+//
+// It is not parallel: it compares the process's goroutine count with its
+// baseline, which other tests' goroutines would disturb. (Parallel tests
+// wait until the sequential ones have finished.)
 func TestLoad_ConcurrentRuns(t *testing.T) {
-	t.Parallel()
 	s := testdb.Postgres(t)
 	db := s.Open(t, nil)
 	sqlDB, err := db.DB()
