@@ -30,6 +30,21 @@ type dialect interface {
 	fenceTxOptions() *sql.TxOptions
 }
 
+// batchHeartbeater is a capability that a dialect may have: renewing many
+// leases in one statement. Dialects without it get one statement per lease.
+type batchHeartbeater interface {
+	// heartbeatBatch stamps the rows of leases (at most heartbeatBatchSize)
+	// with the database's time where target and token match and the lease is
+	// not released, and returns the leases it renewed.
+	heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (renewed map[Lease]bool, err error)
+}
+
+// leaseKeyOf identifies a lease by what its row carries.
+type leaseKeyOf struct {
+	targetID string
+	token    uuid.UUID
+}
+
 // acquireArgs are the values of one acquire statement.
 type acquireArgs struct {
 	targetID string

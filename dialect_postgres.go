@@ -3,6 +3,7 @@ package gormlease
 import (
 	"context"
 	"database/sql"
+	"strings"
 
 	"gorm.io/gorm"
 )
@@ -90,4 +91,64 @@ func (postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) 
 // makes the locking read fail with a serialization error (40001).
 func (postgresDialect) fenceTxOptions() *sql.TxOptions {
 	return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+}
+
+// postgresHeartbeatBatch renews many leases in one statement. The leases
+// travel as two array literals, so that the statement's text, and its
+// prepared plan, is the same whatever their number.
+const postgresHeartbeatBatch = `
+UPDATE job_lease AS l SET updated_at = clock_timestamp()
+FROM unnest(CAST(? AS text[]), CAST(? AS uuid[])) AS b(target_id, lease_token)
+WHERE l.target_id = b.target_id AND l.lease_token = b.lease_token AND l.released_at IS NULL
+RETURNING l.target_id, l.lease_token`
+
+func (postgresDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (map[Lease]bool, error) {
+	targets := make([]string, len(leases))
+	tokens := make([]string, len(leases))
+	for i, l := range leases {
+		targets[i] = l.TargetID
+		tokens[i] = l.Token.String()
+	}
+	rows, err := db.WithContext(ctx).Raw(postgresHeartbeatBatch, postgresArray(targets), postgresArray(tokens)).Rows()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	byKey := make(map[leaseKeyOf]Lease, len(leases))
+	for _, l := range leases {
+		byKey[leaseKeyOf{l.TargetID, l.Token}] = l
+	}
+	renewed := make(map[Lease]bool, len(leases))
+	for rows.Next() {
+		var k leaseKeyOf
+		if err := rows.Scan(&k.targetID, &k.token); err != nil {
+			return nil, err
+		}
+		if l, ok := byKey[k]; ok {
+			renewed[l] = true
+		}
+	}
+	return renewed, rows.Err()
+}
+
+// postgresArray writes values as a PostgreSQL array literal, each element
+// quoted, with backslashes and double quotes escaped.
+func postgresArray(values []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, v := range values {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for j := 0; j < len(v); j++ {
+			if v[j] == '\\' || v[j] == '"' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(v[j])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
 }
