@@ -3,6 +3,7 @@ package gormlease
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"strings"
 
 	"gorm.io/gorm"
@@ -54,14 +55,16 @@ func (postgresDialect) now() string { return "clock_timestamp()" }
 // reads the row without locking it: when the lease is live, nothing is
 // inserted or locked, so a refused acquire writes nothing. Otherwise the
 // insert goes ahead, and on a conflict the ON CONFLICT ... WHERE re-checks
-// the latest row under its lock before taking it over.
+// the latest row under its lock before taking it over. Its placeholders are
+// positional (target, token, holder, target, timeout, timeout): gorm's named
+// arguments cost more on the client than the rest of the call.
 const postgresAcquire = `
 INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at)
-SELECT @target, @token, 1, @holder, clock_timestamp(), NULL
+SELECT ?, CAST(? AS uuid), 1, ?, clock_timestamp(), NULL
 WHERE NOT EXISTS (
 	SELECT 1 FROM job_lease
-	WHERE target_id = @target AND released_at IS NULL
-	  AND updated_at >= clock_timestamp() - make_interval(secs => @timeout))
+	WHERE target_id = ? AND released_at IS NULL
+	  AND updated_at >= clock_timestamp() - make_interval(secs => ?))
 ON CONFLICT (target_id) DO UPDATE SET
 	lease_token = excluded.lease_token,
 	generation  = l.generation + 1,
@@ -69,21 +72,21 @@ ON CONFLICT (target_id) DO UPDATE SET
 	updated_at  = excluded.updated_at,
 	released_at = NULL
 WHERE l.released_at IS NOT NULL
-   OR l.updated_at < clock_timestamp() - make_interval(secs => @timeout)
+   OR l.updated_at < clock_timestamp() - make_interval(secs => ?)
 RETURNING l.generation`
 
 func (postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
 	var generation int64
-	res := db.WithContext(ctx).Raw(postgresAcquire, map[string]any{
-		"target":  a.targetID,
-		"token":   a.token,
-		"holder":  a.holder,
-		"timeout": a.timeout.Seconds(),
-	}).Scan(&generation)
-	if res.Error != nil {
-		return 0, false, res.Error
+	secs := a.timeout.Seconds()
+	err := db.WithContext(ctx).Raw(postgresAcquire,
+		a.targetID, a.token.String(), a.holder, a.targetID, secs, secs).Row().Scan(&generation)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, err
 	}
-	return generation, res.RowsAffected == 1, nil
+	return generation, true, nil
 }
 
 // fenceTxOptions asks for READ COMMITTED whatever the session default: under
