@@ -47,7 +47,7 @@ var beatGroups = struct {
 type beatGroup struct {
 	key     beatKey
 	repo    *Repository
-	members map[*heartbeat]struct{}
+	members []*heartbeat // in the order they joined, but for stop's swaps
 	cancel  context.CancelFunc
 	done    chan struct{}
 }
@@ -60,6 +60,7 @@ type heartbeat struct {
 	workCtx    context.Context
 	cancelWork context.CancelCauseFunc
 	fence      *time.Timer
+	index      int  // in group.members
 	left       bool // set under beatGroups' mutex when stop has run
 }
 
@@ -83,12 +84,12 @@ func startHeartbeat(workCtx context.Context, repo *Repository, cfg config, lease
 	g := beatGroups.m[key]
 	if g == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		g = &beatGroup{key: key, repo: repo, members: map[*heartbeat]struct{}{}, cancel: cancel, done: make(chan struct{})}
+		g = &beatGroup{key: key, repo: repo, cancel: cancel, done: make(chan struct{})}
 		beatGroups.m[key] = g
 		go g.loop(ctx)
 	}
-	g.members[h] = struct{}{}
-	h.group = g
+	h.group, h.index = g, len(g.members)
+	g.members = append(g.members, h)
 	return h
 }
 
@@ -101,7 +102,12 @@ func (h *heartbeat) stop() {
 	h.left = true
 	h.fence.Stop()
 	g := h.group
-	delete(g.members, h)
+	// Move the last member into h's place: it is renewed earlier in the
+	// next round, never later, so its heartbeats never drift apart.
+	end := g.members[len(g.members)-1]
+	g.members[h.index], end.index = end, h.index
+	g.members[len(g.members)-1] = nil
+	g.members = g.members[:len(g.members)-1]
 	last := len(g.members) == 0
 	if last {
 		delete(beatGroups.m, g.key)
@@ -145,15 +151,12 @@ func (g *beatGroup) loop(ctx context.Context) {
 	}
 }
 
-// snapshot returns the group's members that still need renewing.
+// snapshot returns the group's members, in a stable order, so that each
+// lease is renewed at the same point of every round.
 func (g *beatGroup) snapshot() []*heartbeat {
 	beatGroups.Lock()
 	defer beatGroups.Unlock()
-	batch := make([]*heartbeat, 0, len(g.members))
-	for h := range g.members {
-		batch = append(batch, h)
-	}
-	return batch
+	return append([]*heartbeat(nil), g.members...)
 }
 
 // beat renews batch, heartbeatBatchSize leases a statement, and returns the

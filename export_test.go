@@ -1,0 +1,9 @@
+package gormlease
+
+// LiveBeatGroups returns the number of heartbeat groups whose goroutine
+// runs: zero whenever no Run holds a lease.
+func LiveBeatGroups() int {
+	beatGroups.Lock()
+	defer beatGroups.Unlock()
+	return len(beatGroups.m)
+}
