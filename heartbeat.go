@@ -11,11 +11,13 @@ import (
 
 // Heartbeats are batched. Every lease that Runs hold in one process on the
 // same connection pool with the same heartbeat interval and
-// operation timeout joins one beatGroup, whose single goroutine renews all of
-// them with one statement per interval, per heartbeatBatchSize leases (see
-// Repository.HeartbeatMany). The group's goroutine starts when its first
-// lease joins and is stopped, and awaited, by the Run whose lease leaves
-// last, so no goroutine outlives the Runs.
+// operation timeout joins one beatGroup, whose goroutine renews all of them
+// once per interval, with one statement per heartbeatBatchSize leases (see
+// Repository.HeartbeatMany), up to beatParallelism statements at once, each
+// on a connection taken from the pool only for the statement. The group's
+// goroutine starts when its first lease joins and is stopped, and awaited,
+// by the Run whose lease leaves last; it waits for its statements before it
+// ends, so no goroutine outlives the Runs.
 //
 // Self-fencing stays per lease: a lease is confirmed until lease timeout
 // minus the safety margin after the last successful heartbeat that renewed
@@ -159,39 +161,63 @@ func (g *beatGroup) snapshot() []*heartbeat {
 	return append([]*heartbeat(nil), g.members...)
 }
 
-// beat renews batch, heartbeatBatchSize leases a statement, and returns the
-// leases whose statement failed.
-func (g *beatGroup) beat(ctx context.Context, batch []*heartbeat) (failed []*heartbeat) {
+// beatParallelism is the most heartbeat statements a group has in flight
+// at once: enough that a round of 10,000 leases ends within a few
+// statements' time, few enough to leave the pool to the application.
+const beatParallelism = 4
+
+// beat renews batch, heartbeatBatchSize leases a statement and up to
+// beatParallelism statements at once, and returns the leases whose
+// statement failed. It returns after every statement has.
+func (g *beatGroup) beat(ctx context.Context, batch []*heartbeat) []*heartbeat {
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		failed []*heartbeat
+		slots  = make(chan struct{}, beatParallelism)
+	)
 	for len(batch) > 0 {
 		chunk := batch[:min(len(batch), heartbeatBatchSize)]
 		batch = batch[len(chunk):]
-		leases := make([]Lease, 0, len(chunk))
-		live := chunk[:0:0]
-		beatGroups.Lock()
-		for _, h := range chunk {
-			if !h.left && h.workCtx.Err() == nil {
-				leases = append(leases, h.lease)
-				live = append(live, h)
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if !g.beatChunk(ctx, chunk) && ctx.Err() == nil {
+				mu.Lock()
+				failed = append(failed, chunk...)
+				mu.Unlock()
 			}
-		}
-		beatGroups.Unlock()
-		if len(leases) == 0 {
-			continue
-		}
-		sent := time.Now()
-		callCtx, cancel := context.WithTimeout(ctx, g.key.operationTimeout)
-		lost, err := g.repo.heartbeatMany(callCtx, leases)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			failed = append(failed, live...)
-			continue
-		}
-		g.settle(live, lost, sent)
+		})
 	}
+	wg.Wait()
 	return failed
+}
+
+// beatChunk renews the live leases of chunk in one statement, and reports
+// whether the statement succeeded.
+func (g *beatGroup) beatChunk(ctx context.Context, chunk []*heartbeat) bool {
+	leases := make([]Lease, 0, len(chunk))
+	live := make([]*heartbeat, 0, len(chunk))
+	beatGroups.Lock()
+	for _, h := range chunk {
+		if !h.left && h.workCtx.Err() == nil {
+			leases = append(leases, h.lease)
+			live = append(live, h)
+		}
+	}
+	beatGroups.Unlock()
+	if len(leases) == 0 {
+		return true
+	}
+	sent := time.Now()
+	callCtx, cancel := context.WithTimeout(ctx, g.key.operationTimeout)
+	lost, err := g.repo.heartbeatMany(callCtx, leases)
+	cancel()
+	if err != nil {
+		return false
+	}
+	g.settle(live, lost, sent)
+	return true
 }
 
 // settle pushes back the fence of every lease in live that the heartbeat

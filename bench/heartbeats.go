@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -159,7 +160,9 @@ func (b *bench) hbGormlease(ctx context.Context) error {
 	}
 	time.Sleep(hbInterval + hbInterval/2) // into the rhythm of the beats
 	r.Held = held.Load()
+	debugBeats = os.Getenv("BENCH_DEBUG") != ""
 	b.window(ctx, &r, c, b.ageSQL("job_lease", "released_at IS NULL AND "), func() int { return sqlDB.Stats().InUse }, nil)
+	debugBeats = false
 	r.Lost = lost.Load()
 	b.addHB(r)
 	return nil

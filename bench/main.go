@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,10 +28,12 @@ type options struct {
 	dsn       string
 	schema    string
 	duration  time.Duration
+	walDuration time.Duration
 	leases    int
 	hbWindow  time.Duration
 	maxOps    int
 	rounds    int
+	sections  string
 	out       string
 	jsonOut   string
 	onlyHeavy bool
@@ -39,11 +43,13 @@ func main() {
 	var o options
 	flag.StringVar(&o.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL URL (127.0.0.1 only)")
 	flag.StringVar(&o.schema, "schema", "gormlease_bench", "schema the benchmark creates and drops")
-	flag.DurationVar(&o.duration, "duration", time.Second, "duration of each throughput point")
+	flag.DurationVar(&o.duration, "duration", 1500*time.Millisecond, "time each implementation runs at each lock and job point, cut in -rounds slices")
+	flag.DurationVar(&o.walDuration, "wal-duration", 400*time.Millisecond, "duration of each point that counts statements and WAL")
 	flag.IntVar(&o.leases, "leases", 10000, "leases held at once in the heartbeat scenario")
 	flag.DurationVar(&o.hbWindow, "hb-window", 5*time.Second, "measuring window of the heartbeat scenario")
-	flag.IntVar(&o.rounds, "rounds", 2, "rounds of the lock and job points; the report shows each point's best round")
+	flag.IntVar(&o.rounds, "rounds", 6, "slices of each lock and job point; ratios are the median of the slices' ratios")
 	flag.IntVar(&o.maxOps, "max-ops", 200000, "bound on operations per point")
+	flag.StringVar(&o.sections, "sections", "lock,heartbeat,saturation", "sections to run, comma-separated")
 	flag.StringVar(&o.out, "out", "", "write the Markdown report to this file")
 	flag.StringVar(&o.jsonOut, "json", "", "write the raw results as JSON to this file")
 	flag.Parse()
@@ -66,16 +72,27 @@ func run(o options) error {
 	}
 	defer admin.Close(context.Background())
 
-	b := &bench{o: o, dsn: dsn, admin: admin}
+	b := &bench{o: o, dsn: dsn, admin: admin, holding: map[string]*atomic.Int64{}, overlapCount: map[string]int64{}}
+	for _, name := range []string{"gormlease", "pglock, lib/pq"} {
+		if err := b.createTables(ctx, name); err != nil {
+			return fmt.Errorf("create tables of %s: %w", name, err)
+		}
+	}
 	started := time.Now()
-	if err := b.lockScenarios(ctx); err != nil {
-		return err
-	}
-	if err := b.heartbeatScenarios(ctx); err != nil {
-		return err
-	}
-	if err := b.saturationScenarios(ctx); err != nil {
-		return err
+	for _, section := range []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"lock", b.lockScenarios},
+		{"heartbeat", b.heartbeatScenarios},
+		{"saturation", b.saturationScenarios},
+	} {
+		if !slices.Contains(strings.Split(o.sections, ","), section.name) {
+			continue
+		}
+		if err := section.run(ctx); err != nil {
+			return fmt.Errorf("%s: %w", section.name, err)
+		}
 	}
 	elapsed := time.Since(started)
 	if o.jsonOut != "" {
@@ -137,6 +154,11 @@ type bench struct {
 	mu      sync.Mutex
 	results []result
 	hb      []hbResult
+	// walPoints are the points run to count statements and WAL.
+	walPoints []result
+	// holding and overlapCount check the contended target's holders.
+	holding      map[string]*atomic.Int64
+	overlapCount map[string]int64
 	sat     []satResult
 	checks  []string
 }
@@ -151,28 +173,43 @@ func (b *bench) add(r result) {
 // op is one operation of a worker: i counts the worker's operations.
 type op func(ctx context.Context, worker, i int) (acquired bool, err error)
 
+// spec describes a point: a scenario at a number of workers.
+type spec struct {
+	section, scenario string
+	workers           int
+	fn                func(im *impl) op
+}
+
 // point opens an implementation with mk, opens its connections, runs
-// workers calling fn for the duration (and at most maxOps operations in all),
-// closes it, and measures the operations: statements from the fresh pool's
-// counter, WAL from pg_stat_wal once its backends have ended.
-func (b *bench) point(ctx context.Context, section, scenario string, mk maker, workers int, fn func(im *impl) op) result {
-	b.settle(ctx)
-	wal0 := readWAL(ctx, b.admin)
+// workers calling fn for dur (and at most maxOps operations in all), closes
+// it, and measures the operations. With wal set it also measures the WAL
+// they wrote, from pg_stat_wal once their backends have ended (PostgreSQL
+// 15 reports a busy backend's WAL statistics at most once a second, and all
+// of them at exit); other sessions' writes add to it.
+func (b *bench) point(ctx context.Context, sp spec, mk maker, dur time.Duration, wal bool) result {
+	var wal0 walStats
+	if wal {
+		b.settle(ctx)
+		wal0 = readWAL(ctx, b.admin)
+	}
 	im, err := mk()
 	if err != nil {
-		return result{Section: section, Scenario: scenario, Workers: workers, Note: "open: " + err.Error()}
+		return result{Section: sp.section, Scenario: sp.scenario, Workers: sp.workers, Note: "open: " + err.Error()}
 	}
-	if err := im.warm(ctx, workers); err != nil {
+	if err := im.warm(ctx, sp.workers); err != nil {
 		im.close()
-		return result{Section: section, Scenario: scenario, Impl: im.name, Workers: workers, Note: "connect: " + err.Error()}
+		return result{Section: sp.section, Scenario: sp.scenario, Impl: im.name, Workers: sp.workers, Note: "connect: " + err.Error()}
 	}
-	r := b.measure(ctx, section, scenario, im, workers, fn(im))
+	r := b.measure(ctx, sp, im, dur)
 	im.close()
-	b.settle(ctx)
-	wal1 := readWAL(ctx, b.admin)
-	n := float64(max(r.Ops, 1))
-	r.WALSyncOp = (wal1.syncs - wal0.syncs) / n
-	r.WALRecOp = (wal1.records - wal0.records) / n
+	r.WALSyncOp, r.WALRecOp = -1, -1
+	if wal {
+		b.settle(ctx)
+		wal1 := readWAL(ctx, b.admin)
+		n := float64(max(r.Ops, 1))
+		r.WALSyncOp = (wal1.syncs - wal0.syncs) / n
+		r.WALRecOp = (wal1.records - wal0.records) / n
+	}
 	return r
 }
 
@@ -201,7 +238,8 @@ func (b *bench) createTables(ctx context.Context, name string) error {
 // maker opens an implementation.
 type maker func() (*impl, error)
 
-func (b *bench) measure(ctx context.Context, section, scenario string, im *impl, workers int, fn op) result {
+func (b *bench) measure(ctx context.Context, sp spec, im *impl, dur time.Duration) result {
+	workers, fn := sp.workers, sp.fn(im)
 	lat := &latencies{}
 	var ops, acquired, errs atomic.Int64
 	var firstErr atomic.Value
@@ -211,7 +249,7 @@ func (b *bench) measure(ctx context.Context, section, scenario string, im *impl,
 	}
 	cpu0 := cpuTime()
 	start := time.Now()
-	deadline := start.Add(b.o.duration)
+	deadline := start.Add(dur)
 	perWorker := max(1, b.o.maxOps/workers)
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -238,7 +276,7 @@ func (b *bench) measure(ctx context.Context, section, scenario string, im *impl,
 	cpu := cpuTime() - cpu0
 	n := float64(max(ops.Load(), 1))
 	r := result{
-		Section: section, Scenario: scenario, Impl: im.name, Workers: workers,
+		Section: sp.section, Scenario: sp.scenario, Impl: im.name, Workers: workers,
 		Ops: ops.Load(), Acquired: acquired.Load(),
 		OpsPerSec: float64(ops.Load()) / elapsed.Seconds(),
 		P50:       ms(lat.quantile(0.50)), P99: ms(lat.quantile(0.99)),
@@ -275,19 +313,41 @@ func (b *bench) lockScenarios(ctx context.Context) error {
 		}
 		b.refusedWrites(ctx, mk)
 	}
-	for round := range b.o.rounds {
-		for _, workers := range []int{1, 8, 32} {
-			for _, mk := range makers {
-				b.addRound(round, b.point(ctx, "lock", "acquire+release", mk, workers, acquireRelease))
+	specs := []spec{
+		{"lock", "acquire+release", 1, acquireRelease},
+		{"lock", "acquire+release", 8, acquireRelease},
+		{"lock", "acquire+release", 32, acquireRelease},
+		{"lock", contendedScenario, 32, b.contendedOp},
+		{"job", "full job", 1, fullJob},
+		{"job", "full job", 8, fullJob},
+	}
+	// Throughput: short slices, every implementation in turn, round after
+	// round, so that neighbours in time share the machine's load.
+	slice := b.o.duration / time.Duration(b.o.rounds)
+	for _, sp := range specs {
+		for round := range b.o.rounds {
+			for i := range makers {
+				mk := makers[(i+round)%len(makers)]
+				b.addRound(round, b.point(ctx, sp, mk, slice, false))
 			}
 		}
+	}
+	// Statements and WAL: one longer point each, WAL measured.
+	// With one worker, where WAL flushes per operation are exact, they are
+	// measured three times and the least kept: other sessions only add.
+	for _, sp := range specs {
 		for _, mk := range makers {
-			b.addRound(round, b.contended(ctx, mk))
-		}
-		for _, workers := range []int{1, 8} {
-			for _, mk := range makers {
-				b.addRound(round, b.point(ctx, "job", "full job", mk, workers, fullJob))
+			var best result
+			for try := range map[bool]int{true: 3, false: 1}[sp.workers == 1] {
+				r := b.point(ctx, sp, mk, b.o.walDuration, true)
+				fmt.Println("wal", r)
+				if try == 0 || r.WALSyncOp < best.WALSyncOp {
+					best = r
+				}
 			}
+			b.mu.Lock()
+			b.walPoints = append(b.walPoints, best)
+			b.mu.Unlock()
 		}
 	}
 	return nil
@@ -314,28 +374,41 @@ func fullJob(im *impl) op {
 	}
 }
 
-// contended runs 32 workers on one target, and checks that no two hold it
-// at once.
-func (b *bench) contended(ctx context.Context, mk maker) result {
-	var holders, overlaps atomic.Int64
-	r := b.point(ctx, "lock", "contended, one target", mk, 32, func(im *impl) op {
-		hot := "hot-" + im.name
-		return func(ctx context.Context, w, i int) (bool, error) {
-			unlock, ok, err := im.try(ctx, hot)
-			if !ok || err != nil {
-				return false, err
-			}
-			if holders.Add(1) != 1 {
-				overlaps.Add(1)
-			}
-			time.Sleep(200 * time.Microsecond)
-			holders.Add(-1)
-			return true, unlock(ctx)
+// contendedScenario is 32 workers on one target; contendedOp checks that
+// no two of them ever hold it at once.
+const contendedScenario = "contended, one target"
+
+func (b *bench) contendedOp(im *impl) op {
+	hot := "hot-" + im.name
+	holders := b.holders(im.name)
+	return func(ctx context.Context, w, i int) (bool, error) {
+		unlock, ok, err := im.try(ctx, hot)
+		if !ok || err != nil {
+			return false, err
 		}
-	})
-	r.Overlaps = overlaps.Load()
-	r.Note = fmt.Sprintf("%d of %d attempts acquired; %d overlapping holders. %s", r.Acquired, r.Ops, r.Overlaps, r.Note)
-	return r
+		if holders.Add(1) != 1 {
+			b.overlapsSeen(im.name)
+		}
+		time.Sleep(200 * time.Microsecond)
+		holders.Add(-1)
+		return true, unlock(ctx)
+	}
+}
+
+// holders returns the counter of current holders of impl's hot target.
+func (b *bench) holders(impl string) *atomic.Int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.holding[impl] == nil {
+		b.holding[impl] = &atomic.Int64{}
+	}
+	return b.holding[impl]
+}
+
+func (b *bench) overlapsSeen(impl string) {
+	b.mu.Lock()
+	b.overlapCount[impl]++
+	b.mu.Unlock()
 }
 
 // prepare creates the tables an implementation needs, and warms the server
@@ -345,19 +418,12 @@ func (b *bench) prepare(ctx context.Context, mk maker) error {
 	if err != nil {
 		return err
 	}
-	name := im.name
 	im.close()
-	if err := b.createTables(ctx, name); err != nil {
-		return err
-	}
-	saved := b.o.duration
-	b.o.duration = 200 * time.Millisecond
-	b.point(ctx, "warm", "warm", mk, 8, func(im *impl) op {
+	b.point(ctx, spec{"warm", "warm", 8, func(im *impl) op {
 		return func(ctx context.Context, w, i int) (bool, error) {
 			return im.job(ctx, fmt.Sprintf("warm-%d-%d", w, i%16), "x")
 		}
-	})
-	b.o.duration = saved
+	}}, mk, 200*time.Millisecond, false)
 	return nil
 }
 
