@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,6 +78,7 @@ func (b *bench) window(ctx context.Context, r *hbResult, c *counter, age string,
 	}
 	secs := time.Since(start).Seconds()
 	r.CPUCore = 100 * (cpuTime() - cpu0).Seconds() / secs
+	r.AllPerSec = -1
 	if c != nil {
 		r.AllPerSec = float64(c.statements.Load()-stmts0) / secs
 		r.StmtPerSec = float64(c.beats.Load()-beats0) / secs
@@ -158,11 +158,9 @@ func (b *bench) hbGormlease(ctx context.Context) error {
 	if err := waitUntil(ctx, 120*time.Second, func() bool { return held.Load() == int64(b.o.leases) }); err != nil {
 		return fmt.Errorf("gormlease: %d of %d leases held: %w", held.Load(), b.o.leases, err)
 	}
-	time.Sleep(hbInterval + hbInterval/2) // into the rhythm of the beats
+	time.Sleep(hbInterval + hbInterval/4) // into the rhythm of the beats
 	r.Held = held.Load()
-	debugBeats = os.Getenv("BENCH_DEBUG") != ""
 	b.window(ctx, &r, c, b.ageSQL("job_lease", "released_at IS NULL AND "), func() int { return sqlDB.Stats().InUse }, nil)
-	debugBeats = false
 	r.Lost = lost.Load()
 	b.addHB(r)
 	return nil
@@ -235,7 +233,7 @@ func (b *bench) hbSeed(ctx context.Context) error {
 			}
 		})
 	}
-	time.Sleep(hbInterval + hbInterval/2)
+	time.Sleep(hbInterval + hbInterval/4)
 	r.Held = int64(b.o.leases)
 	b.window(ctx, &r, im.stmts, b.ageSQL("seed_lease", ""), func() int { return int(pool.Stat().AcquiredConns()) }, nil)
 	cancel()
@@ -269,7 +267,7 @@ func (b *bench) hbPglock(ctx context.Context, onPgx bool) error {
 		}
 	})
 	_ = client
-	time.Sleep(hbInterval + hbInterval/2)
+	time.Sleep(hbInterval + hbInterval/4)
 	r.Held = held.Load()
 	seq := func() int64 {
 		var v int64
@@ -279,7 +277,7 @@ func (b *bench) hbPglock(ctx context.Context, onPgx bool) error {
 	b.window(ctx, &r, im.stmts, "", func() int { return db.Stats().InUse }, seq)
 	if im.stmts == nil {
 		r.StmtPerSec = 2 * r.RenewPerSec
-		r.Note += "; statements = 2 per beat (nextval, UPDATE), as counted on pgx"
+		r.Note += "; 2 statements a beat"
 	}
 	parallel(b.o.leases, 16, func(i int) {
 		if unlocks[i] != nil {

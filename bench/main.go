@@ -25,29 +25,29 @@ import (
 
 // options are the command's flags.
 type options struct {
-	dsn       string
-	schema    string
-	duration  time.Duration
+	dsn         string
+	schema      string
+	duration    time.Duration
 	walDuration time.Duration
-	leases    int
-	hbWindow  time.Duration
-	maxOps    int
-	rounds    int
-	sections  string
-	out       string
-	jsonOut   string
-	onlyHeavy bool
+	leases      int
+	hbWindow    time.Duration
+	maxOps      int
+	rounds      int
+	sections    string
+	out         string
+	jsonOut     string
+	onlyHeavy   bool
 }
 
 func main() {
 	var o options
 	flag.StringVar(&o.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL URL (127.0.0.1 only)")
 	flag.StringVar(&o.schema, "schema", "gormlease_bench", "schema the benchmark creates and drops")
-	flag.DurationVar(&o.duration, "duration", 1500*time.Millisecond, "time each implementation runs at each lock and job point, cut in -rounds slices")
-	flag.DurationVar(&o.walDuration, "wal-duration", 400*time.Millisecond, "duration of each point that counts statements and WAL")
+	flag.DurationVar(&o.duration, "duration", time.Second, "time each implementation runs at each lock and job point, cut in -rounds slices")
+	flag.DurationVar(&o.walDuration, "wal-duration", 300*time.Millisecond, "duration of each point that counts statements and WAL")
 	flag.IntVar(&o.leases, "leases", 10000, "leases held at once in the heartbeat scenario")
-	flag.DurationVar(&o.hbWindow, "hb-window", 5*time.Second, "measuring window of the heartbeat scenario")
-	flag.IntVar(&o.rounds, "rounds", 6, "slices of each lock and job point; ratios are the median of the slices' ratios")
+	flag.DurationVar(&o.hbWindow, "hb-window", 4*time.Second, "measuring window of the heartbeat scenario")
+	flag.IntVar(&o.rounds, "rounds", 5, "slices of each lock and job point; ratios are the median of the slices' ratios")
 	flag.IntVar(&o.maxOps, "max-ops", 200000, "bound on operations per point")
 	flag.StringVar(&o.sections, "sections", "lock,heartbeat,saturation", "sections to run, comma-separated")
 	flag.StringVar(&o.out, "out", "", "write the Markdown report to this file")
@@ -90,9 +90,11 @@ func run(o options) error {
 		if !slices.Contains(strings.Split(o.sections, ","), section.name) {
 			continue
 		}
+		begun := time.Now()
 		if err := section.run(ctx); err != nil {
 			return fmt.Errorf("%s: %w", section.name, err)
 		}
+		fmt.Printf("section %s took %v\n", section.name, time.Since(begun).Round(time.Second))
 	}
 	elapsed := time.Since(started)
 	if o.jsonOut != "" {
@@ -159,8 +161,8 @@ type bench struct {
 	// holding and overlapCount check the contended target's holders.
 	holding      map[string]*atomic.Int64
 	overlapCount map[string]int64
-	sat     []satResult
-	checks  []string
+	sat          []satResult
+	checks       []string
 }
 
 func (b *bench) add(r result) {

@@ -31,18 +31,13 @@ func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQ
 	c.statements.Add(1)
 	if c.isBeat != nil && c.isBeat(d.SQL) {
 		c.beats.Add(1)
-		if debugBeats {
-			fmt.Printf("beat %s\n", time.Now().Format("05.000"))
-		}
+
 		return context.WithValue(ctx, beatKey{}, true)
 	}
 	return ctx
 }
 
 func (c *counter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
-	if debugBeats && ctx.Value(beatKey{}) != nil {
-		fmt.Printf("beat end %s rows=%d err=%v\n", time.Now().Format("05.000"), d.CommandTag.RowsAffected(), d.Err)
-	}
 	if ctx.Value(beatKey{}) != nil && d.Err == nil {
 		c.renewed.Add(d.CommandTag.RowsAffected())
 	}
@@ -124,5 +119,3 @@ func (r result) String() string {
 	return fmt.Sprintf("%-10s %-28s %-18s w=%-3d ops/s=%9.0f p50=%7.2fms p99=%7.2fms stmt/op=%5.2f walsync/op=%5.2f walrec/op=%5.2f cpu=%6.1fus/op %5.1f%% err=%d %s",
 		r.Section, r.Scenario, r.Impl, r.Workers, r.OpsPerSec, r.P50, r.P99, r.StmtPerOp, r.WALSyncOp, r.WALRecOp, r.CPUPerOp, r.CPUCore, r.Errors, r.Note)
 }
-
-var debugBeats = false

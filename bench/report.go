@@ -165,7 +165,7 @@ func report(b *bench, elapsed time.Duration) string {
 				}
 				stmts := fmt.Sprintf("%.2f", r.StmtPerOp)
 				if r.StmtPerOp < 0 {
-					stmts = "as pgx †"
+					stmts = "†"
 				}
 				note := r.Note
 				if r.Errors > 0 {
@@ -187,8 +187,12 @@ func report(b *bench, elapsed time.Duration) string {
 		if h.MaxAge >= 0 {
 			age = fmt.Sprintf("%.3f s", h.MaxAge)
 		}
-		p("| %s | %d | %.1f | %.1f | %.0f | %.1f%% | %s | %.1f%% | %.2f | %.0f%% | %d | %s |\n",
-			h.Impl, h.Held, h.StmtPerSec, h.AllPerSec, h.RenewPerSec, h.Missed, age, h.CPUCore, h.InUse, h.InUseIdle, h.Lost, h.Note)
+		all := "† " + fmt.Sprintf("%.0f", 2*h.RenewPerSec)
+		if h.AllPerSec >= 0 {
+			all = fmt.Sprintf("%.1f", h.AllPerSec)
+		}
+		p("| %s | %d | %.1f | %s | %.0f | %.1f%% | %s | %.1f%% | %.2f | %.0f%% | %d | %s |\n",
+			h.Impl, h.Held, h.StmtPerSec, all, h.RenewPerSec, h.Missed, age, h.CPUCore, h.InUse, h.InUseIdle, h.Lost, h.Note)
 	}
 
 	p("\n## Work that saturates the main pool (heartbeat 200 ms, lease timeout 1 s; each job's work runs `SELECT pg_sleep(0.25)` on the main pool for 3 s)\n\n")
@@ -209,10 +213,12 @@ func report(b *bench, elapsed time.Duration) string {
 ## How it is measured
 
 - **Implementations.** *gormlease*: Repository.Acquire/Release for the lock scenarios, Runner.Run for the full job, on gorm with pgx's database/sql driver. *seed SQL, raw pgx*: the design note's statements on a pgx pool (upsert ... WHERE updated_at < now() - timeout; SELECT ... FOR UPDATE, save, COMMIT; DELETE). *advisory lock*: pg_try_advisory_lock / pg_advisory_unlock on a connection pinned while held. *pglock*: cirello.io/pglock v1.16.0 with its defaults (a heartbeat goroutine per lock, whose first beat goes out at once), FailIfLocked, on lib/pq and on pgx's database/sql driver; its full job commits the saver in a plain transaction (pglock has no fenced commit).
-- **Statements per op** are counted on the client, by a pgx tracer on every pool (BEGIN and COMMIT included): pg_stat_statements is installed but not in shared_preload_libraries on the shared server, which must not be restarted. † lib/pq has no tracer; pglock sends the same statements on both drivers.
+- **Statements per op** are counted on the client, by a pgx tracer on every pool (BEGIN and COMMIT included): pg_stat_statements is installed but not in shared_preload_libraries on the shared server, which must not be restarted. † lib/pq has no tracer; pglock sends the same statements on both drivers (see its pgx row), and each heartbeat is two statements (nextval and UPDATE).
 - **WAL flushes and records** are pg_stat_wal deltas (wal_sync, wal_records) over each point divided by its operations. They are server-wide: other sessions' writes add to them, and group commit lowers them when workers commit together; the 1-worker full job is the clean figure.
 - **Client CPU** is getrusage(RUSAGE_SELF) over each point: the whole benchmark process.
-- **Heartbeats**: after all leases are held and one and a half intervals have passed, a window measures the heartbeat statements (tracer), the rows they renewed (command tags; for pglock, the advance of its record-version sequence, one per beat), the oldest heartbeat time in the table every 50 ms, and the pool's connections in use every 50 ms. *missed* is 1 - renewals / (leases / interval).
+- **Reading the ratios.** *seed SQL, raw pgx* runs on pgx's native pool, with neither database/sql nor GORM; gormlease pays both on the client, on a machine whose 2 cores the client, the server and other sessions share, so client CPU turns into throughput directly. The seed's refused upserts each lock the row and wait for a WAL flush, so its contended rate follows the disk's flush latency, while a refused gormlease acquire writes nothing and is bound by CPU. pglock's "lock is already released" errors are its own: a release can race with the lock's first heartbeat, and the row then stays locked until the lease duration passes.
+- **Saturated pool.** Each job's work keeps the 4-connection main pool busy with 250 ms queries once all 16 jobs hold their lease; a heartbeat on that pool waits behind them for longer than the 900 ms the lease is trusted without one.
+- **Heartbeats**: after all leases are held and one and a quarter intervals have passed, a window measures the heartbeat statements (tracer), the rows they renewed (command tags; for pglock, the advance of its record-version sequence, one per beat), the oldest heartbeat time in the table every 50 ms, and the pool's connections in use every 50 ms. *missed* is 1 - renewals / (leases / interval).
 `)
 	return s.String()
 }
