@@ -17,7 +17,9 @@ import (
 // on a connection taken from the pool only for the statement. The group's
 // goroutine starts when its first lease joins and is stopped, and awaited,
 // by the Run whose lease leaves last; it waits for its statements before it
-// ends, so no goroutine outlives the Runs.
+// ends, so no goroutine outlives the Runs. A group's statements go through
+// the gorm session of the Run that started it: Runners on one pool share
+// their heartbeats whatever their gorm settings.
 //
 // Self-fencing stays per lease: a lease is confirmed until lease timeout
 // minus the safety margin after the last successful heartbeat that renewed

@@ -61,11 +61,22 @@ func main() {
 func run(o options) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
+	cfg, err := pgx.ParseConfig(o.dsn)
+	if err != nil {
+		return fmt.Errorf("-dsn: %w", err)
+	}
+	if cfg.Host != "127.0.0.1" && cfg.Host != "localhost" && cfg.Host != "::1" {
+		return fmt.Errorf("-dsn: host %q: the benchmark loads the server hard, so it runs on a local one only", cfg.Host)
+	}
 	if err := setupSchema(ctx, o.dsn, o.schema); err != nil {
 		return err
 	}
 	defer dropSchema(o.dsn, o.schema)
-	dsn := o.dsn + "&search_path=" + o.schema + "&application_name=" + appName
+	sep := "?"
+	if strings.Contains(o.dsn, "?") {
+		sep = "&"
+	}
+	dsn := o.dsn + sep + "search_path=" + o.schema + "&application_name=" + appName
 	admin, err := pgx.Connect(ctx, o.dsn)
 	if err != nil {
 		return err
