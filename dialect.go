@@ -31,6 +31,46 @@ type dialect interface {
 	fenceTxOptions() *sql.TxOptions
 }
 
+// batchHeartbeater is a capability that a dialect may have: renewing many
+// leases in one statement. Dialects without it get one statement per lease.
+type batchHeartbeater interface {
+	// heartbeatBatch stamps the rows of leases (at most heartbeatBatchSize)
+	// with the database's time where target and token match and the lease is
+	// not released, and returns the leases it renewed.
+	heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (renewed map[Lease]bool, err error)
+}
+
+// leaseKeyOf identifies a lease by what its row carries.
+type leaseKeyOf struct {
+	targetID string
+	token    uuid.UUID
+}
+
+// scanRenewed runs query, which returns the target and token of each lease
+// it renewed, and returns those of leases that it renewed.
+func scanRenewed(query *gorm.DB, leases []Lease) (map[Lease]bool, error) {
+	rows, err := query.Rows()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	byKey := make(map[leaseKeyOf]Lease, len(leases))
+	for _, l := range leases {
+		byKey[leaseKeyOf{l.TargetID, l.Token}] = l
+	}
+	renewed := make(map[Lease]bool, len(leases))
+	for rows.Next() {
+		var k leaseKeyOf
+		if err := rows.Scan(&k.targetID, &k.token); err != nil {
+			return nil, err
+		}
+		if l, ok := byKey[k]; ok {
+			renewed[l] = true
+		}
+	}
+	return renewed, rows.Err()
+}
+
 // acquireArgs are the values of one acquire statement.
 type acquireArgs struct {
 	targetID string

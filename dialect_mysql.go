@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -152,4 +153,30 @@ func (mysqlDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (in
 // locks, so the saver's writes block fewer other transactions.
 func (mysqlDialect) fenceTxOptions() *sql.TxOptions {
 	return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+}
+
+// heartbeatBatch renews many leases with two statements: MySQL has no
+// RETURNING, so an UPDATE joined to the leases stamps the rows that are
+// still theirs, and a SELECT with the same join then reads which those are.
+// A lease that the SELECT finds was renewed by the UPDATE: tokens are never
+// reused, so a row that carries the token, unreleased, carried it before.
+// One taken over or released in between is reported lost, which only stops
+// its work early.
+func (mysqlDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (map[Lease]bool, error) {
+	var b strings.Builder
+	args := make([]any, 0, 2*len(leases))
+	for i, l := range leases {
+		if i == 0 {
+			b.WriteString("SELECT ? AS t, ? AS k")
+		} else {
+			b.WriteString(" UNION ALL SELECT ?, ?")
+		}
+		args = append(args, l.TargetID, l.Token.String())
+	}
+	join := "job_lease j JOIN (" + b.String() + ") b ON j.target_id = b.t AND j.lease_token = b.k"
+	db = db.WithContext(ctx)
+	if err := db.Exec("UPDATE "+join+" SET j.updated_at = UTC_TIMESTAMP(6) WHERE j.released_at IS NULL", args...).Error; err != nil {
+		return nil, err
+	}
+	return scanRenewed(db.Raw("SELECT j.target_id, j.lease_token FROM "+join+" WHERE j.released_at IS NULL", args...), leases)
 }

@@ -3,6 +3,8 @@ package gormlease
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"strings"
 
 	"gorm.io/gorm"
 )
@@ -53,14 +55,16 @@ func (postgresDialect) now() string { return "clock_timestamp()" }
 // reads the row without locking it: when the lease is live, nothing is
 // inserted or locked, so a refused acquire writes nothing. Otherwise the
 // insert goes ahead, and on a conflict the ON CONFLICT ... WHERE re-checks
-// the latest row under its lock before taking it over.
+// the latest row under its lock before taking it over. Its placeholders are
+// positional (target, token, holder, target, timeout, timeout): gorm's named
+// arguments cost more on the client than the rest of the call.
 const postgresAcquire = `
 INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at)
-SELECT @target, @token, 1, @holder, clock_timestamp(), NULL
+SELECT ?, CAST(? AS uuid), 1, ?, clock_timestamp(), NULL
 WHERE NOT EXISTS (
 	SELECT 1 FROM job_lease
-	WHERE target_id = @target AND released_at IS NULL
-	  AND updated_at >= clock_timestamp() - make_interval(secs => @timeout))
+	WHERE target_id = ? AND released_at IS NULL
+	  AND updated_at >= clock_timestamp() - make_interval(secs => ?))
 ON CONFLICT (target_id) DO UPDATE SET
 	lease_token = excluded.lease_token,
 	generation  = l.generation + 1,
@@ -68,16 +72,21 @@ ON CONFLICT (target_id) DO UPDATE SET
 	updated_at  = excluded.updated_at,
 	released_at = NULL
 WHERE l.released_at IS NOT NULL
-   OR l.updated_at < clock_timestamp() - make_interval(secs => @timeout)
+   OR l.updated_at < clock_timestamp() - make_interval(secs => ?)
 RETURNING l.generation`
 
 func (postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
-	return scanAcquire(ctx, db, postgresAcquire, map[string]any{
-		"target":  a.targetID,
-		"token":   a.token,
-		"holder":  a.holder,
-		"timeout": a.timeout.Seconds(),
-	})
+	var generation int64
+	secs := a.timeout.Seconds()
+	err := db.WithContext(ctx).Raw(postgresAcquire,
+		a.targetID, a.token.String(), a.holder, a.targetID, secs, secs).Row().Scan(&generation)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, err
+	}
+	return generation, true, nil
 }
 
 // fenceTxOptions asks for READ COMMITTED whatever the session default: under
@@ -85,4 +94,45 @@ func (postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) 
 // makes the locking read fail with a serialization error (40001).
 func (postgresDialect) fenceTxOptions() *sql.TxOptions {
 	return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+}
+
+// postgresHeartbeatBatch renews many leases in one statement. The leases
+// travel as two array literals, so that the statement's text, and its
+// prepared plan, is the same whatever their number.
+const postgresHeartbeatBatch = `
+UPDATE job_lease AS l SET updated_at = clock_timestamp()
+FROM unnest(CAST(? AS text[]), CAST(? AS uuid[])) AS b(target_id, lease_token)
+WHERE l.target_id = b.target_id AND l.lease_token = b.lease_token AND l.released_at IS NULL
+RETURNING l.target_id, l.lease_token`
+
+func (postgresDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (map[Lease]bool, error) {
+	targets := make([]string, len(leases))
+	tokens := make([]string, len(leases))
+	for i, l := range leases {
+		targets[i] = l.TargetID
+		tokens[i] = l.Token.String()
+	}
+	return scanRenewed(db.WithContext(ctx).Raw(postgresHeartbeatBatch, postgresArray(targets), postgresArray(tokens)), leases)
+}
+
+// postgresArray writes values as a PostgreSQL array literal, each element
+// quoted, with backslashes and double quotes escaped.
+func postgresArray(values []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, v := range values {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for j := 0; j < len(v); j++ {
+			if v[j] == '\\' || v[j] == '"' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(v[j])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
 }

@@ -3,6 +3,7 @@ package gormlease
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -116,4 +117,27 @@ func (sqliteDialect) checkSettings(ctx context.Context, db *gorm.DB) error {
 			"file:app.db?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)", timeout, MinSQLiteBusyTimeout)
 	}
 	return nil
+}
+
+// sqliteHeartbeatBatch renews many leases in one statement. The leases
+// travel as one JSON array of [target, token] pairs, so that the statement's
+// text is the same whatever their number.
+const sqliteHeartbeatBatch = `
+UPDATE job_lease SET updated_at = ` + sqliteNow + `
+FROM (SELECT json_extract(value, '$[0]') AS b_target, json_extract(value, '$[1]') AS b_token
+      FROM json_each(?)) AS b
+WHERE job_lease.target_id = b.b_target AND job_lease.lease_token = b.b_token
+  AND job_lease.released_at IS NULL
+RETURNING target_id, lease_token`
+
+func (sqliteDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (map[Lease]bool, error) {
+	pairs := make([][2]string, len(leases))
+	for i, l := range leases {
+		pairs[i] = [2]string{l.TargetID, l.Token.String()}
+	}
+	data, err := json.Marshal(pairs)
+	if err != nil {
+		return nil, err
+	}
+	return scanRenewed(db.WithContext(ctx).Raw(sqliteHeartbeatBatch, string(data)), leases)
 }

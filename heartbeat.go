@@ -2,90 +2,240 @@ package gormlease
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"sync"
 	"time"
+
+	"gorm.io/gorm"
 )
 
-// heartbeat renews one lease while its work runs, and cancels the work when
-// the lease is lost or can no longer be confirmed.
+// Heartbeats are batched. Every lease that Runs hold in one process on the
+// same connection pool with the same heartbeat interval and
+// operation timeout joins one beatGroup, whose goroutine renews all of them
+// once per interval, with one statement per heartbeatBatchSize leases (see
+// Repository.HeartbeatMany), up to beatParallelism statements at once, each
+// on a connection taken from the pool only for the statement. The group's
+// goroutine starts when its first lease joins and is stopped, and awaited,
+// by the Run whose lease leaves last; it waits for its statements before it
+// ends, so no goroutine outlives the Runs. A group's statements go through
+// the gorm session of the Run that started it: Runners on one pool share
+// their heartbeats whatever their gorm settings.
 //
-// Self-fencing: a lease is confirmed until lease timeout minus the safety
-// margin after the last successful heartbeat was sent (or the acquire, for
-// the first). The database stamped that heartbeat after it was sent, so no
-// one can take the lease over before then on the database's clock. A timer,
-// independent of the heartbeat calls, cancels the work at that point; each
-// successful heartbeat pushes it back. So a database that hangs or is
-// unreachable stops the work in time even if a call never returns.
+// Self-fencing stays per lease: a lease is confirmed until lease timeout
+// minus the safety margin after the last successful heartbeat that renewed
+// it was sent (or the acquire, for the first). The database stamped that
+// heartbeat after it was sent, so no one can take the lease over before then
+// on the database's clock. A timer per lease, independent of the heartbeat
+// calls, cancels the work at that point; each successful heartbeat pushes it
+// back. So a database that hangs or is unreachable stops the work in time
+// even if a call never returns. A lease missing from a heartbeat's result
+// was taken over or released: its work, and only its, is cancelled with
+// ErrLeaseLost.
+
+// beatKey says which leases may share heartbeat statements: those on the
+// same database, renewed at the same pace, with the same bound on each call.
+type beatKey struct {
+	pool             gorm.ConnPool
+	interval         time.Duration
+	operationTimeout time.Duration
+}
+
+// beatGroups holds the live groups; its mutex also guards every group's
+// members and every member's state.
+var beatGroups = struct {
+	sync.Mutex
+	m map[beatKey]*beatGroup
+}{m: map[beatKey]*beatGroup{}}
+
+// beatGroup renews a set of leases together.
+type beatGroup struct {
+	key     beatKey
+	repo    *Repository
+	members []*heartbeat // in the order they joined, but for stop's swaps
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// heartbeat is one lease's membership in a beatGroup, with its fence.
 type heartbeat struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	fence  *time.Timer
+	group      *beatGroup
+	lease      Lease
+	trust      time.Duration
+	workCtx    context.Context
+	cancelWork context.CancelCauseFunc
+	fence      *time.Timer
+	index      int  // in group.members
+	left       bool // set under beatGroups' mutex when stop has run
 }
 
 // startHeartbeat starts renewing lease, acquired by a statement sent at
-// sent. It stops when stop is called or workCtx ends; cancelWork cancels
-// the work with the cause of the loss.
+// sent, on repo. It joins the lease to its group, starting the group's
+// goroutine when the lease is the first. The lease is renewed until stop is
+// called; cancelWork cancels the work with the cause of a loss.
 func startHeartbeat(workCtx context.Context, repo *Repository, cfg config, lease Lease,
 	sent time.Time, cancelWork context.CancelCauseFunc,
 ) *heartbeat {
 	trust := cfg.trustWindow()
-	ctx, cancel := context.WithCancel(workCtx)
-	h := &heartbeat{cancel: cancel, done: make(chan struct{})}
+	h := &heartbeat{lease: lease, trust: trust, workCtx: workCtx, cancelWork: cancelWork}
 	h.fence = time.AfterFunc(time.Until(sent.Add(trust)), func() {
 		cancelWork(fmt.Errorf("gormlease: heartbeat %q: no heartbeat confirmed the lease for %v: %w",
 			lease.TargetID, trust, ErrLeaseLost))
 	})
-	go h.loop(ctx, repo, cfg, lease, sent, cancelWork)
+
+	key := beatKey{pool: repo.db.ConnPool, interval: cfg.heartbeatInterval, operationTimeout: cfg.operationTimeout}
+	beatGroups.Lock()
+	defer beatGroups.Unlock()
+	g := beatGroups.m[key]
+	if g == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		g = &beatGroup{key: key, repo: repo, cancel: cancel, done: make(chan struct{})}
+		beatGroups.m[key] = g
+		go g.loop(ctx)
+	}
+	h.group, h.index = g, len(g.members)
+	g.members = append(g.members, h)
 	return h
 }
 
-func (h *heartbeat) loop(ctx context.Context, repo *Repository, cfg config, lease Lease,
-	confirmed time.Time, cancelWork context.CancelCauseFunc,
-) {
-	defer close(h.done)
-	trust := cfg.trustWindow()
-	retry := cfg.heartbeatInterval / 4
-	timer := time.NewTimer(cfg.heartbeatInterval)
-	defer timer.Stop()
+// stop stops renewing the lease and its fence. When the lease was the
+// group's last, it also stops the group's goroutine and waits for it to end.
+// No heartbeat renews the lease after stop returns, except one already on
+// its way to the database, which the database fences like any other.
+func (h *heartbeat) stop() {
+	beatGroups.Lock()
+	h.left = true
+	h.fence.Stop()
+	g := h.group
+	// Move the last member into h's place: it is renewed earlier in the
+	// next round, never later, so its heartbeats never drift apart.
+	end := g.members[len(g.members)-1]
+	g.members[h.index], end.index = end, h.index
+	g.members[len(g.members)-1] = nil
+	g.members = g.members[:len(g.members)-1]
+	last := len(g.members) == 0
+	if last {
+		delete(beatGroups.m, g.key)
+		g.cancel()
+	}
+	beatGroups.Unlock()
+	if last {
+		<-g.done
+	}
+}
+
+// loop renews the group's members every interval until the group is
+// stopped. After a failed statement it retries those leases sooner; if
+// nothing succeeds before their fences, the fences cancel their work.
+func (g *beatGroup) loop(ctx context.Context) {
+	defer close(g.done)
+	tick := time.NewTicker(g.key.interval)
+	defer tick.Stop()
+	retry := time.NewTimer(0)
+	if !retry.Stop() {
+		<-retry.C
+	}
+	defer retry.Stop()
+	var failed []*heartbeat
 	for {
+		var batch []*heartbeat
 		select {
 		case <-ctx.Done():
 			return
-		case <-timer.C:
+		case <-tick.C:
+			batch = g.snapshot()
+			failed = nil
+			retry.Stop()
+		case <-retry.C:
+			batch, failed = failed, nil
 		}
-		sent := time.Now()
-		deadline := sent.Add(cfg.operationTimeout)
-		if fenced := confirmed.Add(trust); fenced.Before(deadline) {
-			deadline = fenced
-		}
-		callCtx, cancel := context.WithDeadline(ctx, deadline)
-		err := repo.Heartbeat(callCtx, lease)
-		cancel()
-		switch {
-		case err == nil:
-			confirmed = sent
-			if !h.fence.Reset(time.Until(sent.Add(trust))) {
-				return // the fence fired first: the work is already cancelled
-			}
-			timer.Reset(cfg.heartbeatInterval)
-		case errors.Is(err, ErrLeaseLost):
-			h.fence.Stop()
-			cancelWork(err)
-			return
-		case ctx.Err() != nil:
-			return
-		default:
-			// Transient: try again sooner. If nothing succeeds before the
-			// fence, the fence cancels the work.
-			timer.Reset(retry)
+		failed = g.beat(ctx, batch)
+		if len(failed) > 0 {
+			retry.Reset(g.key.interval / 4)
 		}
 	}
 }
 
-// stop stops the heartbeat and waits for its goroutine to end.
-func (h *heartbeat) stop() {
-	h.cancel()
-	<-h.done
-	h.fence.Stop()
+// snapshot returns the group's members, in a stable order, so that each
+// lease is renewed at the same point of every round.
+func (g *beatGroup) snapshot() []*heartbeat {
+	beatGroups.Lock()
+	defer beatGroups.Unlock()
+	return append([]*heartbeat(nil), g.members...)
+}
+
+// beatParallelism is the most heartbeat statements a group has in flight
+// at once: enough that a round of 10,000 leases ends within a few
+// statements' time, few enough to leave the pool to the application.
+const beatParallelism = 4
+
+// beat renews batch, heartbeatBatchSize leases a statement and up to
+// beatParallelism statements at once, and returns the leases whose
+// statement failed. It returns after every statement has.
+func (g *beatGroup) beat(ctx context.Context, batch []*heartbeat) []*heartbeat {
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		failed []*heartbeat
+		slots  = make(chan struct{}, beatParallelism)
+	)
+	for len(batch) > 0 {
+		chunk := batch[:min(len(batch), heartbeatBatchSize)]
+		batch = batch[len(chunk):]
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if !g.beatChunk(ctx, chunk) && ctx.Err() == nil {
+				mu.Lock()
+				failed = append(failed, chunk...)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return failed
+}
+
+// beatChunk renews the live leases of chunk in one statement, and reports
+// whether the statement succeeded.
+func (g *beatGroup) beatChunk(ctx context.Context, chunk []*heartbeat) bool {
+	leases := make([]Lease, 0, len(chunk))
+	live := make([]*heartbeat, 0, len(chunk))
+	beatGroups.Lock()
+	for _, h := range chunk {
+		if !h.left && h.workCtx.Err() == nil {
+			leases = append(leases, h.lease)
+			live = append(live, h)
+		}
+	}
+	beatGroups.Unlock()
+	if len(leases) == 0 {
+		return true
+	}
+	sent := time.Now()
+	callCtx, cancel := context.WithTimeout(ctx, g.key.operationTimeout)
+	lost, err := g.repo.heartbeatMany(callCtx, leases)
+	cancel()
+	if err != nil {
+		return false
+	}
+	g.settle(live, lost, sent)
+	return true
+}
+
+// settle pushes back the fence of every lease in live that the heartbeat
+// sent at sent renewed, and cancels the work of those in lost.
+func (g *beatGroup) settle(live []*heartbeat, lost map[Lease]bool, sent time.Time) {
+	beatGroups.Lock()
+	defer beatGroups.Unlock()
+	for _, h := range live {
+		switch {
+		case h.left || h.workCtx.Err() != nil:
+			// Stopped, or already cancelled: nothing to renew.
+		case lost[h.lease]:
+			h.fence.Stop()
+			h.cancelWork(fmt.Errorf("gormlease: heartbeat %q: %w", h.lease.TargetID, ErrLeaseLost))
+		default:
+			h.fence.Reset(time.Until(sent.Add(h.trust)))
+		}
+	}
 }

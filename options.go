@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"gorm.io/gorm"
 )
 
 const (
@@ -80,6 +82,18 @@ func WithHolder(name string) Option {
 	return optionFunc(func(c *config) { c.holder = name })
 }
 
+// WithHeartbeatDB sends the Runner's heartbeats through db instead of the
+// Runner's own database handle: typically a second, small pool (gorm.Open
+// with SetMaxOpenConns of 1 or 2) on the same database, so that a heartbeat
+// never waits for a connection behind the application's own queries long
+// enough to lose its lease. db must be a *gorm.DB from gorm.Open on the same
+// kind of database as the Runner's, not inside a transaction. Acquire,
+// commit and release still use the Runner's database. By default
+// heartbeats share the Runner's database handle.
+func WithHeartbeatDB(db *gorm.DB) Option {
+	return optionFunc(func(c *config) { c.heartbeatDB = db; c.heartbeatDBSet = true })
+}
+
 // config holds a Runner's settings after validation.
 type config struct {
 	heartbeatInterval time.Duration
@@ -88,6 +102,8 @@ type config struct {
 	safetyMarginSet   bool
 	operationTimeout  time.Duration
 	holder            string
+	heartbeatDB       *gorm.DB
+	heartbeatDBSet    bool
 }
 
 // newConfig applies opts over the defaults and validates the result.
@@ -126,6 +142,9 @@ func (c config) validate() error {
 			c.heartbeatInterval, c.safetyMargin, c.leaseTimeout)
 	case c.operationTimeout <= 0:
 		return invalidf("WithOperationTimeout: timeout must be > 0, got %v", c.operationTimeout)
+	}
+	if c.heartbeatDBSet && c.heartbeatDB == nil {
+		return invalidf("WithHeartbeatDB: db is nil")
 	}
 	if problem := checkText(c.holder, MaxHolderLength); problem != "" {
 		return invalidf("WithHolder: holder %s", problem)

@@ -154,6 +154,58 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 	return nil
 }
 
+// heartbeatBatchSize is the most leases that HeartbeatMany renews in one
+// statement.
+const heartbeatBatchSize = 1000
+
+// HeartbeatMany renews every lease in leases, as Heartbeat does each one, in
+// one statement per 1,000 leases on databases that allow it (PostgreSQL) and
+// one statement per lease on the others. It returns the leases that were
+// not renewed because they are no longer the caller's (taken over or
+// released), as a set; stop their work. An error means the outcome of some
+// leases is unknown: nothing is reported lost then, but some leases may have
+// been renewed.
+func (r *Repository) HeartbeatMany(ctx context.Context, leases []Lease) (lost map[Lease]bool, err error) {
+	for _, l := range leases {
+		if err := l.check(); err != nil {
+			return nil, err
+		}
+	}
+	return r.heartbeatMany(ctx, leases)
+}
+
+// heartbeatMany is HeartbeatMany on leases already checked.
+func (r *Repository) heartbeatMany(ctx context.Context, leases []Lease) (map[Lease]bool, error) {
+	lost := map[Lease]bool{}
+	batcher, ok := r.dialect.(batchHeartbeater)
+	if !ok {
+		for _, l := range leases {
+			err := r.Heartbeat(ctx, l)
+			switch {
+			case errors.Is(err, ErrLeaseLost):
+				lost[l] = true
+			case err != nil:
+				return nil, err
+			}
+		}
+		return lost, nil
+	}
+	for len(leases) > 0 {
+		chunk := leases[:min(len(leases), heartbeatBatchSize)]
+		leases = leases[len(chunk):]
+		renewed, err := batcher.heartbeatBatch(ctx, r.db, chunk)
+		if err != nil {
+			return nil, fmt.Errorf("gormlease: heartbeat %d leases: %w", len(chunk), err)
+		}
+		for _, l := range chunk {
+			if !renewed[l] {
+				lost[l] = true
+			}
+		}
+	}
+	return lost, nil
+}
+
 // CommitIfOwner runs fn in a transaction that first locks the lease row
 // (SELECT ... FOR UPDATE) and checks that it still carries l's token. When it
 // does not, fn is not called, nothing is written, and CommitIfOwner returns an
@@ -180,16 +232,18 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 	ctx = withLease(ctx, l)
 	committing := false
 	err := r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if err := r.lockOwn(tx, l); err != nil {
+		// Releasing first locks the row and checks the token just as the
+		// locking read does, in one statement instead of two; until the
+		// commit, others still see the lease as held.
+		lock := r.lockOwn
+		if release {
+			lock = func(tx *gorm.DB, l Lease) error { return r.release(ctx, tx, l) }
+		}
+		if err := lock(tx, l); err != nil {
 			return err
 		}
 		if err := fn(tx); err != nil {
 			return fmt.Errorf("gormlease: save %q: %w", l.TargetID, err)
-		}
-		if release {
-			if err := r.release(ctx, tx, l); err != nil {
-				return err
-			}
 		}
 		committing = true // gorm sends COMMIT next
 		return nil
@@ -252,12 +306,16 @@ func (r *Repository) release(ctx context.Context, db *gorm.DB, l Lease) error {
 }
 
 // updateOwnRow stamps column of l's row with the database's time, while l
-// holds it. Outside a transaction the statement is retried after a
-// serialization failure (see retryStatement); inside one, the failure is
-// the transaction's to handle.
+// holds it under l's token. Outside a transaction the statement is retried
+// after a serialization failure (see retryStatement); inside one, the
+// failure is the transaction's to handle. It is a plain statement rather
+// than gorm's builder: this is the hot path of every heartbeat and release,
+// and the builder's reflection would cost more than the round trip's own
+// work on the client.
 func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, column string) *gorm.DB {
 	stmt := func() *gorm.DB {
-		return r.ownRow(ctx, db, l).UpdateColumn(column, gorm.Expr(r.dialect.now()))
+		return db.WithContext(ctx).Exec("UPDATE job_lease SET "+column+" = "+r.dialect.now()+
+			" WHERE target_id = ? AND lease_token = ? AND released_at IS NULL", l.TargetID, l.Token.String())
 	}
 	if _, inTx := db.Statement.ConnPool.(gorm.TxCommitter); inTx {
 		return stmt()
@@ -265,12 +323,6 @@ func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, col
 	var res *gorm.DB
 	_ = retryStatement(ctx, func() error { res = stmt(); return res.Error })
 	return res
-}
-
-// ownRow selects l's row while it is held under l's token.
-func (r *Repository) ownRow(ctx context.Context, db *gorm.DB, l Lease) *gorm.DB {
-	return db.WithContext(ctx).Model(&JobLease{}).
-		Where("target_id = ? AND lease_token = ? AND released_at IS NULL", l.TargetID, l.Token)
 }
 
 // Get returns the lease row of targetID, and false when the target has never

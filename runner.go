@@ -15,8 +15,9 @@ import (
 // is safe for concurrent use; it holds no goroutine or connection between
 // Runs, and needs no closing.
 type Runner[T any] struct {
-	repo *Repository
-	cfg  config
+	repo   *Repository
+	beater *Repository // the heartbeats' Repository: repo, or on WithHeartbeatDB's db
+	cfg    config
 }
 
 // NewRunner returns a Runner on db, which must be a *gorm.DB from gorm.Open
@@ -33,7 +34,17 @@ func NewRunner[T any](db *gorm.DB, opts ...Option) (*Runner[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner[T]{repo: repo, cfg: cfg}, nil
+	beater := repo
+	if cfg.heartbeatDB != nil {
+		beater, err = newRepository(cfg.heartbeatDB, cfg.holder)
+		if err != nil {
+			return nil, fmt.Errorf("WithHeartbeatDB: %w", err)
+		}
+		if got, want := cfg.heartbeatDB.Dialector.Name(), db.Dialector.Name(); got != want {
+			return nil, invalidf("WithHeartbeatDB: db is %s but the Runner's database is %s", got, want)
+		}
+	}
+	return &Runner[T]{repo: repo, beater: beater, cfg: cfg}, nil
 }
 
 // Repository returns the Repository that the Runner runs its steps with.
@@ -97,7 +108,7 @@ func (r *Runner[T]) Run(ctx context.Context, targetID string,
 
 	workCtx, cancelWork := context.WithCancelCause(withLease(ctx, lease))
 	defer cancelWork(context.Canceled)
-	hb := startHeartbeat(workCtx, r.repo, r.cfg, lease, sent, cancelWork)
+	hb := startHeartbeat(workCtx, r.beater, r.cfg, lease, sent, cancelWork)
 	result, workErr := callWork(workCtx, work)
 	hb.stop()
 

@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"cirello.io/pglock"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	_ "github.com/lib/pq" // pglock as it ships
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/gormlease/gormlease"
+)
+
+// saverSQL is the one-row saver that every full job runs in its commit.
+const saverSQL = `INSERT INTO bench_result (target_id, data) VALUES ($1, $2)
+ON CONFLICT (target_id) DO UPDATE SET data = excluded.data`
+
+// leaseTimeout is the lease timeout of every implementation in the lock
+// scenarios: long enough that no lease expires during them.
+const leaseTimeout = 30 * time.Second
+
+// impl is one way of running work once per target.
+type impl struct {
+	name string
+	// stmts counts the statements sent; nil when they cannot be counted.
+	stmts *counter
+	// rowOf is the SQL for the lease row of target ($1), when there is one.
+	rowOf string
+	// pool is the pgx pool, for the implementations on raw pgx.
+	pool *pgxpool.Pool
+	// try takes the lock on target; unlock gives it back.
+	try func(ctx context.Context, target string) (unlock func(context.Context) error, ok bool, err error)
+	// job acquires, commits the saver's row under the lock, and releases.
+	job func(ctx context.Context, target, data string) (ok bool, err error)
+	// warm opens n connections, so that a point does not time their setup.
+	warm  func(ctx context.Context, n int) error
+	close func()
+}
+
+// warmSQL opens n connections of db.
+func warmSQL(db *sql.DB) func(context.Context, int) error {
+	return func(ctx context.Context, n int) error {
+		conns := make([]*sql.Conn, 0, n)
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for range n {
+			c, err := db.Conn(ctx)
+			if err != nil {
+				return err
+			}
+			conns = append(conns, c)
+		}
+		return nil
+	}
+}
+
+// warmPool opens n connections of pool.
+func warmPool(pool *pgxpool.Pool) func(context.Context, int) error {
+	return func(ctx context.Context, n int) error {
+		conns := make([]*pgxpool.Conn, 0, n)
+		defer func() {
+			for _, c := range conns {
+				c.Release()
+			}
+		}()
+		for range n {
+			c, err := pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			conns = append(conns, c)
+		}
+		return nil
+	}
+}
+
+// pgxConfig parses dsn with a statement counter as its tracer.
+func pgxConfig(dsn string, c *counter) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Tracer = c
+	return cfg, nil
+}
+
+// openGorm opens gorm on pgx, through database/sql, as an application would.
+func openGorm(dsn string, conns int, c *counter) (*gorm.DB, *sql.DB, error) {
+	cfg, err := pgxConfig(dsn, c)
+	if err != nil {
+		return nil, nil, err
+	}
+	sqlDB := stdlib.OpenDB(*cfg)
+	sqlDB.SetMaxOpenConns(conns)
+	sqlDB.SetMaxIdleConns(conns)
+	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		sqlDB.Close()
+		return nil, nil, err
+	}
+	return db, sqlDB, nil
+}
+
+func openPool(ctx context.Context, dsn string, conns int, c *counter) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.Tracer = c
+	cfg.MaxConns = int32(conns)
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// newGormlease is gormlease: Repository steps for try, Runner.Run for job.
+func newGormlease(dsn string, conns int) (*impl, error) {
+	c := &counter{}
+	db, sqlDB, err := openGorm(dsn, conns, c)
+	if err != nil {
+		return nil, err
+	}
+	repo, err := gormlease.NewRepository(db)
+	if err != nil {
+		return nil, err
+	}
+	runner, err := gormlease.NewRunner[string](db, gormlease.WithLeaseTimeout(leaseTimeout),
+		gormlease.WithHeartbeatInterval(5*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	return &impl{
+		name:  "gormlease",
+		stmts: c,
+		rowOf: "FROM job_lease WHERE target_id = $1",
+		try: func(ctx context.Context, target string) (func(context.Context) error, bool, error) {
+			l, err := repo.Acquire(ctx, target, leaseTimeout)
+			if errors.Is(err, gormlease.ErrLeaseHeld) {
+				return nil, false, nil
+			}
+			if err != nil {
+				return nil, false, err
+			}
+			return func(ctx context.Context) error { return repo.Release(ctx, l) }, true, nil
+		},
+		job: func(ctx context.Context, target, data string) (bool, error) {
+			_, err := runner.Run(ctx, target,
+				func(context.Context) (string, error) { return data, nil },
+				func(tx *gorm.DB, v string) error {
+					return tx.Exec(`INSERT INTO bench_result (target_id, data) VALUES (?, ?)
+ON CONFLICT (target_id) DO UPDATE SET data = excluded.data`, target, v).Error
+				})
+			if errors.Is(err, gormlease.ErrLeaseHeld) {
+				return false, nil
+			}
+			return err == nil, err
+		},
+		warm:  warmSQL(sqlDB),
+		close: func() { sqlDB.Close() },
+	}, nil
+}
+
+// The seed's SQL, on raw pgx: the floor of the naive design.
+const (
+	seedAcquire = `INSERT INTO seed_lease (target_id, lease_token, updated_at) VALUES ($1, $2, now())
+ON CONFLICT (target_id) DO UPDATE SET lease_token = excluded.lease_token, updated_at = now()
+WHERE seed_lease.updated_at < now() - make_interval(secs => $3)`
+	seedHeartbeat = `UPDATE seed_lease SET updated_at = now() WHERE target_id = $1 AND lease_token = $2`
+	seedLock      = `SELECT lease_token FROM seed_lease WHERE target_id = $1 FOR UPDATE`
+	seedRelease   = `DELETE FROM seed_lease WHERE target_id = $1 AND lease_token = $2`
+)
+
+func newSeed(ctx context.Context, dsn string, conns int) (*impl, error) {
+	c := &counter{isBeat: isUpdateOf("seed_lease")}
+	pool, err := openPool(ctx, dsn, conns, c)
+	if err != nil {
+		return nil, err
+	}
+	acquire := func(ctx context.Context, target string) (uuid.UUID, bool, error) {
+		token := uuid.New()
+		tag, err := pool.Exec(ctx, seedAcquire, target, token, leaseTimeout.Seconds())
+		return token, err == nil && tag.RowsAffected() == 1, err
+	}
+	release := func(ctx context.Context, target string, token uuid.UUID) error {
+		_, err := pool.Exec(ctx, seedRelease, target, token)
+		return err
+	}
+	return &impl{
+		name:  "seed SQL, raw pgx",
+		stmts: c,
+		rowOf: "FROM seed_lease WHERE target_id = $1",
+		pool:  pool,
+		try: func(ctx context.Context, target string) (func(context.Context) error, bool, error) {
+			token, ok, err := acquire(ctx, target)
+			if !ok || err != nil {
+				return nil, false, err
+			}
+			return func(ctx context.Context) error { return release(ctx, target, token) }, true, nil
+		},
+		job: func(ctx context.Context, target, data string) (bool, error) {
+			token, ok, err := acquire(ctx, target)
+			if !ok || err != nil {
+				return false, err
+			}
+			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var got uuid.UUID
+				if err := tx.QueryRow(ctx, seedLock, target).Scan(&got); err != nil {
+					return err
+				}
+				if got != token {
+					return errors.New("lease lost")
+				}
+				_, err := tx.Exec(ctx, saverSQL, target, data)
+				return err
+			})
+			if err != nil {
+				return false, errors.Join(err, release(ctx, target, token))
+			}
+			return true, release(ctx, target, token)
+		},
+		warm:  warmPool(pool),
+		close: pool.Close,
+	}, nil
+}
+
+// newAdvisory is pg_try_advisory_lock on a connection pinned while held.
+func newAdvisory(ctx context.Context, dsn string, conns int) (*impl, error) {
+	c := &counter{}
+	pool, err := openPool(ctx, dsn, conns, c)
+	if err != nil {
+		return nil, err
+	}
+	try := func(ctx context.Context, target string) (*pgxpool.Conn, func(context.Context) error, bool, error) {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		var ok bool
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext($1))`, target).Scan(&ok); err != nil || !ok {
+			conn.Release()
+			return nil, nil, false, err
+		}
+		return conn, func(ctx context.Context) error {
+			defer conn.Release()
+			_, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtext($1))`, target)
+			return err
+		}, true, nil
+	}
+	return &impl{
+		name:  "advisory lock",
+		stmts: c,
+		try: func(ctx context.Context, target string) (func(context.Context) error, bool, error) {
+			_, unlock, ok, err := try(ctx, target)
+			return unlock, ok, err
+		},
+		job: func(ctx context.Context, target, data string) (bool, error) {
+			conn, unlock, ok, err := try(ctx, target)
+			if !ok || err != nil {
+				return false, err
+			}
+			err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, saverSQL, target, data)
+				return err
+			})
+			return err == nil, errors.Join(err, unlock(ctx))
+		},
+		warm:  warmPool(pool),
+		close: pool.Close,
+	}, nil
+}
+
+// newPglock is cirello.io/pglock v1.16.0 with its defaults (a heartbeat
+// every 5 s per lock), on lib/pq as it ships or on pgx's database/sql driver.
+func newPglock(dsn string, conns int, onPgx bool, hb time.Duration) (*impl, *pglock.Client, *sql.DB, error) {
+	var (
+		db   *sql.DB
+		c    *counter
+		name = "pglock, lib/pq"
+	)
+	if onPgx {
+		c = &counter{isBeat: isUpdateOf("pglock")}
+		cfg, err := pgxConfig(dsn, c)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		db = stdlib.OpenDB(*cfg)
+		name = "pglock, pgx"
+	} else {
+		var err error
+		if db, err = sql.Open("postgres", dsn); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	opts := []pglock.ClientOption{pglock.WithCustomTable("pglock"), pglock.WithLeaseDuration(leaseTimeout)}
+	if hb > 0 {
+		opts = append(opts, pglock.WithHeartbeatFrequency(hb))
+	}
+	client, err := pglock.UnsafeNew(db, opts...)
+	if err != nil {
+		db.Close()
+		return nil, nil, nil, err
+	}
+	try := func(ctx context.Context, target string) (*pglock.Lock, bool, error) {
+		l, err := client.AcquireContext(ctx, target, pglock.FailIfLocked())
+		if errors.Is(err, pglock.ErrNotAcquired) {
+			return nil, false, nil
+		}
+		return l, err == nil, err
+	}
+	return &impl{
+		name:  name,
+		stmts: c,
+		rowOf: "FROM pglock WHERE name = $1",
+		try: func(ctx context.Context, target string) (func(context.Context) error, bool, error) {
+			l, ok, err := try(ctx, target)
+			if !ok {
+				return nil, false, err
+			}
+			return func(ctx context.Context) error { return client.ReleaseContext(ctx, l) }, true, nil
+		},
+		job: func(ctx context.Context, target, data string) (bool, error) {
+			l, ok, err := try(ctx, target)
+			if !ok {
+				return false, err
+			}
+			tx, err := db.BeginTx(ctx, nil)
+			if err == nil {
+				if _, err = tx.ExecContext(ctx, saverSQL, target, data); err == nil {
+					err = tx.Commit()
+				} else {
+					_ = tx.Rollback()
+				}
+			}
+			return err == nil, errors.Join(err, client.ReleaseContext(ctx, l))
+		},
+		warm:  warmSQL(db),
+		close: func() { db.Close() },
+	}, client, db, nil
+}
+
+// setupSchema creates the benchmark's schema and tables, dropping any left
+// by an earlier run.
+func setupSchema(ctx context.Context, dsn, schema string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`DROP SCHEMA IF EXISTS ` + schema + ` CASCADE`,
+		`CREATE SCHEMA ` + schema,
+		`CREATE TABLE ` + schema + `.seed_lease (target_id text PRIMARY KEY, lease_token uuid NOT NULL, updated_at timestamptz NOT NULL)`,
+		`CREATE TABLE ` + schema + `.bench_result (target_id text PRIMARY KEY, data text NOT NULL)`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,493 @@
+// Command bench measures gormlease against the alternatives on one
+// PostgreSQL, in one run: the seed design's SQL on raw pgx, advisory locks,
+// and cirello.io/pglock on lib/pq and on pgx. It prints one line per point
+// and writes docs/performance.md from them.
+//
+//	cd bench && go run . -out ../docs/performance.md
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// options are the command's flags.
+type options struct {
+	dsn         string
+	schema      string
+	duration    time.Duration
+	walDuration time.Duration
+	leases      int
+	hbWindow    time.Duration
+	maxOps      int
+	rounds      int
+	sections    string
+	out         string
+	jsonOut     string
+	onlyHeavy   bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL URL (127.0.0.1 only)")
+	flag.StringVar(&o.schema, "schema", "gormlease_bench", "schema the benchmark creates and drops")
+	flag.DurationVar(&o.duration, "duration", time.Second, "time each implementation runs at each lock and job point, cut in -rounds slices")
+	flag.DurationVar(&o.walDuration, "wal-duration", 300*time.Millisecond, "duration of each point that counts statements and WAL")
+	flag.IntVar(&o.leases, "leases", 10000, "leases held at once in the heartbeat scenario")
+	flag.DurationVar(&o.hbWindow, "hb-window", 4*time.Second, "measuring window of the heartbeat scenario")
+	flag.IntVar(&o.rounds, "rounds", 5, "slices of each lock and job point; ratios are the median of the slices' ratios")
+	flag.IntVar(&o.maxOps, "max-ops", 200000, "bound on operations per point")
+	flag.StringVar(&o.sections, "sections", "lock,heartbeat,saturation", "sections to run, comma-separated")
+	flag.StringVar(&o.out, "out", "", "write the Markdown report to this file")
+	flag.StringVar(&o.jsonOut, "json", "", "write the raw results as JSON to this file")
+	flag.Parse()
+	if err := run(o); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(o options) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	cfg, err := pgx.ParseConfig(o.dsn)
+	if err != nil {
+		return fmt.Errorf("-dsn: %w", err)
+	}
+	if cfg.Host != "127.0.0.1" && cfg.Host != "localhost" && cfg.Host != "::1" {
+		return fmt.Errorf("-dsn: host %q: the benchmark loads the server hard, so it runs on a local one only", cfg.Host)
+	}
+	if err := setupSchema(ctx, o.dsn, o.schema); err != nil {
+		return err
+	}
+	defer dropSchema(o.dsn, o.schema)
+	sep := "?"
+	if strings.Contains(o.dsn, "?") {
+		sep = "&"
+	}
+	dsn := o.dsn + sep + "search_path=" + o.schema + "&application_name=" + appName
+	admin, err := pgx.Connect(ctx, o.dsn)
+	if err != nil {
+		return err
+	}
+	defer admin.Close(context.Background())
+
+	b := &bench{o: o, dsn: dsn, admin: admin, holding: map[string]*atomic.Int64{}, overlapCount: map[string]int64{}}
+	for _, name := range []string{"gormlease", "pglock, lib/pq"} {
+		if err := b.createTables(ctx, name); err != nil {
+			return fmt.Errorf("create tables of %s: %w", name, err)
+		}
+	}
+	started := time.Now()
+	for _, section := range []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"lock", b.lockScenarios},
+		{"heartbeat", b.heartbeatScenarios},
+		{"saturation", b.saturationScenarios},
+	} {
+		if !slices.Contains(strings.Split(o.sections, ","), section.name) {
+			continue
+		}
+		begun := time.Now()
+		if err := section.run(ctx); err != nil {
+			return fmt.Errorf("%s: %w", section.name, err)
+		}
+		fmt.Printf("section %s took %v\n", section.name, time.Since(begun).Round(time.Second))
+	}
+	elapsed := time.Since(started)
+	if o.jsonOut != "" {
+		data, _ := json.MarshalIndent(b.results, "", "  ")
+		if err := os.WriteFile(o.jsonOut, data, 0o644); err != nil {
+			return err
+		}
+	}
+	if o.out != "" {
+		if err := os.WriteFile(o.out, []byte(report(b, elapsed)), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// appName marks the benchmark's own connections, to wait for them to end.
+const appName = "gormlease_bench"
+
+// settle waits until every connection of the benchmark has ended, so that
+// their backends have reported their WAL statistics (PostgreSQL 15 reports
+// them at most once a second while busy, and at exit).
+func (b *bench) settle(ctx context.Context) {
+	defer func(t time.Time) {
+		if d := time.Since(t); d > 200*time.Millisecond {
+			fmt.Printf("settle took %v\n", d.Round(time.Millisecond))
+		}
+		rows, _ := b.admin.Query(ctx, `SELECT state, left(query, 60), backend_start::text FROM pg_stat_activity WHERE application_name = $1`, appName)
+		for rows.Next() {
+			var a, q, c string
+			_ = rows.Scan(&a, &q, &c)
+			fmt.Println("  lingering:", a, q, c)
+		}
+		rows.Close()
+	}(time.Now())
+	_ = waitUntil(ctx, 30*time.Second, func() bool {
+		var n int
+		err := b.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&n)
+		return err == nil && n == 0
+	})
+}
+
+func dropSchema(dsn, schema string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return
+	}
+	defer conn.Close(ctx)
+	_, _ = conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+}
+
+// bench holds the run's settings and results.
+type bench struct {
+	o       options
+	dsn     string
+	admin   *pgx.Conn
+	mu      sync.Mutex
+	results []result
+	hb      []hbResult
+	// walPoints are the points run to count statements and WAL.
+	walPoints []result
+	// holding and overlapCount check the contended target's holders.
+	holding      map[string]*atomic.Int64
+	overlapCount map[string]int64
+	sat          []satResult
+	checks       []string
+}
+
+func (b *bench) add(r result) {
+	b.mu.Lock()
+	b.results = append(b.results, r)
+	b.mu.Unlock()
+	fmt.Println(r)
+}
+
+// op is one operation of a worker: i counts the worker's operations.
+type op func(ctx context.Context, worker, i int) (acquired bool, err error)
+
+// spec describes a point: a scenario at a number of workers.
+type spec struct {
+	section, scenario string
+	workers           int
+	fn                func(im *impl) op
+}
+
+// point opens an implementation with mk, opens its connections, runs
+// workers calling fn for dur (and at most maxOps operations in all), closes
+// it, and measures the operations. With wal set it also measures the WAL
+// they wrote, from pg_stat_wal once their backends have ended (PostgreSQL
+// 15 reports a busy backend's WAL statistics at most once a second, and all
+// of them at exit); other sessions' writes add to it.
+func (b *bench) point(ctx context.Context, sp spec, mk maker, dur time.Duration, wal bool) result {
+	var wal0 walStats
+	if wal {
+		b.settle(ctx)
+		wal0 = readWAL(ctx, b.admin)
+	}
+	im, err := mk()
+	if err != nil {
+		return result{Section: sp.section, Scenario: sp.scenario, Workers: sp.workers, Note: "open: " + err.Error()}
+	}
+	if err := im.warm(ctx, sp.workers); err != nil {
+		im.close()
+		return result{Section: sp.section, Scenario: sp.scenario, Impl: im.name, Workers: sp.workers, Note: "connect: " + err.Error()}
+	}
+	r := b.measure(ctx, sp, im, dur)
+	im.close()
+	r.WALSyncOp, r.WALRecOp = -1, -1
+	if wal {
+		b.settle(ctx)
+		wal1 := readWAL(ctx, b.admin)
+		n := float64(max(r.Ops, 1))
+		r.WALSyncOp = (wal1.syncs - wal0.syncs) / n
+		r.WALRecOp = (wal1.records - wal0.records) / n
+	}
+	return r
+}
+
+// createTables creates the tables of the implementation called name, on a
+// connection closed before it returns.
+func (b *bench) createTables(ctx context.Context, name string) error {
+	switch name {
+	case "gormlease":
+		db, sqlDB, err := openGorm(b.dsn, 1, &counter{})
+		if err != nil {
+			return err
+		}
+		defer sqlDB.Close()
+		return autoMigrate(ctx, db)
+	case "pglock, lib/pq":
+		_, client, db, err := newPglock(b.dsn, 1, false, 0)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		return client.TryCreateTable()
+	}
+	return nil
+}
+
+// maker opens an implementation.
+type maker func() (*impl, error)
+
+func (b *bench) measure(ctx context.Context, sp spec, im *impl, dur time.Duration) result {
+	workers, fn := sp.workers, sp.fn(im)
+	lat := &latencies{}
+	var ops, acquired, errs atomic.Int64
+	var firstErr atomic.Value
+	var stmts0 int64
+	if im.stmts != nil {
+		stmts0 = im.stmts.statements.Load()
+	}
+	cpu0 := cpuTime()
+	start := time.Now()
+	deadline := start.Add(dur)
+	perWorker := max(1, b.o.maxOps/workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			own := make([]time.Duration, 0, 1024)
+			for i := 0; i < perWorker && time.Now().Before(deadline) && ctx.Err() == nil; i++ {
+				t := time.Now()
+				ok, err := fn(ctx, w, i)
+				own = append(own, time.Since(t))
+				ops.Add(1)
+				if ok {
+					acquired.Add(1)
+				}
+				if err != nil {
+					errs.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}
+			lat.add(own)
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cpu := cpuTime() - cpu0
+	n := float64(max(ops.Load(), 1))
+	r := result{
+		Section: sp.section, Scenario: sp.scenario, Impl: im.name, Workers: workers,
+		Ops: ops.Load(), Acquired: acquired.Load(),
+		OpsPerSec: float64(ops.Load()) / elapsed.Seconds(),
+		P50:       ms(lat.quantile(0.50)), P99: ms(lat.quantile(0.99)),
+		StmtPerOp: -1,
+		CPUPerOp:  float64(cpu.Microseconds()) / n,
+		CPUCore:   100 * cpu.Seconds() / elapsed.Seconds(),
+		Errors:    errs.Load(),
+	}
+	if im.stmts != nil {
+		r.StmtPerOp = float64(im.stmts.statements.Load()-stmts0) / n
+	}
+	if e, ok := firstErr.Load().(error); ok {
+		r.Note = "first error: " + e.Error()
+	}
+	return r
+}
+
+// lockScenarios runs the acquire+release, contention and full job points.
+// Each point runs every implementation back to back, on a pool of its own
+// that is closed before the next, and the whole set runs o.rounds times, so
+// that the load from other processes falls on all of them alike.
+func (b *bench) lockScenarios(ctx context.Context) error {
+	const conns = 34
+	makers := []maker{
+		func() (*impl, error) { return newGormlease(b.dsn, conns) },
+		func() (*impl, error) { return newSeed(ctx, b.dsn, conns) },
+		func() (*impl, error) { return newAdvisory(ctx, b.dsn, conns) },
+		func() (*impl, error) { im, _, _, err := newPglock(b.dsn, conns, false, 0); return im, err },
+		func() (*impl, error) { im, _, _, err := newPglock(b.dsn, conns, true, 0); return im, err },
+	}
+	for _, mk := range makers {
+		if err := b.prepare(ctx, mk); err != nil {
+			return err
+		}
+		b.refusedWrites(ctx, mk)
+	}
+	specs := []spec{
+		{"lock", "acquire+release", 1, acquireRelease},
+		{"lock", "acquire+release", 8, acquireRelease},
+		{"lock", "acquire+release", 32, acquireRelease},
+		{"lock", contendedScenario, 32, b.contendedOp},
+		{"job", "full job", 1, fullJob},
+		{"job", "full job", 8, fullJob},
+	}
+	// Throughput: short slices, every implementation in turn, round after
+	// round, so that neighbours in time share the machine's load.
+	slice := b.o.duration / time.Duration(b.o.rounds)
+	for _, sp := range specs {
+		for round := range b.o.rounds {
+			for i := range makers {
+				mk := makers[(i+round)%len(makers)]
+				b.addRound(round, b.point(ctx, sp, mk, slice, false))
+			}
+		}
+	}
+	// Statements and WAL: one longer point each, WAL measured.
+	// With one worker, where WAL flushes per operation are exact, they are
+	// measured three times and the least kept: other sessions only add.
+	for _, sp := range specs {
+		for _, mk := range makers {
+			var best result
+			for try := range map[bool]int{true: 3, false: 1}[sp.workers == 1] {
+				r := b.point(ctx, sp, mk, b.o.walDuration, true)
+				fmt.Println("wal", r)
+				if try == 0 || r.WALSyncOp < best.WALSyncOp {
+					best = r
+				}
+			}
+			b.mu.Lock()
+			b.walPoints = append(b.walPoints, best)
+			b.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+func (b *bench) addRound(round int, r result) {
+	r.Round = round
+	b.add(r)
+}
+
+func acquireRelease(im *impl) op {
+	return func(ctx context.Context, w, i int) (bool, error) {
+		unlock, ok, err := im.try(ctx, fmt.Sprintf("ar-%d-%d", w, i%64))
+		if !ok || err != nil {
+			return false, err
+		}
+		return true, unlock(ctx)
+	}
+}
+
+func fullJob(im *impl) op {
+	return func(ctx context.Context, w, i int) (bool, error) {
+		return im.job(ctx, fmt.Sprintf("job-%d-%d", w, i%64), "result")
+	}
+}
+
+// contendedScenario is 32 workers on one target; contendedOp checks that
+// no two of them ever hold it at once.
+const contendedScenario = "contended, one target"
+
+func (b *bench) contendedOp(im *impl) op {
+	hot := "hot-" + im.name
+	holders := b.holders(im.name)
+	return func(ctx context.Context, w, i int) (bool, error) {
+		unlock, ok, err := im.try(ctx, hot)
+		if !ok || err != nil {
+			return false, err
+		}
+		if holders.Add(1) != 1 {
+			b.overlapsSeen(im.name)
+		}
+		time.Sleep(200 * time.Microsecond)
+		holders.Add(-1)
+		return true, unlock(ctx)
+	}
+}
+
+// holders returns the counter of current holders of impl's hot target.
+func (b *bench) holders(impl string) *atomic.Int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.holding[impl] == nil {
+		b.holding[impl] = &atomic.Int64{}
+	}
+	return b.holding[impl]
+}
+
+func (b *bench) overlapsSeen(impl string) {
+	b.mu.Lock()
+	b.overlapCount[impl]++
+	b.mu.Unlock()
+}
+
+// prepare creates the tables an implementation needs, and warms the server
+// up for it.
+func (b *bench) prepare(ctx context.Context, mk maker) error {
+	im, err := mk()
+	if err != nil {
+		return err
+	}
+	im.close()
+	b.point(ctx, spec{"warm", "warm", 8, func(im *impl) op {
+		return func(ctx context.Context, w, i int) (bool, error) {
+			return im.job(ctx, fmt.Sprintf("warm-%d-%d", w, i%16), "x")
+		}
+	}}, mk, 200*time.Millisecond, false)
+	return nil
+}
+
+// refusedWrites checks that refused acquires leave the lease row alone: its
+// xmin (last writer) and xmax (last locker) stay as they were after 100 of
+// them. A row lock is a write: it takes a transaction ID and is logged.
+func (b *bench) refusedWrites(ctx context.Context, mk maker) {
+	im, err := mk()
+	if err != nil {
+		return
+	}
+	defer im.close()
+	if im.rowOf == "" {
+		return
+	}
+	const target = "refused-check"
+	unlock, ok, err := im.try(ctx, target)
+	if !ok || err != nil {
+		b.addCheck(fmt.Sprintf("%s: refused-acquire check could not acquire: %v", im.name, err))
+		return
+	}
+	defer unlock(ctx)
+	cfg, err := pgx.ParseConfig(b.dsn)
+	if err != nil {
+		return
+	}
+	conn := stdlib.OpenDB(*cfg)
+	defer conn.Close()
+	row := func() string {
+		var x string
+		_ = conn.QueryRowContext(ctx, `SELECT xmin::text || '/' || xmax::text `+im.rowOf, target).Scan(&x)
+		return x
+	}
+	before := row()
+	refused := 0
+	for range 100 {
+		if _, ok, err := im.try(ctx, target); !ok && err == nil {
+			refused++
+		}
+	}
+	after := row()
+	verdict := "untouched"
+	if after != before {
+		verdict = "WRITTEN (locked or updated)"
+	}
+	b.addCheck(fmt.Sprintf("%s: after %d refused acquires the lease row is %s (xmin/xmax %s -> %s)", im.name, refused, verdict, before, after))
+}
+
+func (b *bench) addCheck(c string) {
+	b.mu.Lock()
+	b.checks = append(b.checks, c)
+	b.mu.Unlock()
+	fmt.Println("check", c)
+}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// counter is a pgx tracer that counts the statements a pool sends, and the
+// heartbeat statements with the rows they renewed. pg_stat_statements needs
+// shared_preload_libraries, which the shared server does not load, so the
+// statements are counted on the client: every Query, QueryRow and Exec, BEGIN
+// and COMMIT included.
+type counter struct {
+	statements atomic.Int64
+	beats      atomic.Int64 // heartbeat statements
+	renewed    atomic.Int64 // rows those renewed
+	isBeat     func(sql string) bool
+}
+
+type beatKey struct{}
+
+func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	c.statements.Add(1)
+	if c.isBeat != nil && c.isBeat(d.SQL) {
+		c.beats.Add(1)
+
+		return context.WithValue(ctx, beatKey{}, true)
+	}
+	return ctx
+}
+
+func (c *counter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if ctx.Value(beatKey{}) != nil && d.Err == nil {
+		c.renewed.Add(d.CommandTag.RowsAffected())
+	}
+}
+
+// isUpdateOf returns a predicate for UPDATE statements on table.
+func isUpdateOf(table string) func(string) bool {
+	return func(sql string) bool {
+		s := strings.ToUpper(strings.Join(strings.Fields(sql), " "))
+		return strings.HasPrefix(s, "UPDATE "+strings.ToUpper(table)) ||
+			strings.HasPrefix(s, `UPDATE "`+strings.ToUpper(table)+`"`)
+	}
+}
+
+// cpuTime is the process's user plus system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// walStats is pg_stat_wal: server-wide, so other sessions' writes show too.
+type walStats struct{ records, syncs, writes, bytes float64 }
+
+func readWAL(ctx context.Context, conn *pgx.Conn) walStats {
+	var w walStats
+	_ = conn.QueryRow(ctx, `SELECT wal_records, wal_sync, wal_write, wal_bytes::float8 FROM pg_stat_wal`).
+		Scan(&w.records, &w.syncs, &w.writes, &w.bytes)
+	return w
+}
+
+// latencies collects operation durations from many workers.
+type latencies struct {
+	mu  sync.Mutex
+	all []time.Duration
+}
+
+func (l *latencies) add(d []time.Duration) {
+	l.mu.Lock()
+	l.all = append(l.all, d...)
+	l.mu.Unlock()
+}
+
+func (l *latencies) quantile(q float64) time.Duration {
+	if len(l.all) == 0 {
+		return 0
+	}
+	slices.Sort(l.all)
+	return l.all[min(len(l.all)-1, int(q*float64(len(l.all))))]
+}
+
+// result is one measured point.
+type result struct {
+	Section   string  `json:"section"`
+	Scenario  string  `json:"scenario"`
+	Impl      string  `json:"impl"`
+	Workers   int     `json:"workers"`
+	Ops       int64   `json:"ops"`
+	Acquired  int64   `json:"acquired"`
+	OpsPerSec float64 `json:"ops_per_sec"`
+	P50       float64 `json:"p50_ms"`
+	P99       float64 `json:"p99_ms"`
+	StmtPerOp float64 `json:"statements_per_op"` // -1: not counted
+	WALSyncOp float64 `json:"wal_syncs_per_op"`
+	WALRecOp  float64 `json:"wal_records_per_op"`
+	CPUPerOp  float64 `json:"cpu_us_per_op"`
+	CPUCore   float64 `json:"cpu_core_pct"`
+	Errors    int64   `json:"errors"`
+	Overlaps  int64   `json:"overlapping_holders"`
+	Round     int     `json:"round"`
+	Note      string  `json:"note,omitempty"`
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func (r result) String() string {
+	return fmt.Sprintf("%-10s %-28s %-18s w=%-3d ops/s=%9.0f p50=%7.2fms p99=%7.2fms stmt/op=%5.2f walsync/op=%5.2f walrec/op=%5.2f cpu=%6.1fus/op %5.1f%% err=%d %s",
+		r.Section, r.Scenario, r.Impl, r.Workers, r.OpsPerSec, r.P50, r.P99, r.StmtPerOp, r.WALSyncOp, r.WALRecOp, r.CPUPerOp, r.CPUCore, r.Errors, r.Note)
+}

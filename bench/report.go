@@ -1,0 +1,224 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// rounds returns the rounds of impl in scenario at workers, by round.
+func (b *bench) rounds(scenario, impl string, workers int) []result {
+	var rs []result
+	for _, r := range b.results {
+		if r.Scenario == scenario && r.Impl == impl && r.Workers == workers {
+			rs = append(rs, r)
+		}
+	}
+	return rs
+}
+
+// find returns the median round of impl in scenario at workers (by ops/s),
+// with the statements and WAL of its measuring point.
+func (b *bench) find(scenario, impl string, workers int) (result, bool) {
+	rs := b.rounds(scenario, impl, workers)
+	if len(rs) == 0 {
+		return result{}, false
+	}
+	sorted := slices.Clone(rs)
+	slices.SortFunc(sorted, func(x, y result) int { return cmp.Compare(x.OpsPerSec, y.OpsPerSec) })
+	med := sorted[(len(sorted)-1)/2]
+	med.WALSyncOp, med.WALRecOp = -1, -1
+	for _, w := range b.walPoints {
+		if w.Scenario == scenario && w.Impl == impl && w.Workers == workers {
+			med.StmtPerOp, med.WALSyncOp, med.WALRecOp = w.StmtPerOp, w.WALSyncOp, w.WALRecOp
+		}
+	}
+	var ops, acquired, errs int64
+	for _, r := range rs {
+		ops, acquired, errs = ops+r.Ops, acquired+r.Acquired, errs+r.Errors
+		if med.Note == "" {
+			med.Note = r.Note
+		}
+	}
+	med.Errors = errs
+	if scenario == contendedScenario {
+		med.Note = fmt.Sprintf("%d of %d attempts acquired. %s", acquired, ops, med.Note)
+	}
+	return med, true
+}
+
+// overlaps returns the overlapping holders seen, by implementation.
+func (b *bench) overlaps() map[string]int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return maps.Clone(b.overlapCount)
+}
+
+// ratio is the median over the rounds of a's ops/s over c's in the same
+// round, run back to back.
+func (b *bench) ratio(scenario, a, c string, workers int) float64 {
+	x, y := b.rounds(scenario, a, workers), b.rounds(scenario, c, workers)
+	var rs []float64
+	for i := range min(len(x), len(y)) {
+		if y[i].OpsPerSec > 0 {
+			rs = append(rs, x[i].OpsPerSec/y[i].OpsPerSec)
+		}
+	}
+	if len(rs) == 0 {
+		return 0
+	}
+	slices.Sort(rs)
+	return rs[(len(rs)-1)/2]
+}
+
+// target is one of issue 4's targets, with what the run measured.
+type target struct {
+	name, want, got string
+	met             bool
+}
+
+func (b *bench) targets() []target {
+	const me, seed, pgxLock = "gormlease", "seed SQL, raw pgx", "pglock, pgx"
+	var ts []target
+	add := func(name, want string, got float64, format string, met bool) {
+		ts = append(ts, target{name, want, fmt.Sprintf(format, got), met})
+	}
+	r := b.ratio("full job", me, seed, 8)
+	add("full job vs seed SQL on raw pgx, 8 workers", "≥ 1.2×", r, "%.2f×", r >= 1.2)
+	r = b.ratio("full job", me, pgxLock, 8)
+	add("full job vs pglock on pgx, 8 workers", "≥ 2×", r, "%.2f×", r >= 2)
+	if j, ok := b.find("full job", me, 1); ok {
+		add("statements per full job (saver: 1 statement), 1 worker", "≤ 1 + 5", j.StmtPerOp, "%.2f", j.StmtPerOp <= 6)
+		add("WAL flushes (pg_stat_wal wal_sync) per full job, 1 worker, least of 3 points", "≤ 2", j.WALSyncOp, "%.2f", j.WALSyncOp <= 2)
+	}
+	r = b.ratio(contendedScenario, me, seed, 32)
+	add("contended attempts/s vs seed upsert, 32 workers", "≥ 5×", r, "%.2f×", r >= 5)
+	for _, w := range []int{1, 8, 32} {
+		r = b.ratio("acquire+release", me, seed, w)
+		add(fmt.Sprintf("acquire+release vs seed SQL on raw pgx, %d workers", w), "≥ 0.9×", r, "%.2f×", r >= 0.9)
+	}
+	for _, h := range b.hb {
+		if h.Impl != "gormlease, batched" {
+			continue
+		}
+		add(fmt.Sprintf("heartbeat statements/s, %d leases at 1 s", h.Held), "≤ 10", h.StmtPerSec, "%.1f", h.StmtPerSec <= 10)
+		add("oldest lease heartbeat age", "≤ 1.1 s", h.MaxAge, "%.3f s", h.MaxAge >= 0 && h.MaxAge <= 1.1)
+		add("client CPU while holding them", "< 10% of a core", h.CPUCore, "%.1f%%", h.CPUCore < 10)
+		add("leases lost while holding them", "0", float64(h.Lost), "%.0f", h.Lost == 0)
+		add("connections in use, mean over 50 ms samples", "only during beats", h.InUse, "%.2f", h.InUse < 1)
+	}
+	for _, s := range b.sat {
+		if strings.Contains(s.Setup, "WithHeartbeatDB") {
+			add("leases lost with WithHeartbeatDB, saturated main pool", "0", float64(s.Lost), "%.0f", s.Lost == 0)
+		}
+	}
+	overlaps := 0
+	for _, n := range b.overlaps() {
+		if n != 0 {
+			overlaps++
+		}
+	}
+	refusedWrite := true
+	for _, c := range b.checks {
+		if strings.HasPrefix(c, me+": after") {
+			refusedWrite = !strings.Contains(c, "untouched")
+		}
+	}
+	ts = append(ts, target{"a refused acquire leaves the lease row untouched (xmin, xmax)", "yes", map[bool]string{false: "yes", true: "no"}[refusedWrite], !refusedWrite})
+	add("implementations with overlapping holders", "0", float64(overlaps), "%.0f", overlaps == 0)
+	return ts
+}
+
+var implOrder = []string{"gormlease", "seed SQL, raw pgx", "advisory lock", "pglock, lib/pq", "pglock, pgx"}
+
+func report(b *bench, elapsed time.Duration) string {
+	var s strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&s, format, args...) }
+	var version string
+	_ = b.admin.QueryRow(context.Background(), `SELECT current_setting('server_version')`).Scan(&version)
+	p("# Performance\n\n")
+	p("Generated by `cd bench && go run . -out ../docs/performance.md` (%s, %d CPUs, PostgreSQL %s, fsync on; run took %s). ",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), version, elapsed.Round(time.Second))
+	p("Each lock and job point ran every implementation for %v in %d slices, taking turns slice by slice, each slice on a fresh pool, so that neighbours in time share the load of the machine; ops/s, latencies and CPU are those of the median slice, and a ratio is the median of the slices' ratios. Statements and WAL come from one more %v point per implementation, with WAL read once its connections had closed. ", b.o.duration, b.o.rounds, b.o.walDuration)
+	p("Every figure below comes from that one run against one PostgreSQL server, which other processes shared; compare the ratios, not the absolute numbers.\n\n")
+	p("## Targets\n\n| target | wanted | measured | met |\n|---|---|---|---|\n")
+	for _, t := range b.targets() {
+		mark := "yes"
+		if !t.met {
+			mark = "**no**"
+		}
+		p("| %s | %s | %s | %s |\n", t.name, t.want, t.got, mark)
+	}
+
+	table := func(title, scenario string, workers []int) {
+		p("\n## %s\n\n| implementation | workers | ops/s | p50 ms | p99 ms | statements/op | WAL flushes/op | WAL records/op | client CPU µs/op | notes |\n|---|---|---|---|---|---|---|---|---|---|\n", title)
+		for _, w := range workers {
+			for _, name := range implOrder {
+				r, ok := b.find(scenario, name, w)
+				if !ok {
+					continue
+				}
+				stmts := fmt.Sprintf("%.2f", r.StmtPerOp)
+				if r.StmtPerOp < 0 {
+					stmts = "†"
+				}
+				note := r.Note
+				if r.Errors > 0 {
+					note = fmt.Sprintf("%d errors, %s", r.Errors, note)
+				}
+				p("| %s | %d | %.0f | %.2f | %.2f | %s | %.2f | %.2f | %.0f | %s |\n",
+					name, w, r.OpsPerSec, r.P50, r.P99, stmts, r.WALSyncOp, r.WALRecOp, r.CPUPerOp, strings.TrimSpace(note))
+			}
+		}
+	}
+	table("Acquire + release", "acquire+release", []int{1, 8, 32})
+	table("32 workers contending on one target (attempts; each holder sleeps 200 µs)", contendedScenario, []int{32})
+	table("Full job: acquire, fenced commit of a one-row saver, release", "full job", []int{1, 8})
+
+	p("\n## Holding many leases at once (heartbeat every %v, lease timeout %v)\n\n", hbInterval, hbTimeout)
+	p("| implementation | leases held | heartbeat statements/s | all statements/s | renewals/s | missed | oldest heartbeat | client CPU (%% of a core) | connections in use (mean) | samples with a connection in use | lost | notes |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, h := range b.hb {
+		age := "n/a (no timestamp)"
+		if h.MaxAge >= 0 {
+			age = fmt.Sprintf("%.3f s", h.MaxAge)
+		}
+		all := "† " + fmt.Sprintf("%.0f", 2*h.RenewPerSec)
+		if h.AllPerSec >= 0 {
+			all = fmt.Sprintf("%.1f", h.AllPerSec)
+		}
+		p("| %s | %d | %.1f | %s | %.0f | %.1f%% | %s | %.1f%% | %.2f | %.0f%% | %d | %s |\n",
+			h.Impl, h.Held, h.StmtPerSec, all, h.RenewPerSec, h.Missed, age, h.CPUCore, h.InUse, h.InUseIdle, h.Lost, h.Note)
+	}
+
+	p("\n## Work that saturates the main pool (heartbeat 200 ms, lease timeout 1 s; each job's work runs `SELECT pg_sleep(0.25)` on the main pool for 3 s)\n\n")
+	p("| setup | jobs | completed | lease lost |\n|---|---|---|---|\n")
+	for _, r := range b.sat {
+		p("| %s | %d | %d | %d |\n", r.Setup, r.Jobs, r.Completed, r.Lost)
+	}
+
+	p("\n## Safety checks\n\n")
+	overlaps := b.overlaps()
+	for _, name := range implOrder {
+		p("- %s: %d overlapping holders over all contended rounds\n", name, overlaps[name])
+	}
+	for _, c := range b.checks {
+		p("- %s\n", c)
+	}
+	p(`
+## How it is measured
+
+- **Implementations.** *gormlease*: Repository.Acquire/Release for the lock scenarios, Runner.Run for the full job, on gorm with pgx's database/sql driver. *seed SQL, raw pgx*: the design note's statements on a pgx pool (upsert ... WHERE updated_at < now() - timeout; SELECT ... FOR UPDATE, save, COMMIT; DELETE). *advisory lock*: pg_try_advisory_lock / pg_advisory_unlock on a connection pinned while held. *pglock*: cirello.io/pglock v1.16.0 with its defaults (a heartbeat goroutine per lock, whose first beat goes out at once), FailIfLocked, on lib/pq and on pgx's database/sql driver; its full job commits the saver in a plain transaction (pglock has no fenced commit).
+- **Statements per op** are counted on the client, by a pgx tracer on every pool (BEGIN and COMMIT included): pg_stat_statements is installed but not in shared_preload_libraries on the shared server, which must not be restarted. † lib/pq has no tracer; pglock sends the same statements on both drivers (see its pgx row), and each heartbeat is two statements (nextval and UPDATE).
+- **WAL flushes and records** are pg_stat_wal deltas (wal_sync, wal_records) over each point divided by its operations. They are server-wide: other sessions' writes add to them, and group commit lowers them when workers commit together; the 1-worker full job is the clean figure.
+- **Client CPU** is getrusage(RUSAGE_SELF) over each point: the whole benchmark process.
+- **Reading the ratios.** *seed SQL, raw pgx* runs on pgx's native pool, with neither database/sql nor GORM; gormlease pays both on the client, on a machine whose 2 cores the client, the server and other sessions share, so client CPU turns into throughput directly. The seed's refused upserts each lock the row and wait for a WAL flush, so its contended rate follows the disk's flush latency, while a refused gormlease acquire writes nothing and is bound by CPU. pglock's "lock is already released" errors are its own: a release can race with the lock's first heartbeat, and the row then stays locked until the lease duration passes.
+- **Saturated pool.** Each job's work keeps the 4-connection main pool busy with 250 ms queries once all 16 jobs hold their lease; a heartbeat on that pool waits behind them for longer than the 900 ms the lease is trusted without one.
+- **Heartbeats**: after all leases are held and one and a quarter intervals have passed, a window measures the heartbeat statements (tracer), the rows they renewed (command tags; for pglock, the advance of its record-version sequence, one per beat), the oldest heartbeat time in the table every 50 ms, and the pool's connections in use every 50 ms. *missed* is 1 - renewals / (leases / interval).
+`)
+	return s.String()
+}

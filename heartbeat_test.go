@@ -1,0 +1,356 @@
+package gormlease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// heldLeases writes n held lease rows at once, with target IDs that need
+// quoting in an array literal, and returns them as Leases.
+func heldLeases(t *testing.T, db *gorm.DB, n int) []gormlease.Lease {
+	t.Helper()
+	prefix := newTarget(t) + `,"{q}\`
+	leases := make([]gormlease.Lease, n)
+	rows := make([]gormlease.JobLease, n)
+	for i := range leases {
+		leases[i] = gormlease.Lease{TargetID: fmt.Sprintf("%s %d", prefix, i), Token: uuid.New(), Generation: 1}
+		rows[i] = gormlease.JobLease{TargetID: leases[i].TargetID, LeaseToken: leases[i].Token, Generation: 1,
+			Holder: "test", UpdatedAt: time.Now()}
+	}
+	require.NoError(t, db.CreateInBatches(rows, 500).Error)
+	return leases
+}
+
+// count returns the number of statements recorded since the last take.
+func (s *statements) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sql)
+}
+
+// heartbeatStatements returns those of sql that renew leases.
+func heartbeatStatements(sql []string) (n int) {
+	for _, s := range sql {
+		if strings.HasPrefix(strings.TrimSpace(s), "UPDATE job_lease") && strings.Contains(s, "updated_at =") {
+			n++
+		}
+	}
+	return n
+}
+
+// HeartbeatMany renews 1,000 leases a statement and reports exactly the
+// leases that are no longer the caller's: taken over or released, in any
+// chunk.
+func TestRepository_HeartbeatManyReportsExactlyTheLostLeases(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		leases := heldLeases(t, db, 2100)
+		stolen := []int{3, 1000, 2099}
+		for _, i := range stolen {
+			steal(t, s, db, leases[i].TargetID)
+		}
+		repo := newRepository(t, db)
+		require.NoError(t, repo.Release(context.Background(), leases[1500]))
+		age(t, s, db, leases[42].TargetID, time.Minute)
+
+		rec, st := recording(db)
+		lost, err := newRepository(t, rec).HeartbeatMany(context.Background(), leases)
+		require.NoError(t, err)
+		assert.Equal(t, 3, heartbeatStatements(st.take()), "one statement per 1,000 leases")
+		want := map[gormlease.Lease]bool{leases[1500]: true}
+		for _, i := range stolen {
+			want[leases[i]] = true
+		}
+		assert.Equal(t, want, lost)
+		assert.WithinDuration(t, time.Now(), leaseRow(t, db, leases[42].TargetID).UpdatedAt, 30*time.Second,
+			"a renewed lease kept its old heartbeat")
+		for _, i := range stolen {
+			assert.NotEqual(t, leases[i].Token, leaseRow(t, db, leases[i].TargetID).LeaseToken)
+		}
+	})
+}
+
+// HeartbeatMany refuses a bad lease before writing anything.
+func TestRepository_HeartbeatManyBadInput(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		leases := heldLeases(t, db, 2)
+		age(t, s, db, leases[0].TargetID, time.Minute)
+		before := leaseRow(t, db, leases[0].TargetID).UpdatedAt
+		_, err := newRepository(t, db).HeartbeatMany(context.Background(),
+			[]gormlease.Lease{leases[0], {TargetID: leases[1].TargetID}})
+		require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+		assert.Contains(t, err.Error(), "nil token")
+		assert.Equal(t, before, leaseRow(t, db, leases[0].TargetID).UpdatedAt, "a lease was renewed")
+	})
+}
+
+// Runs that hold leases at once share their heartbeats: one statement per
+// interval for all of them, not one per lease. A lease taken over cancels
+// only its own work; the others carry on and save.
+func TestRun_BatchedHeartbeatsCancelOnlyTheLostLease(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		const n, interval = 8, 100 * time.Millisecond
+		rec, st := recording(s.Open(t, nil)) // a pool of its own: no other test's leases
+		r := newRunner(t, rec, fast(interval, 2*time.Second)...)
+		targets := make([]string, n)
+		for i := range targets {
+			targets[i] = newTarget(t)
+		}
+		victim := targets[3]
+
+		var inside sync.WaitGroup
+		inside.Add(n)
+		stolen := make(chan struct{})
+		results := make([]<-chan runResult[string], n)
+		var begun time.Time
+		for i, target := range targets {
+			results[i] = goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+				inside.Done()
+				if target == victim {
+					<-ctx.Done()
+					return "", context.Cause(ctx)
+				}
+				select {
+				case <-stolen: // keep going a few heartbeats after the theft
+					time.Sleep(4 * interval)
+					return "ok", ctx.Err()
+				case <-ctx.Done():
+					return "", context.Cause(ctx)
+				}
+			}, func(*gorm.DB, string) error { return nil })
+		}
+		inside.Wait()
+		st.take()
+		begun = time.Now()
+		steal(t, s, db, victim)
+		close(stolen)
+
+		for i, target := range targets {
+			res := recv(t, results[i], 10*time.Second, "Run "+target)
+			if target == victim {
+				require.ErrorIs(t, res.err, gormlease.ErrLeaseLost)
+				assert.Nil(t, leaseRow(t, db, target).ReleasedAt, "the thief's lease was released")
+				continue
+			}
+			require.NoError(t, res.err, target)
+			assert.NotNil(t, leaseRow(t, db, target).ReleasedAt, target)
+		}
+		beats := heartbeatStatements(st.take())
+		rounds := int(time.Since(begun)/interval) + 2
+		assert.Positive(t, beats)
+		assert.LessOrEqual(t, beats, rounds, "%d heartbeat statements for %d leases in %d intervals", beats, n, rounds)
+	})
+}
+
+// Leases with different heartbeat intervals on one pool are renewed at
+// their own pace, not at the fastest one's.
+func TestRun_HeartbeatGroupsKeepTheirIntervals(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		fastRunner := newRunner(t, db, fast(40*time.Millisecond, 2*time.Second)...)
+		slowRunner := newRunner(t, db, fast(2*time.Second, 5*time.Second)...)
+		fastTarget, slowTarget := newTarget(t), newTarget(t)
+		done := make(chan struct{})
+		hold := func(ctx context.Context) (string, error) {
+			select {
+			case <-done:
+				return "ok", nil
+			case <-ctx.Done():
+				return "", context.Cause(ctx)
+			}
+		}
+		save := func(*gorm.DB, string) error { return nil }
+		fastRes := goRun(context.Background(), fastRunner, fastTarget, hold, save)
+		slowRes := goRun(context.Background(), slowRunner, slowTarget, hold, save)
+		waitFor(t, 5*time.Second, "both leases held", func() bool {
+			return countRows(t, db, &gormlease.JobLease{}, fastTarget) == 1 && countRows(t, db, &gormlease.JobLease{}, slowTarget) == 1
+		})
+		slowFirst := leaseRow(t, db, slowTarget).UpdatedAt
+		fastSeen := map[time.Time]bool{}
+		for begun := time.Now(); time.Since(begun) < 700*time.Millisecond; time.Sleep(10 * time.Millisecond) {
+			fastSeen[leaseRow(t, db, fastTarget).UpdatedAt] = true
+			assert.Equal(t, slowFirst, leaseRow(t, db, slowTarget).UpdatedAt, "the slow lease was renewed at the fast pace")
+		}
+		close(done)
+		require.NoError(t, recv(t, fastRes, 5*time.Second, "fast Run").err)
+		require.NoError(t, recv(t, slowRes, 5*time.Second, "slow Run").err)
+		assert.GreaterOrEqual(t, len(fastSeen), 5, "the fast lease was not renewed at its pace")
+	})
+}
+
+// The heartbeat goroutine of a group starts with its first lease and is
+// gone when Run returns: nothing outlives the Runs, even when they end
+// together, lose their lease, or fail.
+func TestRun_NoHeartbeatGoroutineOutlivesRun(t *testing.T) {
+	// Not parallel: it counts the package's live heartbeat groups.
+	for _, s := range testdb.All(t) {
+		db := s.DB(t)
+		r := newRunner(t, db, fast(20*time.Millisecond, time.Second)...)
+		const n = 30
+		var inside atomic.Int32
+		var wg sync.WaitGroup
+		for i := range n {
+			target := newTarget(t)
+			wg.Go(func() {
+				_, _ = r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
+					inside.Add(1)
+					waitFor(t, 5*time.Second, "all Runs inside", func() bool { return inside.Load() == n })
+					if i == 0 {
+						assert.NotEmpty(t, heartbeatGoroutines(), "the probe sees no heartbeat goroutine while leases are held")
+					}
+					switch i % 3 {
+					case 0:
+						steal(t, s, db, target)
+						<-ctx.Done()
+						return "", context.Cause(ctx)
+					case 1:
+						return "", errors.New("work failed")
+					}
+					time.Sleep(60 * time.Millisecond)
+					return "ok", nil
+				}, func(*gorm.DB, string) error { return nil })
+			})
+		}
+		wg.Wait()
+		assert.Zero(t, gormlease.LiveBeatGroups(), "a heartbeat group outlived its Runs")
+		assert.Empty(t, heartbeatGoroutines(), "a heartbeat goroutine outlived its Run on %s", s.Name)
+	}
+}
+
+// heartbeatGoroutines returns the stacks of the goroutines that run
+// gormlease's heartbeats. (goleak would also see the connections that the
+// pools open meanwhile, which are not leaks.)
+func heartbeatGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var found []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "gormlease.(*beatGroup)") {
+			found = append(found, g)
+		}
+	}
+	return found
+}
+
+// WithHeartbeatDB sends the heartbeats through its own pool, and only them.
+func TestRun_WithHeartbeatDBCarriesTheHeartbeats(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		main, mainSQL := recording(s.Open(t, nil))
+		beats, beatSQL := recording(s.Open(t, nil))
+		r := newRunner(t, main, append(fast(30*time.Millisecond, time.Second), gormlease.WithHeartbeatDB(beats))...)
+		target := newTarget(t)
+		_, err := r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
+			waitFor(t, 5*time.Second, "three heartbeats on the heartbeat pool", func() bool {
+				return beatSQL.count() >= 3
+			})
+			return "ok", nil
+		}, func(*gorm.DB, string) error { return nil })
+		require.NoError(t, err)
+		assert.Zero(t, heartbeatStatements(mainSQL.take()), "a heartbeat went through the main pool")
+		sql := beatSQL.take()
+		assert.Positive(t, heartbeatStatements(sql))
+		for _, stmt := range sql {
+			// Only heartbeats: no acquire, commit or release (MySQL's
+			// heartbeat also reads back what its UPDATE renewed).
+			assert.NotContains(t, stmt, "INSERT", "the heartbeat pool ran an acquire")
+			assert.NotContains(t, stmt, "released_at =", "the heartbeat pool ran a release")
+			assert.NotContains(t, stmt, "job_result", "the heartbeat pool ran a save")
+		}
+	})
+}
+
+// WithHeartbeatDB refuses a nil db and one inside a transaction.
+func TestNewRunner_RejectsBadHeartbeatDB(t *testing.T) {
+	t.Parallel()
+	db := testdb.Postgres(t).DB(t)
+	_, err := gormlease.NewRunner[string](db, gormlease.WithHeartbeatDB(nil))
+	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "WithHeartbeatDB: db is nil")
+
+	tx := db.Begin()
+	require.NoError(t, tx.Error)
+	defer tx.Rollback()
+	_, err = gormlease.NewRunner[string](db, gormlease.WithHeartbeatDB(tx))
+	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "WithHeartbeatDB")
+	assert.Contains(t, err.Error(), "inside a transaction")
+}
+
+// 100 jobs at once progress on a pool of one connection: the work holds no
+// connection, and their heartbeats share one statement per interval, so
+// none waits long enough to lose its lease. With WithHeartbeatDB the
+// heartbeats have a connection of their own too.
+func TestRun_HundredJobsOnOneConnection(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		for _, separate := range []bool{false, true} {
+			name := map[bool]string{false: "SharedPool", true: "WithHeartbeatDB"}[separate]
+			t.Run(name, func(t *testing.T) {
+				const n, interval = 100, 100 * time.Millisecond
+				db := s.Open(t, nil)
+				sqlDB, err := db.DB()
+				require.NoError(t, err)
+				sqlDB.SetMaxOpenConns(1)
+				opts := fast(interval, 3*time.Second)
+				if separate {
+					beats := s.Open(t, nil)
+					beatsSQL, err := beats.DB()
+					require.NoError(t, err)
+					beatsSQL.SetMaxOpenConns(1)
+					opts = append(opts, gormlease.WithHeartbeatDB(beats))
+				}
+				r := newRunner(t, db, opts...)
+				var inside sync.WaitGroup
+				inside.Add(n)
+				results := make([]<-chan runResult[string], n)
+				targets := make([]string, n)
+				for i := range n {
+					targets[i] = newTarget(t)
+					results[i] = goRun(context.Background(), r, targets[i], func(ctx context.Context) (string, error) {
+						inside.Done()
+						inside.Wait()
+						select { // a few heartbeats while all 100 hold their lease
+						case <-time.After(3 * interval):
+							return "done", nil
+						case <-ctx.Done():
+							return "", context.Cause(ctx)
+						}
+					}, gormlease.SaveJSON[string])
+				}
+				for i := range n {
+					require.NoError(t, recv(t, results[i], 30*time.Second, "Run").err)
+				}
+				for _, target := range targets {
+					got, _, err := gormlease.LoadJSON[string](context.Background(), db, target)
+					require.NoError(t, err)
+					assert.Equal(t, "done", got)
+				}
+			})
+		}
+	})
+}
