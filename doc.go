@@ -18,10 +18,13 @@
 //     Otherwise the caller gets ErrLeaseHeld at once, and nothing is written.
 //   - Heartbeat: every interval, one statement stamps the row where both the
 //     target and the token match. Zero rows means the lease was taken over:
-//     the work is cancelled, with ErrLeaseLost as its context.Cause.
-//   - Fenced commit: one transaction locks the row (SELECT ... FOR UPDATE),
-//     compares the token, runs the caller's saver, and releases the lease.
-//     A stale holder's result is discarded: nothing is saved.
+//     the work is cancelled, with ErrLeaseLost as its context.Cause. The
+//     leases held in one process on one pool share a statement per 1,000.
+//   - Fenced commit: one transaction locks the row and compares the token
+//     (SELECT ... FOR UPDATE in CommitIfOwner; in Run, the release statement
+//     itself, which locks and checks in one), runs the caller's saver, and
+//     commits the save and the release together. A stale holder's result is
+//     discarded: nothing is saved.
 //   - Release: marks the row released where the target and token match, so
 //     the target can be acquired at once. The row is kept, so that the
 //     generation keeps growing.
