@@ -237,7 +237,13 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 		// commit, others still see the lease as held.
 		lock := r.lockOwn
 		if release {
-			lock = func(tx *gorm.DB, l Lease) error { return r.release(ctx, tx, l) }
+			lock = func(tx *gorm.DB, l Lease) error {
+				err := r.release(ctx, tx, l)
+				if errors.Is(err, ErrLeaseLost) {
+					return ErrLeaseLost // as lockOwn says it
+				}
+				return err
+			}
 		}
 		if err := lock(tx, l); err != nil {
 			return err
