@@ -3,10 +3,9 @@ package gormlease
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"sync"
 	"time"
-
-	"gorm.io/gorm"
 )
 
 // Heartbeats are batched. Every lease that Runs hold in one process on the
@@ -35,9 +34,21 @@ import (
 // beatKey says which leases may share heartbeat statements: those on the
 // same database, renewed at the same pace, with the same bound on each call.
 type beatKey struct {
-	pool             gorm.ConnPool
+	pool             any // see poolKey
 	interval         time.Duration
 	operationTimeout time.Duration
+}
+
+// poolKey is what identifies repo's connection pool in a beatKey: the pool
+// itself, or, for a pool of a type that cannot be a map key (a struct value
+// holding a slice, say), the repository, whose leases then share heartbeats
+// only among themselves.
+func poolKey(repo *Repository) any {
+	pool := repo.db.ConnPool
+	if t := reflect.TypeOf(pool); t == nil || !t.Comparable() {
+		return repo
+	}
+	return pool
 }
 
 // beatGroups holds the live groups; its mutex also guards every group's
@@ -82,7 +93,7 @@ func startHeartbeat(workCtx context.Context, repo *Repository, cfg config, lease
 			lease.TargetID, trust, ErrLeaseLost))
 	})
 
-	key := beatKey{pool: repo.db.ConnPool, interval: cfg.heartbeatInterval, operationTimeout: cfg.operationTimeout}
+	key := beatKey{pool: poolKey(repo), interval: cfg.heartbeatInterval, operationTimeout: cfg.operationTimeout}
 	beatGroups.Lock()
 	defer beatGroups.Unlock()
 	g := beatGroups.m[key]
