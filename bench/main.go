@@ -36,7 +36,6 @@ type options struct {
 	sections    string
 	out         string
 	jsonOut     string
-	onlyHeavy   bool
 }
 
 func main() {

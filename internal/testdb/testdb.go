@@ -71,7 +71,6 @@ type Server struct {
 
 	open     func(params map[string]string) (*gorm.DB, error)
 	newSpace func(name string) (drop func() error, err error)
-	teardown func() error
 
 	findErr error // why the server could not be found; set before it is shared
 
