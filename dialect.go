@@ -29,6 +29,9 @@ type dialect interface {
 	acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (generation int64, acquired bool, err error)
 	// fenceTxOptions are the options of the fenced commit's transaction.
 	fenceTxOptions() *sql.TxOptions
+	// rebind rewrites the ? placeholders of query as the database's driver
+	// wants them.
+	rebind(query string) string
 }
 
 // batchHeartbeater is a capability that a dialect may have: renewing many
@@ -46,13 +49,10 @@ type leaseKeyOf struct {
 	token    uuid.UUID
 }
 
-// scanRenewed runs query, which returns the target and token of each lease
-// it renewed, and returns those of leases that it renewed.
-func scanRenewed(query *gorm.DB, leases []Lease) (map[Lease]bool, error) {
-	rows, err := query.Rows()
-	if err != nil {
-		return nil, err
-	}
+// scanRenewed reads rows, the target and token of each lease that a
+// heartbeat statement renewed, closes them, and returns those of leases
+// that it renewed.
+func scanRenewed(rows *sql.Rows, leases []Lease) (map[Lease]bool, error) {
 	defer rows.Close()
 	byKey := make(map[leaseKeyOf]Lease, len(leases))
 	for _, l := range leases {
@@ -77,17 +77,6 @@ type acquireArgs struct {
 	token    uuid.UUID
 	holder   string
 	timeout  time.Duration
-}
-
-// scanAcquire runs query, an acquire statement with named args that returns
-// the new generation when it takes the lease, and no row when it does not.
-func scanAcquire(ctx context.Context, db *gorm.DB, query string, args map[string]any) (int64, bool, error) {
-	var generation int64
-	res := db.WithContext(ctx).Raw(query, args).Scan(&generation)
-	if res.Error != nil {
-		return 0, false, res.Error
-	}
-	return generation, res.RowsAffected == 1, nil
 }
 
 // dialectFor picks the dialect for db's gorm dialector.

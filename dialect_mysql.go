@@ -3,7 +3,6 @@ package gormlease
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -125,28 +124,26 @@ VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6), NULL)`
 // the UPDATE looked: the lease was held during this call, and refusing is
 // right.
 func (mysqlDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
-	db = db.WithContext(ctx)
-	res := gorm.WithResult()
-	up := db.Clauses(res).Exec(mysqlTakeOver, a.token, a.holder, a.targetID, a.timeout.Microseconds())
-	if up.Error != nil {
-		return 0, false, fmt.Errorf("take over: %w", up.Error)
+	res, n, err := execSQL(ctx, db, mysqlTakeOver, a.token.String(), a.holder, a.targetID, a.timeout.Microseconds())
+	if err != nil {
+		return 0, false, fmt.Errorf("take over: %w", err)
 	}
-	if up.RowsAffected > 0 {
-		if res.Result == nil {
-			return 0, false, errors.New("take over: no result to read the generation from")
-		}
-		gen, err := res.Result.LastInsertId()
+	if n > 0 {
+		gen, err := res.LastInsertId()
 		if err != nil || gen <= 0 {
 			return 0, false, fmt.Errorf("take over: read generation (insert ID %d): %v", gen, err)
 		}
 		return gen, true, nil
 	}
-	ins := db.Exec(mysqlInsert, a.targetID, a.token, a.holder)
-	if ins.Error != nil {
-		return 0, false, fmt.Errorf("insert: %w", ins.Error)
+	_, n, err = execSQL(ctx, db, mysqlInsert, a.targetID, a.token.String(), a.holder)
+	if err != nil {
+		return 0, false, fmt.Errorf("insert: %w", err)
 	}
-	return 1, ins.RowsAffected == 1, nil
+	return 1, n == 1, nil
 }
+
+// rebind keeps the placeholders: MySQL takes ?.
+func (mysqlDialect) rebind(query string) string { return query }
 
 // fenceTxOptions asks for READ COMMITTED, as on PostgreSQL. InnoDB's locking
 // read sees the latest row at any level, but READ COMMITTED takes no gap
@@ -174,9 +171,12 @@ func (mysqlDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Le
 		args = append(args, l.TargetID, l.Token.String())
 	}
 	join := "job_lease j JOIN (" + b.String() + ") b ON j.target_id = b.t AND j.lease_token = b.k"
-	db = db.WithContext(ctx)
-	if err := db.Exec("UPDATE "+join+" SET j.updated_at = UTC_TIMESTAMP(6) WHERE j.released_at IS NULL", args...).Error; err != nil {
+	if _, _, err := execSQL(ctx, db, "UPDATE "+join+" SET j.updated_at = UTC_TIMESTAMP(6) WHERE j.released_at IS NULL", args...); err != nil {
 		return nil, err
 	}
-	return scanRenewed(db.Raw("SELECT j.target_id, j.lease_token FROM "+join+" WHERE j.released_at IS NULL", args...), leases)
+	rows, err := querySQL(ctx, db, "SELECT j.target_id, j.lease_token FROM "+join+" WHERE j.released_at IS NULL", args...)
+	if err != nil {
+		return nil, err
+	}
+	return scanRenewed(rows, leases)
 }

@@ -3,7 +3,6 @@ package gormlease
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"strings"
 
 	"gorm.io/gorm"
@@ -55,16 +54,16 @@ func (postgresDialect) now() string { return "clock_timestamp()" }
 // reads the row without locking it: when the lease is live, nothing is
 // inserted or locked, so a refused acquire writes nothing. Otherwise the
 // insert goes ahead, and on a conflict the ON CONFLICT ... WHERE re-checks
-// the latest row under its lock before taking it over. Its placeholders are
-// positional (target, token, holder, target, timeout, timeout): gorm's named
-// arguments cost more on the client than the rest of the call.
+// the latest row under its lock before taking it over. Its arguments are
+// the target, the token, the holder and the timeout in seconds; the casts
+// give each the one type that all its uses agree on.
 const postgresAcquire = `
 INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at)
-SELECT ?, CAST(? AS uuid), 1, ?, clock_timestamp(), NULL
+SELECT CAST($1 AS varchar), CAST($2 AS uuid), 1, CAST($3 AS varchar), clock_timestamp(), NULL
 WHERE NOT EXISTS (
 	SELECT 1 FROM job_lease
-	WHERE target_id = ? AND released_at IS NULL
-	  AND updated_at >= clock_timestamp() - make_interval(secs => ?))
+	WHERE target_id = $1 AND released_at IS NULL
+	  AND updated_at >= clock_timestamp() - make_interval(secs => CAST($4 AS double precision)))
 ON CONFLICT (target_id) DO UPDATE SET
 	lease_token = excluded.lease_token,
 	generation  = l.generation + 1,
@@ -72,22 +71,18 @@ ON CONFLICT (target_id) DO UPDATE SET
 	updated_at  = excluded.updated_at,
 	released_at = NULL
 WHERE l.released_at IS NOT NULL
-   OR l.updated_at < clock_timestamp() - make_interval(secs => ?)
+   OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision))
 RETURNING l.generation`
 
 func (postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
 	var generation int64
-	secs := a.timeout.Seconds()
-	err := db.WithContext(ctx).Raw(postgresAcquire,
-		a.targetID, a.token.String(), a.holder, a.targetID, secs, secs).Row().Scan(&generation)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return 0, false, nil
-	case err != nil:
-		return 0, false, err
-	}
-	return generation, true, nil
+	ok, err := queryRowSQL(ctx, db, postgresAcquire,
+		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds()}, &generation)
+	return generation, ok, err
 }
+
+// rebind numbers the placeholders, as PostgreSQL wants them.
+func (postgresDialect) rebind(query string) string { return numbered(query) }
 
 // fenceTxOptions asks for READ COMMITTED whatever the session default: under
 // REPEATABLE READ, a heartbeat committed after the transaction's snapshot
@@ -101,7 +96,7 @@ func (postgresDialect) fenceTxOptions() *sql.TxOptions {
 // prepared plan, is the same whatever their number.
 const postgresHeartbeatBatch = `
 UPDATE job_lease AS l SET updated_at = clock_timestamp()
-FROM unnest(CAST(? AS text[]), CAST(? AS uuid[])) AS b(target_id, lease_token)
+FROM unnest(CAST($1 AS text[]), CAST($2 AS uuid[])) AS b(target_id, lease_token)
 WHERE l.target_id = b.target_id AND l.lease_token = b.lease_token AND l.released_at IS NULL
 RETURNING l.target_id, l.lease_token`
 
@@ -112,7 +107,11 @@ func (postgresDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases [
 		targets[i] = l.TargetID
 		tokens[i] = l.Token.String()
 	}
-	return scanRenewed(db.WithContext(ctx).Raw(postgresHeartbeatBatch, postgresArray(targets), postgresArray(tokens)), leases)
+	rows, err := querySQL(ctx, db, postgresHeartbeatBatch, postgresArray(targets), postgresArray(tokens))
+	if err != nil {
+		return nil, err
+	}
+	return scanRenewed(rows, leases)
 }
 
 // postgresArray writes values as a PostgreSQL array literal, each element

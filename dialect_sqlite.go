@@ -61,11 +61,11 @@ func (sqliteDialect) now() string { return sqliteNow }
 // compared in seconds through julianday().
 const sqliteAcquire = `
 INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at)
-SELECT @target, @token, 1, @holder, ` + sqliteNow + `, NULL
+SELECT ?1, ?2, 1, ?3, ` + sqliteNow + `, NULL
 WHERE NOT EXISTS (
 	SELECT 1 FROM job_lease
-	WHERE target_id = @target AND released_at IS NULL
-	  AND (julianday('now') - julianday(updated_at)) * 86400.0 <= @timeout)
+	WHERE target_id = ?1 AND released_at IS NULL
+	  AND (julianday('now') - julianday(updated_at)) * 86400.0 <= ?4)
 ON CONFLICT (target_id) DO UPDATE SET
 	lease_token = excluded.lease_token,
 	generation  = l.generation + 1,
@@ -73,17 +73,18 @@ ON CONFLICT (target_id) DO UPDATE SET
 	updated_at  = excluded.updated_at,
 	released_at = NULL
 WHERE l.released_at IS NOT NULL
-   OR (julianday('now') - julianday(l.updated_at)) * 86400.0 > @timeout
+   OR (julianday('now') - julianday(l.updated_at)) * 86400.0 > ?4
 RETURNING generation`
 
 func (sqliteDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
-	return scanAcquire(ctx, db, sqliteAcquire, map[string]any{
-		"target":  a.targetID,
-		"token":   a.token.String(), // stored as text
-		"holder":  a.holder,
-		"timeout": a.timeout.Seconds(),
-	})
+	var generation int64
+	ok, err := queryRowSQL(ctx, db, sqliteAcquire,
+		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds()}, &generation) // the token as text
+	return generation, ok, err
 }
+
+// rebind keeps the placeholders: SQLite takes ?.
+func (sqliteDialect) rebind(query string) string { return query }
 
 // fenceTxOptions asks for a serializable transaction, which the ncruces
 // driver always begins with BEGIN IMMEDIATE, whatever the DSN's _txlock: the
@@ -139,5 +140,9 @@ func (sqliteDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []L
 	if err != nil {
 		return nil, err
 	}
-	return scanRenewed(db.WithContext(ctx).Raw(sqliteHeartbeatBatch, string(data)), leases)
+	rows, err := querySQL(ctx, db, sqliteHeartbeatBatch, string(data))
+	if err != nil {
+		return nil, err
+	}
+	return scanRenewed(rows, leases)
 }

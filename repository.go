@@ -45,6 +45,9 @@ type Repository struct {
 	db      *gorm.DB
 	dialect dialect
 	holder  string
+	// renewSQL and releaseSQL are the statements that stamp the caller's
+	// own row, in the dialect's placeholders.
+	renewSQL, releaseSQL string
 }
 
 // NewRepository returns a Repository on db, which must be a *gorm.DB from
@@ -77,7 +80,11 @@ func newRepository(db *gorm.DB, holder string) (*Repository, error) {
 	if err := checkSettings(ctx, d, db); err != nil {
 		return nil, err
 	}
-	return &Repository{db: db, dialect: d, holder: holder}, nil
+	own := func(column string) string {
+		return d.rebind("UPDATE job_lease SET " + column + " = " + d.now() +
+			" WHERE target_id = ? AND lease_token = ? AND released_at IS NULL")
+	}
+	return &Repository{db: db, dialect: d, holder: holder, renewSQL: own("updated_at"), releaseSQL: own("released_at")}, nil
 }
 
 // Acquire takes the lease on targetID in one statement (on MySQL, two for a
@@ -144,11 +151,11 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 	if err := l.check(); err != nil {
 		return err
 	}
-	res := r.updateOwnRow(ctx, r.db, l, "updated_at")
-	if res.Error != nil {
-		return fmt.Errorf("gormlease: heartbeat %q: %w", l.TargetID, res.Error)
+	n, err := r.updateOwnRow(ctx, r.db, l, r.renewSQL)
+	if err != nil {
+		return fmt.Errorf("gormlease: heartbeat %q: %w", l.TargetID, err)
 	}
-	if res.RowsAffected == 0 {
+	if n == 0 {
 		return fmt.Errorf("gormlease: heartbeat %q: %w", l.TargetID, ErrLeaseLost)
 	}
 	return nil
@@ -301,34 +308,31 @@ func (r *Repository) Release(ctx context.Context, l Lease) error {
 }
 
 func (r *Repository) release(ctx context.Context, db *gorm.DB, l Lease) error {
-	res := r.updateOwnRow(ctx, db, l, "released_at")
-	if res.Error != nil {
-		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, res.Error)
+	n, err := r.updateOwnRow(ctx, db, l, r.releaseSQL)
+	if err != nil {
+		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, err)
 	}
-	if res.RowsAffected == 0 {
+	if n == 0 {
 		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, ErrLeaseLost)
 	}
 	return nil
 }
 
-// updateOwnRow stamps column of l's row with the database's time, while l
-// holds it under l's token. Outside a transaction the statement is retried
-// after a serialization failure (see retryStatement); inside one, the
-// failure is the transaction's to handle. It is a plain statement rather
-// than gorm's builder: this is the hot path of every heartbeat and release,
-// and the builder's reflection would cost more than the round trip's own
-// work on the client.
-func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, column string) *gorm.DB {
-	stmt := func() *gorm.DB {
-		return db.WithContext(ctx).Exec("UPDATE job_lease SET "+column+" = "+r.dialect.now()+
-			" WHERE target_id = ? AND lease_token = ? AND released_at IS NULL", l.TargetID, l.Token.String())
+// updateOwnRow runs stmt, r.renewSQL or r.releaseSQL, on l's row: it stamps the
+// row with the database's time while l holds it under l's token, and
+// returns the number of rows it changed. Outside a transaction the
+// statement is retried after a serialization failure (see retryStatement);
+// inside one, the failure is the transaction's to handle.
+func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, stmt string) (n int64, err error) {
+	run := func() error {
+		_, n, err = execSQL(ctx, db, stmt, l.TargetID, l.Token.String())
+		return err
 	}
 	if _, inTx := db.Statement.ConnPool.(gorm.TxCommitter); inTx {
-		return stmt()
+		return n, run()
 	}
-	var res *gorm.DB
-	_ = retryStatement(ctx, func() error { res = stmt(); return res.Error })
-	return res
+	err = retryStatement(ctx, run)
+	return n, err
 }
 
 // Get returns the lease row of targetID, and false when the target has never
