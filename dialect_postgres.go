@@ -3,6 +3,7 @@ package gormlease
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"strings"
 
 	"gorm.io/gorm"
@@ -84,6 +85,65 @@ func (postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) 
 // rebind numbers the placeholders, as PostgreSQL wants them.
 func (postgresDialect) rebind(query string) string { return numbered(query) }
 
+// beginLocked begins the fenced transaction at READ COMMITTED (see
+// fenceTxOptions) and locks the lease row in the same query: with release,
+// the release's UPDATE; without, a locking read. pgx (and lib/pq) send a
+// query without arguments as a simple query, which may hold several
+// statements; its rows affected are the last statement's. The target is an
+// escape string literal (postgresLiteral), the token a UUID's text.
+func (postgresDialect) beginLocked(l Lease, release bool) string {
+	var b strings.Builder
+	b.WriteString("BEGIN ISOLATION LEVEL READ COMMITTED; ")
+	if release {
+		b.WriteString("UPDATE job_lease SET released_at = clock_timestamp()")
+	} else {
+		b.WriteString("SELECT 1 FROM job_lease")
+	}
+	b.WriteString(" WHERE target_id = ")
+	b.WriteString(postgresLiteral(l.TargetID))
+	b.WriteString(" AND lease_token = '")
+	b.WriteString(l.Token.String())
+	b.WriteString("' AND released_at IS NULL")
+	if !release {
+		b.WriteString(" FOR UPDATE")
+	}
+	return b.String()
+}
+
+// postgresLiteral writes s, valid UTF-8 without NUL (as checkTargetID
+// makes sure), as an escape string literal: E'...' with backslashes and
+// quotes escaped. An escape string reads the same whatever
+// standard_conforming_strings says, and in UTF-8, the client encoding of
+// pgx and lib/pq, neither byte occurs inside a multi-byte character.
+func postgresLiteral(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 4)
+	b.WriteString("E")
+	writeQuoted(&b, s, '\'')
+	return b.String()
+}
+
+// writeQuoted writes s to b between quote characters, with each backslash
+// and quote character in s escaped by a backslash.
+func writeQuoted(b *strings.Builder, s string, quote byte) {
+	b.WriteByte(quote)
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' || s[i] == quote {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	b.WriteByte(quote)
+}
+
+// refusesQueries reports whether err is the server refusing several
+// statements in one prepared statement: the driver sends queries without
+// arguments through the extended protocol.
+func (postgresDialect) refusesQueries(err error) bool {
+	var st sqlStater
+	return errors.As(err, &st) && st.SQLState() == "42601" && strings.Contains(err.Error(), "multiple commands")
+}
+
 // fenceTxOptions asks for READ COMMITTED whatever the session default: under
 // REPEATABLE READ, a heartbeat committed after the transaction's snapshot
 // makes the locking read fail with a serialization error (40001).
@@ -123,14 +183,7 @@ func postgresArray(values []string) string {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteByte('"')
-		for j := 0; j < len(v); j++ {
-			if v[j] == '\\' || v[j] == '"' {
-				b.WriteByte('\\')
-			}
-			b.WriteByte(v[j])
-		}
-		b.WriteByte('"')
+		writeQuoted(&b, v, '"')
 	}
 	b.WriteByte('}')
 	return b.String()

@@ -10,3 +10,11 @@ func LiveBeatGroups() int {
 	defer beatGroups.Unlock()
 	return len(beatGroups.m)
 }
+
+// CommitThroughGorm makes r run its fenced commits in gorm's transaction,
+// as it does once the driver has refused to send BEGIN and the locking
+// statement as one query.
+func CommitThroughGorm(r *Repository) { r.oneTripRefused.Store(true) }
+
+// RefusesQueries is the PostgreSQL dialect's test for that refusal.
+var RefusesQueries = postgresDialect{}.refusesQueries

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -48,6 +49,9 @@ type Repository struct {
 	// renewSQL and releaseSQL are the statements that stamp the caller's
 	// own row, in the dialect's placeholders.
 	renewSQL, releaseSQL string
+	// oneTripRefused is set once the driver refused to begin the fenced
+	// transaction and lock the row in one query (see lockingBeginner).
+	oneTripRefused atomic.Bool
 }
 
 // NewRepository returns a Repository on db, which must be a *gorm.DB from
@@ -237,6 +241,11 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 		return invalidf("commit function is nil")
 	}
 	ctx = withLease(ctx, l)
+	if b, ok := r.dialect.(lockingBeginner); ok && !r.oneTripRefused.Load() {
+		if handled, err := r.commitOnConn(ctx, b, l, fn, release); handled {
+			return err
+		}
+	}
 	committing := false
 	err := r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Releasing first locks the row and checks the token just as the
@@ -255,7 +264,7 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 		if err := lock(tx, l); err != nil {
 			return err
 		}
-		if err := fn(tx); err != nil {
+		if err := fn(saverSession(ctx, tx, tx.Statement.ConnPool)); err != nil {
 			return fmt.Errorf("gormlease: save %q: %w", l.TargetID, err)
 		}
 		committing = true // gorm sends COMMIT next

@@ -42,6 +42,11 @@ func execSQL(ctx context.Context, db *gorm.DB, query string, args ...any) (sql.R
 	if err != nil {
 		return nil, 0, err
 	}
+	return execOn(ctx, db, pool, query, args...)
+}
+
+// execOn is execSQL on pool, reported to db's logger.
+func execOn(ctx context.Context, db *gorm.DB, pool gorm.ConnPool, query string, args ...any) (sql.Result, int64, error) {
 	begin := time.Now()
 	res, err := pool.ExecContext(ctx, query, args...)
 	rows := int64(-1)

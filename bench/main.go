@@ -28,6 +28,7 @@ type options struct {
 	dsn         string
 	schema      string
 	duration    time.Duration
+	warmup      time.Duration
 	walDuration time.Duration
 	leases      int
 	hbWindow    time.Duration
@@ -43,6 +44,7 @@ func main() {
 	flag.StringVar(&o.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL URL (127.0.0.1 only)")
 	flag.StringVar(&o.schema, "schema", "gormlease_bench", "schema the benchmark creates and drops")
 	flag.DurationVar(&o.duration, "duration", time.Second, "time each implementation runs at each lock and job point, cut in -rounds slices")
+	flag.DurationVar(&o.warmup, "warmup", 100*time.Millisecond, "time each point runs before it starts counting, so that it measures warm pools and server caches")
 	flag.DurationVar(&o.walDuration, "wal-duration", 300*time.Millisecond, "duration of each point that counts statements and WAL")
 	flag.IntVar(&o.leases, "leases", 10000, "leases held at once in the heartbeat scenario")
 	flag.DurationVar(&o.hbWindow, "hb-window", 4*time.Second, "measuring window of the heartbeat scenario")
@@ -199,9 +201,11 @@ type spec struct {
 // 15 reports a busy backend's WAL statistics at most once a second, and all
 // of them at exit); other sessions' writes add to it.
 func (b *bench) point(ctx context.Context, sp spec, mk maker, dur time.Duration, wal bool) result {
+	// The backends of the last point's pool exit after it closes: wait, so
+	// that this point does not share the machine with their exits.
+	b.settle(ctx)
 	var wal0 walStats
 	if wal {
-		b.settle(ctx)
 		wal0 = readWAL(ctx, b.admin)
 	}
 	im, err := mk()
@@ -212,7 +216,13 @@ func (b *bench) point(ctx context.Context, sp spec, mk maker, dur time.Duration,
 		im.close()
 		return result{Section: sp.section, Scenario: sp.scenario, Impl: im.name, Workers: sp.workers, Note: "connect: " + err.Error()}
 	}
-	r := b.measure(ctx, sp, im, dur)
+	// WAL statistics cannot be split at the warm-up's end, since busy
+	// backends report them late: WAL points count every operation.
+	warmup := b.o.warmup
+	if wal {
+		warmup = 0
+	}
+	r := b.measure(ctx, sp, im, warmup, dur)
 	im.close()
 	r.WALSyncOp, r.WALRecOp = -1, -1
 	if wal {
@@ -250,26 +260,28 @@ func (b *bench) createTables(ctx context.Context, name string) error {
 // maker opens an implementation.
 type maker func() (*impl, error)
 
-func (b *bench) measure(ctx context.Context, sp spec, im *impl, dur time.Duration) result {
+func (b *bench) measure(ctx context.Context, sp spec, im *impl, warmup, dur time.Duration) result {
 	workers, fn := sp.workers, sp.fn(im)
 	lat := &latencies{}
 	var ops, acquired, errs atomic.Int64
 	var firstErr atomic.Value
-	var stmts0 int64
-	if im.stmts != nil {
-		stmts0 = im.stmts.statements.Load()
-	}
-	cpu0 := cpuTime()
-	start := time.Now()
+	// The workers run for the warm-up first, uncounted: a fresh pool's
+	// connections prepare their statements, and their backends load their
+	// caches, on their first operations.
+	start := time.Now().Add(warmup)
 	deadline := start.Add(dur)
 	perWorker := max(1, b.o.maxOps/workers)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
 			own := make([]time.Duration, 0, 1024)
-			for i := 0; i < perWorker && time.Now().Before(deadline) && ctx.Err() == nil; i++ {
+			for i, counted := 0, 0; counted < perWorker && time.Now().Before(deadline) && ctx.Err() == nil; i++ {
 				t := time.Now()
 				ok, err := fn(ctx, w, i)
+				if t.Before(start) {
+					continue
+				}
+				counted++
 				own = append(own, time.Since(t))
 				ops.Add(1)
 				if ok {
@@ -283,6 +295,12 @@ func (b *bench) measure(ctx context.Context, sp spec, im *impl, dur time.Duratio
 			lat.add(own)
 		})
 	}
+	time.Sleep(time.Until(start))
+	var stmts0 int64
+	if im.stmts != nil {
+		stmts0 = im.stmts.statements.Load()
+	}
+	cpu0 := cpuTime()
 	wg.Wait()
 	elapsed := time.Since(start)
 	cpu := cpuTime() - cpu0

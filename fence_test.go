@@ -1,0 +1,300 @@
+package gormlease_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// commitPaths runs fn on each way a Repository can run its fenced commit:
+// on PostgreSQL, BEGIN and the locking statement in one query, and gorm's
+// transaction, which PostgreSQL falls back to and the other databases use.
+func commitPaths(t *testing.T, fn func(t *testing.T, s *testdb.Server, db *gorm.DB, setup func(*gormlease.Repository))) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		t.Run("default", func(t *testing.T) { fn(t, s, db, func(*gormlease.Repository) {}) })
+		if s.Name == "postgres" {
+			t.Run("gorm", func(t *testing.T) { fn(t, s, db, gormlease.CommitThroughGorm) })
+		}
+	})
+}
+
+// trickyTargets are target IDs that an SQL literal must escape, or that
+// differ from another only in what escaping could confuse.
+var trickyTargets = []string{
+	`it's`, `back\slash`, `trailing\`, `\'`, `''`, `E'x'`, `"quoted"`,
+	`x'; UPDATE job_lease SET released_at = NULL; --`, "line\nbreak", "tab\tand ünïcödé ✓",
+	`$$dollar$$`, `?`, `$1`, "  spaces  ",
+}
+
+// The fenced commit locks exactly its own target's row, whatever characters
+// the target holds: a lease lost on such a target saves nothing, and one
+// still held saves and releases.
+func TestCommit_TargetsThatNeedEscaping(t *testing.T) {
+	t.Parallel()
+	commitPaths(t, func(t *testing.T, s *testdb.Server, db *gorm.DB, setup func(*gormlease.Repository)) {
+		r := newRunner(t, db)
+		setup(r.Repository())
+		repo := r.Repository()
+		ctx := context.Background()
+		suffix := "#" + newTarget(t)
+		for _, base := range trickyTargets {
+			target := base + suffix
+			_, err := r.Run(ctx, target, func(context.Context) (string, error) { return target, nil },
+				gormlease.SaveJSON[string])
+			require.NoError(t, err, "%q", target)
+			saved, _, err := gormlease.LoadJSON[string](ctx, db, target)
+			require.NoError(t, err, "%q", target)
+			assert.Equal(t, target, saved)
+			assert.NotNil(t, leaseRow(t, db, target).ReleasedAt, "%q: not released", target)
+
+			l, err := repo.Acquire(ctx, target, time.Minute)
+			require.NoError(t, err)
+			steal(t, s, db, target)
+			err = repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error {
+				t.Errorf("%q: saver called after the lease was lost", target)
+				return nil
+			})
+			require.ErrorIs(t, err, gormlease.ErrLeaseLost, "%q", target)
+		}
+	})
+}
+
+// The saver's session cannot end the fenced transaction: Commit and
+// Rollback return an error, and nothing it wrote is saved.
+func TestCommit_SaverCannotEndTransaction(t *testing.T) {
+	t.Parallel()
+	commitPaths(t, func(t *testing.T, s *testdb.Server, db *gorm.DB, setup func(*gormlease.Repository)) {
+		repo := newRepository(t, db)
+		setup(repo)
+		ctx := context.Background()
+		for _, end := range []func(*gorm.DB) *gorm.DB{(*gorm.DB).Commit, (*gorm.DB).Rollback} {
+			target := newTarget(t)
+			l, err := repo.Acquire(ctx, target, time.Minute)
+			require.NoError(t, err)
+			err = repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error {
+				if err := gormlease.SaveJSON(tx, "x"); err != nil {
+					return err
+				}
+				return end(tx).Error
+			})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "the saver must not commit or roll back")
+			assert.Zero(t, countRows(t, db, &gormlease.JobResult{}, target), "saved")
+			// The lease is still held, and the row not left locked.
+			require.NoError(t, repo.Release(ctx, l))
+		}
+	})
+}
+
+// A saver may nest transactions: they run as savepoints inside the fenced
+// transaction, and one rolled back undoes only its own writes.
+func TestCommit_SaverNestsTransactions(t *testing.T) {
+	t.Parallel()
+	commitPaths(t, func(t *testing.T, s *testdb.Server, db *gorm.DB, setup func(*gormlease.Repository)) {
+		repo := newRepository(t, db)
+		setup(repo)
+		ctx := context.Background()
+		kept, undone := newTarget(t), newTarget(t)
+		l, err := repo.Acquire(ctx, kept, time.Minute)
+		require.NoError(t, err)
+		errUndo := errors.New("undo")
+		require.NoError(t, repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error {
+			if err := tx.Transaction(func(tx *gorm.DB) error { return gormlease.SaveJSON(tx, "kept") }); err != nil {
+				return err
+			}
+			err := tx.Transaction(func(tx *gorm.DB) error {
+				if err := tx.Create(&gormlease.JobResult{TargetID: undone, Data: []byte(`"undone"`),
+					Generation: 1, UpdatedAt: time.Now()}).Error; err != nil {
+					return err
+				}
+				return errUndo
+			})
+			if !errors.Is(err, errUndo) {
+				return err
+			}
+			return nil
+		}))
+		assert.EqualValues(t, 1, countRows(t, db, &gormlease.JobResult{}, kept), "the kept savepoint")
+		assert.Zero(t, countRows(t, db, &gormlease.JobResult{}, undone), "the rolled back savepoint")
+	})
+}
+
+// postgresPaths runs fn on PostgreSQL, once on each commit path.
+func postgresPaths(t *testing.T, fn func(t *testing.T, db *gorm.DB, setup func(*gormlease.Repository))) {
+	db := testdb.Postgres(t).DB(t)
+	t.Run("default", func(t *testing.T) { t.Parallel(); fn(t, db, func(*gormlease.Repository) {}) })
+	t.Run("gorm", func(t *testing.T) { t.Parallel(); fn(t, db, gormlease.CommitThroughGorm) })
+}
+
+// On PostgreSQL a failed statement aborts the transaction: a saver that
+// ignores the error and returns nil saves nothing, and is told so.
+func TestCommit_AbortedTransactionSavesNothing(t *testing.T) {
+	t.Parallel()
+	postgresPaths(t, func(t *testing.T, db *gorm.DB, setup func(*gormlease.Repository)) {
+		repo := newRepository(t, db)
+		setup(repo)
+		ctx := context.Background()
+		target := newTarget(t)
+		l, err := repo.Acquire(ctx, target, time.Minute)
+		require.NoError(t, err)
+		err = repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error {
+			require.NoError(t, gormlease.SaveJSON(tx, "x"))
+			_ = tx.Exec("SELECT 1/0").Error // ignored
+			return nil
+		})
+		require.Error(t, err)
+		assert.Zero(t, countRows(t, db, &gormlease.JobResult{}, target), "saved")
+		require.NoError(t, repo.Release(ctx, l), "the lease is still held")
+	})
+}
+
+// On PostgreSQL the fenced commit sends BEGIN and its locking statement as
+// one query, and falls back to gorm's transaction, BEGIN alone, when the
+// driver refused that once.
+func TestCommit_PostgresBeginsAndLocksInOneQuery(t *testing.T) {
+	t.Parallel()
+	postgresPaths(t, func(t *testing.T, db *gorm.DB, setup func(*gormlease.Repository)) {
+		rec, st := recording(db)
+		r := newRunner(t, rec)
+		setup(r.Repository())
+		ctx := context.Background()
+		oneQuery := strings.HasSuffix(t.Name(), "/default")
+
+		// CommitIfOwner: a locking read.
+		target := newTarget(t)
+		l, err := r.Repository().Acquire(ctx, target, time.Minute)
+		require.NoError(t, err)
+		st.take()
+		require.NoError(t, r.Repository().CommitIfOwner(ctx, l, func(tx *gorm.DB) error { return nil }))
+		sql := st.take()
+		require.Len(t, sql, 1, "lock")
+		assert.Contains(t, sql[0], "FOR UPDATE")
+		assert.Equal(t, oneQuery, strings.HasPrefix(sql[0], "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT "), "%s", sql[0])
+		require.NoError(t, r.Repository().Release(ctx, l))
+
+		// Run: the release locks the row.
+		st.take()
+		_, err = r.Run(ctx, newTarget(t), func(context.Context) (string, error) { return "x", nil },
+			gormlease.SaveJSON[string])
+		require.NoError(t, err)
+		sql = st.take()
+		require.Len(t, sql, 3, "acquire, lock, save")
+		assert.Contains(t, sql[1], "UPDATE job_lease SET released_at")
+		assert.Equal(t, oneQuery, strings.HasPrefix(sql[1], "BEGIN ISOLATION LEVEL READ COMMITTED; UPDATE "), "%s", sql[1])
+	})
+}
+
+// Every way out of the fenced commit gives its connection back, outside a
+// transaction: no connection stays checked out, and none idles in a
+// transaction on the server.
+func TestCommit_ReturnsConnectionOutsideTransaction(t *testing.T) {
+	t.Parallel()
+	commitPaths(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB, setup func(*gormlease.Repository)) {
+		app := "commit-conns-" + uuid.NewString()[:8]
+		var params map[string]string
+		if s.Name == "postgres" {
+			params = map[string]string{"application_name": app}
+		}
+		db := s.Open(t, params)
+		repo := newRepository(t, db)
+		setup(repo)
+		ctx := context.Background()
+		saveErr := errors.New("saver failed")
+		outcomes := []struct {
+			name  string
+			steal bool
+			fn    func(tx *gorm.DB) error
+			ok    bool
+		}{
+			{"saved", false, func(tx *gorm.DB) error { return gormlease.SaveJSON(tx, 1) }, true},
+			{"lost", true, func(tx *gorm.DB) error { return nil }, false},
+			{"saver error", false, func(tx *gorm.DB) error { return saveErr }, false},
+			{"cancelled", false, func(tx *gorm.DB) error {
+				cctx, cancel := context.WithCancel(tx.Statement.Context)
+				cancel()
+				return tx.WithContext(cctx).Exec("SELECT 1").Error
+			}, false},
+		}
+		for _, o := range outcomes {
+			target := newTarget(t)
+			l, err := repo.Acquire(ctx, target, time.Minute)
+			require.NoError(t, err)
+			if o.steal {
+				steal(t, s, db, target)
+			}
+			err = repo.CommitIfOwner(ctx, l, o.fn)
+			assert.Equal(t, o.ok, err == nil, "%s: %v", o.name, err)
+		}
+		sqlDB, err := db.DB()
+		require.NoError(t, err)
+		assert.Zero(t, sqlDB.Stats().InUse, "connections still checked out")
+		if s.Name != "postgres" {
+			return // the server's view of other sessions' transactions is PostgreSQL's
+		}
+		waitFor(t, 5*time.Second, "no session of the pool idle in a transaction", func() bool {
+			var inTx int64
+			require.NoError(t, db.Raw(`SELECT count(*) FROM pg_stat_activity
+WHERE application_name = ? AND state LIKE 'idle in transaction%'`, app).Scan(&inTx).Error)
+			return inTx == 0
+		})
+	})
+}
+
+// A driver that sends queries without arguments as prepared statements
+// makes the server refuse BEGIN and the lock as one query; the refusal is
+// recognised, so that the commit goes through gorm's transaction instead.
+func TestCommit_RecognisesRefusedQueries(t *testing.T) {
+	t.Parallel()
+	db := testdb.Postgres(t).DB(t)
+	// An argument makes pgx prepare the query, as such a driver would.
+	err := db.Exec("SELECT 1; SELECT ?", 2).Error
+	require.Error(t, err)
+	assert.True(t, gormlease.RefusesQueries(err), "not recognised: %v", err)
+	assert.False(t, gormlease.RefusesQueries(db.Exec("SELEC 1").Error), "a syntax error taken for the refusal")
+	assert.False(t, gormlease.RefusesQueries(errors.New("multiple commands")), "an error without an SQLSTATE")
+}
+
+// countingPool is a caller's own gorm.ConnPool around a pool: it counts the
+// transactions begun through it.
+type countingPool struct {
+	gorm.ConnPool
+	pool  *sql.DB
+	begun atomic.Int32
+}
+
+func (p *countingPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
+	p.begun.Add(1)
+	return p.pool.BeginTx(ctx, opts)
+}
+
+func (p *countingPool) GetDBConn() (*sql.DB, error) { return p.pool, nil }
+
+// A ConnPool of the caller's, such as a wrapper that traces statements, is
+// not bypassed: the fenced commit's transaction begins through it.
+func TestCommit_GoesThroughCallersConnPool(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		sqlDB, err := db.DB()
+		require.NoError(t, err)
+		pool := &countingPool{ConnPool: sqlDB, pool: sqlDB}
+		wrapped := db.Session(&gorm.Session{NewDB: true, Context: context.Background()})
+		wrapped.Statement.ConnPool = pool
+		r := newRunner(t, wrapped)
+		_, err = r.Run(context.Background(), newTarget(t), func(context.Context) (string, error) { return "x", nil },
+			gormlease.SaveJSON[string])
+		require.NoError(t, err)
+		assert.EqualValues(t, 1, pool.begun.Load(), "transactions begun through the caller's pool")
+	})
+}
