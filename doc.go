@@ -24,7 +24,9 @@
 //     (SELECT ... FOR UPDATE in CommitIfOwner; in Run, the release statement
 //     itself, which locks and checks in one), runs the caller's saver, and
 //     commits the save and the release together. A stale holder's result is
-//     discarded: nothing is saved.
+//     discarded: nothing is saved. On PostgreSQL, BEGIN and the locking
+//     statement travel as one query. The saver must not commit or roll back
+//     the transaction itself: its session refuses to.
 //   - Release: marks the row released where the target and token match, so
 //     the target can be acquired at once. The row is kept, so that the
 //     generation keeps growing.

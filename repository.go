@@ -224,6 +224,8 @@ func (r *Repository) heartbeatMany(ctx context.Context, leases []Lease) (map[Lea
 // would take the lease over waits for it to end. The transaction runs at
 // READ COMMITTED. fn must use tx, and not keep it after it returns; when fn
 // returns an error the transaction is rolled back and the error returned.
+// fn may nest transactions on tx, which run as savepoints, but tx refuses
+// to be committed or rolled back by fn: the fenced commit ends it.
 // The context of tx carries l (see LeaseFromContext), so SaveJSON works as fn.
 // When the connection fails while COMMIT is in flight, CommitIfOwner returns
 // an error wrapping ErrCommitUnknown: fn's writes may or may not be saved.
