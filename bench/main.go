@@ -245,7 +245,10 @@ func (b *bench) createTables(ctx context.Context, name string) error {
 			return err
 		}
 		defer sqlDB.Close()
-		return autoMigrate(ctx, db)
+		if err := autoMigrate(ctx, db); err != nil {
+			return err
+		}
+		return db.Exec(rawTable).Error
 	case "pglock, lib/pq":
 		_, client, db, err := newPglock(b.dsn, 1, false, 0)
 		if err != nil {
@@ -333,6 +336,7 @@ func (b *bench) lockScenarios(ctx context.Context) error {
 	makers := []maker{
 		func() (*impl, error) { return newGormlease(b.dsn, conns) },
 		func() (*impl, error) { return newSeed(ctx, b.dsn, conns) },
+		func() (*impl, error) { return newRawLease(ctx, b.dsn, conns) },
 		func() (*impl, error) { return newAdvisory(ctx, b.dsn, conns) },
 		func() (*impl, error) { im, _, _, err := newPglock(b.dsn, conns, false, 0); return im, err },
 		func() (*impl, error) { im, _, _, err := newPglock(b.dsn, conns, true, 0); return im, err },

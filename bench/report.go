@@ -80,16 +80,24 @@ func (b *bench) ratio(scenario, a, c string, workers int) float64 {
 type target struct {
 	name, want, got string
 	met             bool
+	// reference marks a row that is no target, shown beside one to read it.
+	reference bool
 }
 
 func (b *bench) targets() []target {
 	const me, seed, pgxLock = "gormlease", "seed SQL, raw pgx", "pglock, pgx"
 	var ts []target
 	add := func(name, want string, got float64, format string, met bool) {
-		ts = append(ts, target{name, want, fmt.Sprintf(format, got), met})
+		ts = append(ts, target{name: name, want: want, got: fmt.Sprintf(format, got), met: met})
+	}
+	reference := func(name string, got float64) {
+		ts = append(ts, target{name: name, want: "(reference)", got: fmt.Sprintf("%.2f×", got), reference: true})
 	}
 	r := b.ratio("full job", me, seed, 8)
 	add("full job vs seed SQL on raw pgx, 8 workers", "≥ 1.2×", r, "%.2f×", r >= 1.2)
+	reference("full job, gormlease's SQL on raw pgx (no GORM, no database/sql) vs seed SQL on raw pgx, 8 workers",
+		b.ratio("full job", rawName, seed, 8))
+	reference("full job vs seed SQL on raw pgx, 1 worker", b.ratio("full job", me, seed, 1))
 	r = b.ratio("full job", me, pgxLock, 8)
 	add("full job vs pglock on pgx, 8 workers", "≥ 2×", r, "%.2f×", r >= 2)
 	if j, ok := b.find("full job", me, 1); ok {
@@ -129,12 +137,12 @@ func (b *bench) targets() []target {
 			refusedWrite = !strings.Contains(c, "untouched")
 		}
 	}
-	ts = append(ts, target{"a refused acquire leaves the lease row untouched (xmin, xmax)", "yes", map[bool]string{false: "yes", true: "no"}[refusedWrite], !refusedWrite})
+	ts = append(ts, target{name: "a refused acquire leaves the lease row untouched (xmin, xmax)", want: "yes", got: map[bool]string{false: "yes", true: "no"}[refusedWrite], met: !refusedWrite})
 	add("implementations with overlapping holders", "0", float64(overlaps), "%.0f", overlaps == 0)
 	return ts
 }
 
-var implOrder = []string{"gormlease", "seed SQL, raw pgx", "advisory lock", "pglock, lib/pq", "pglock, pgx"}
+var implOrder = []string{"gormlease", rawName, "seed SQL, raw pgx", "advisory lock", "pglock, lib/pq", "pglock, pgx"}
 
 func report(b *bench, elapsed time.Duration) string {
 	var s strings.Builder
@@ -149,7 +157,10 @@ func report(b *bench, elapsed time.Duration) string {
 	p("## Targets\n\n| target | wanted | measured | met |\n|---|---|---|---|\n")
 	for _, t := range b.targets() {
 		mark := "yes"
-		if !t.met {
+		switch {
+		case t.reference:
+			mark = ""
+		case !t.met:
 			mark = "**no**"
 		}
 		p("| %s | %s | %s | %s |\n", t.name, t.want, t.got, mark)
@@ -212,11 +223,11 @@ func report(b *bench, elapsed time.Duration) string {
 	p(`
 ## How it is measured
 
-- **Implementations.** *gormlease*: Repository.Acquire/Release for the lock scenarios, Runner.Run for the full job, on gorm with pgx's database/sql driver. *seed SQL, raw pgx*: the design note's statements on a pgx pool (upsert ... WHERE updated_at < now() - timeout; SELECT ... FOR UPDATE, save, COMMIT; DELETE). *advisory lock*: pg_try_advisory_lock / pg_advisory_unlock on a connection pinned while held. *pglock*: cirello.io/pglock v1.16.0 with its defaults (a heartbeat goroutine per lock, whose first beat goes out at once), FailIfLocked, on lib/pq and on pgx's database/sql driver; its full job commits the saver in a plain transaction (pglock has no fenced commit).
+- **Implementations.** *gormlease*: Repository.Acquire/Release for the lock scenarios, Runner.Run for the full job, on gorm with pgx's database/sql driver. *gormlease SQL, raw pgx*: a reference, not an alternative: gormlease's PostgreSQL statements (the acquire; the fenced commit as BEGIN, the release's UPDATE as the locking statement, the saver, COMMIT, each prepared) on a pgx pool, without GORM or database/sql, on a table of its own; it tells what the design costs apart from the stack it runs on. *seed SQL, raw pgx*: the design note's statements on a pgx pool (upsert ... WHERE updated_at < now() - timeout; SELECT ... FOR UPDATE, save, COMMIT; DELETE). *advisory lock*: pg_try_advisory_lock / pg_advisory_unlock on a connection pinned while held. *pglock*: cirello.io/pglock v1.16.0 with its defaults (a heartbeat goroutine per lock, whose first beat goes out at once), FailIfLocked, on lib/pq and on pgx's database/sql driver; its full job commits the saver in a plain transaction (pglock has no fenced commit).
 - **Statements per op** are queries, that is round trips, counted on the client by a pgx tracer on every pool (BEGIN and COMMIT included). gormlease's fenced commit on PostgreSQL sends BEGIN and its locking UPDATE as one query, and ends with one query that checks the transaction was not aborted and commits (SELECT 1; COMMIT): its full job is 4 queries holding 6 statements, the saver's included. pg_stat_statements is installed but not in shared_preload_libraries on the shared server, which must not be restarted. † lib/pq has no tracer; pglock sends the same statements on both drivers (see its pgx row), and each heartbeat is two statements (nextval and UPDATE).
 - **WAL flushes and records** are pg_stat_wal deltas (wal_sync, wal_records) over each point divided by its operations. They are server-wide: other sessions' writes add to them, and group commit lowers them when workers commit together; the 1-worker full job is the clean figure.
 - **Client CPU** is getrusage(RUSAGE_SELF) over each point: the whole benchmark process.
-- **Reading the ratios.** *seed SQL, raw pgx* runs on pgx's native pool, with neither database/sql nor GORM. gormlease sends its own statements straight to the pool under the *gorm.DB (docs/design.md says why), so GORM costs it client CPU only for the saver's statement, and its client CPU per operation is close to the seed's or below. The machine's 2 cores are shared by the client, the server and other sessions: with 8 workers a full job is bound by CPU, and group commit folds the workers' WAL flushes together, so the seed's third write and two extra round trips cost it less there than with 1 worker, where flushes and round trips set the pace. The seed's refused upserts each lock the row and wait for a WAL flush, so its contended rate follows the disk's flush latency, while a refused gormlease acquire writes nothing and is bound by CPU. pglock's "lock is already released" errors are its own: a release can race with the lock's first heartbeat, and the row then stays locked until the lease duration passes.
+- **Reading the ratios.** *seed SQL, raw pgx* runs on pgx's native pool, with neither database/sql nor GORM. gormlease sends its own statements straight to the pool under the *gorm.DB (docs/design.md says why), so GORM costs it client CPU only for the saver's statement, and its client CPU per operation is close to the seed's or below. The machine's 2 cores are shared by the client, the server and other sessions: with 8 workers a full job is bound by CPU, and group commit folds the workers' WAL flushes together, so the seed's third write and two extra round trips cost it less there than with 1 worker, where flushes and round trips set the pace. The reference row, *gormlease SQL, raw pgx*, separates the design from its stack: what it cannot reach, GORM and database/sql cannot either, and where gormlease's ratio is below the seed's, compare it with that row first. Its acquire costs the server more than the seed's plain upsert (it re-checks the row under its lock, and a takeover locks then updates the row), and its release is an UPDATE where the seed's is a DELETE. The seed's refused upserts each lock the row and wait for a WAL flush, so its contended rate follows the disk's flush latency, while a refused gormlease acquire writes nothing and is bound by CPU. pglock's "lock is already released" errors are its own: a release can race with the lock's first heartbeat, and the row then stays locked until the lease duration passes.
 - **Saturated pool.** Each job's work keeps the 4-connection main pool busy with 250 ms queries once all 16 jobs hold their lease; a heartbeat on that pool waits behind them for longer than the 900 ms the lease is trusted without one.
 - **Heartbeats**: after all leases are held and one and a quarter intervals have passed, a window measures the heartbeat statements (tracer), the rows they renewed (command tags; for pglock, the advance of its record-version sequence, one per beat), the oldest heartbeat time in the table every 50 ms, and the pool's connections in use every 50 ms. *missed* is 1 - renewals / (leases / interval).
 `)

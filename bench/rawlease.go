@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"errors"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// gormlease's PostgreSQL statements, on a table of their own (raw_lease,
+// made like job_lease), as of this version of the library: the reference
+// implementation "gormlease SQL, raw pgx" runs them on a pgx pool, without
+// GORM or database/sql, to tell what the design costs from what the stack
+// it runs on costs.
+const (
+	rawAcquire = `
+INSERT INTO raw_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at)
+SELECT CAST($1 AS varchar), CAST($2 AS uuid), 1, CAST($3 AS varchar), clock_timestamp(), NULL
+WHERE NOT EXISTS (
+	SELECT 1 FROM raw_lease
+	WHERE target_id = $1 AND released_at IS NULL
+	  AND updated_at >= clock_timestamp() - make_interval(secs => CAST($4 AS double precision)))
+ON CONFLICT (target_id) DO UPDATE SET
+	lease_token = excluded.lease_token,
+	generation  = l.generation + 1,
+	holder      = excluded.holder,
+	updated_at  = excluded.updated_at,
+	released_at = NULL
+WHERE l.released_at IS NOT NULL
+   OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision))
+RETURNING l.generation`
+	rawRelease = `UPDATE raw_lease SET released_at = clock_timestamp()
+WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL`
+	rawTable = `CREATE TABLE raw_lease (LIKE job_lease INCLUDING ALL) WITH (fillfactor = 80)`
+)
+
+// newRawLease is gormlease's SQL on raw pgx: acquire; BEGIN, the release
+// as the locking statement, the saver, COMMIT; each a prepared statement.
+func newRawLease(ctx context.Context, dsn string, conns int) (*impl, error) {
+	c := &counter{isBeat: isUpdateOf("raw_lease")}
+	pool, err := openPool(ctx, dsn, conns, c)
+	if err != nil {
+		return nil, err
+	}
+	acquire := func(ctx context.Context, target string) (uuid.UUID, bool, error) {
+		token := uuid.New()
+		var gen int64
+		err := pool.QueryRow(ctx, rawAcquire, target, token, "bench", leaseTimeout.Seconds()).Scan(&gen)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return token, false, nil
+		}
+		return token, err == nil, err
+	}
+	release := func(ctx context.Context, target string, token uuid.UUID) error {
+		_, err := pool.Exec(ctx, rawRelease, target, token)
+		return err
+	}
+	return &impl{
+		name:  rawName,
+		stmts: c,
+		rowOf: "FROM raw_lease WHERE target_id = $1",
+		pool:  pool,
+		try: func(ctx context.Context, target string) (func(context.Context) error, bool, error) {
+			token, ok, err := acquire(ctx, target)
+			if !ok || err != nil {
+				return nil, false, err
+			}
+			return func(ctx context.Context) error { return release(ctx, target, token) }, true, nil
+		},
+		job: func(ctx context.Context, target, data string) (bool, error) {
+			token, ok, err := acquire(ctx, target)
+			if !ok || err != nil {
+				return false, err
+			}
+			err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+				tag, err := tx.Exec(ctx, rawRelease, target, token)
+				if err != nil {
+					return err
+				}
+				if tag.RowsAffected() != 1 {
+					return errors.New("lease lost")
+				}
+				_, err = tx.Exec(ctx, saverSQL, target, data)
+				return err
+			})
+			if err != nil {
+				return false, errors.Join(err, release(ctx, target, token))
+			}
+			return true, nil
+		},
+		warm:  warmPool(pool),
+		close: pool.Close,
+	}, nil
+}
+
+// rawName names the reference implementation.
+const rawName = "gormlease SQL, raw pgx"
