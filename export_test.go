@@ -18,3 +18,9 @@ func CommitThroughGorm(r *Repository) { r.oneTripRefused.Store(true) }
 
 // RefusesQueries is the PostgreSQL dialect's test for that refusal.
 var RefusesQueries = postgresDialect{}.refusesQueries
+
+// PostgresAcquire is the PostgreSQL acquire statement.
+const PostgresAcquire = postgresAcquire
+
+// ReleaseSQL returns r's release statement.
+func ReleaseSQL(r *Repository) string { return r.releaseSQL }

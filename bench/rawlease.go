@@ -12,7 +12,8 @@ import (
 // made like job_lease), as of this version of the library: the reference
 // implementation "gormlease SQL, raw pgx" runs them on a pgx pool, without
 // GORM or database/sql, to tell what the design costs from what the stack
-// it runs on costs.
+// it runs on costs. TestBench_ReferenceSQLMatchesLibrary, in the library,
+// keeps them in step with its own.
 const (
 	rawAcquire = `
 INSERT INTO raw_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at)
@@ -30,8 +31,7 @@ ON CONFLICT (target_id) DO UPDATE SET
 WHERE l.released_at IS NOT NULL
    OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision))
 RETURNING l.generation`
-	rawRelease = `UPDATE raw_lease SET released_at = clock_timestamp()
-WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL`
+	rawRelease = `UPDATE raw_lease SET released_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL`
 	rawTable = `CREATE TABLE raw_lease (LIKE job_lease INCLUDING ALL) WITH (fillfactor = 80)`
 )
 

@@ -1,0 +1,30 @@
+package gormlease_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// The benchmark's reference implementation, gormlease's SQL on raw pgx,
+// runs the library's own PostgreSQL statements on a table of its own: when
+// they change here, it must change too.
+func TestBench_ReferenceSQLMatchesLibrary(t *testing.T) {
+	t.Parallel()
+	src, err := os.ReadFile("bench/rawlease.go")
+	require.NoError(t, err)
+	repo := newRepository(t, testdb.Postgres(t).DB(t))
+	for name, stmt := range map[string]string{
+		"acquire": gormlease.PostgresAcquire,
+		"release": gormlease.ReleaseSQL(repo),
+	} {
+		assert.Contains(t, string(src), strings.ReplaceAll(stmt, "job_lease", "raw_lease"),
+			"bench/rawlease.go no longer has the library's %s statement", name)
+	}
+}
