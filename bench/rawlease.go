@@ -32,7 +32,7 @@ WHERE l.released_at IS NOT NULL
    OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision))
 RETURNING l.generation`
 	rawRelease = `UPDATE raw_lease SET released_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL`
-	rawTable = `CREATE TABLE raw_lease (LIKE job_lease INCLUDING ALL) WITH (fillfactor = 80)`
+	rawTable   = `CREATE TABLE raw_lease (LIKE job_lease INCLUDING ALL) WITH (fillfactor = 80)`
 )
 
 // newRawLease is gormlease's SQL on raw pgx: acquire; BEGIN, the release
