@@ -13,13 +13,15 @@ import (
 // lockingBeginner is a capability that a dialect may have: beginning the
 // fenced commit's transaction and locking the lease row in one round trip,
 // as one query of two statements. gorm's transaction sends BEGIN alone and
-// waits for its answer; on a full job of a few statements that wait is a
-// sixth of the job's round trips.
+// waits for its answer: one round trip of a full job's five. What it saves
+// is latency (a one-worker full job ran at 1.5× the seed's SQL, against
+// 1.3× without it); in CPU it is about even, since the server parses the
+// literal query each time where it would run a prepared statement.
 type lockingBeginner interface {
 	// beginLocked returns the query that begins the fenced transaction and
 	// then locks l's row, changing it when release is set, so that the
 	// query's rows affected is 1 exactly when the row is still l's. Its
-	// values are written into the text, as literals that need no quoting.
+	// values are written into the text, as escaped literals.
 	beginLocked(l Lease, release bool) string
 	// refusesQueries reports whether err says that the driver sent the
 	// query in a way that takes one statement only, so that nothing ran.
