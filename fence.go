@@ -90,6 +90,14 @@ func (r *Repository) commitOnConn(ctx context.Context, b lockingBeginner, l Leas
 		}
 		_ = conn.Close()
 	}()
+	// abort rolls the transaction back and returns cause. When the ROLLBACK
+	// fails (ctx is done, or the connection is), inTx stays set.
+	abort := func(cause error) (bool, error) {
+		if _, err := conn.ExecContext(ctx, "ROLLBACK"); err == nil {
+			inTx = false
+		}
+		return true, fmt.Errorf("gormlease: commit %q: %w", l.TargetID, cause)
+	}
 	_, n, err := execOn(ctx, r.db, conn, b.beginLocked(l, release))
 	if err != nil {
 		if b.refusesQueries(err) {
@@ -101,11 +109,10 @@ func (r *Repository) commitOnConn(ctx context.Context, b lockingBeginner, l Leas
 	}
 	inTx = true
 	if n != 1 {
-		return true, r.rollback(ctx, conn, &inTx, fmt.Errorf("gormlease: commit %q: %w", l.TargetID, ErrLeaseLost))
+		return abort(ErrLeaseLost)
 	}
 	if err := fn(saverSession(ctx, r.db, conn)); err != nil {
-		return true, r.rollback(ctx, conn, &inTx,
-			fmt.Errorf("gormlease: commit %q: %w", l.TargetID, fmt.Errorf("gormlease: save %q: %w", l.TargetID, err)))
+		return abort(fmt.Errorf("gormlease: save %q: %w", l.TargetID, err))
 	}
 	if _, err := conn.ExecContext(ctx, fencedCommitSQL); err != nil {
 		var st sqlStater
@@ -116,19 +123,8 @@ func (r *Repository) commitOnConn(ctx context.Context, b lockingBeginner, l Leas
 		case st.SQLState() == "25P02":
 			err = fmt.Errorf("a statement of the saver failed and aborted the transaction, nothing saved: %w", err)
 		}
-		return true, r.rollback(ctx, conn, &inTx, fmt.Errorf("gormlease: commit %q: %w", l.TargetID, err))
+		return abort(err)
 	}
 	inTx = false
 	return true, nil
-}
-
-// rollback rolls back the fenced transaction on conn after cause, and
-// returns cause. When the ROLLBACK fails (ctx is done, or the connection
-// is), *inTx stays set, and the connection is closed rather than returned
-// to the pool.
-func (r *Repository) rollback(ctx context.Context, conn *sql.Conn, inTx *bool, cause error) error {
-	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err == nil {
-		*inTx = false
-	}
-	return cause
 }

@@ -80,10 +80,8 @@ func TestCommit_SaverCannotEndTransaction(t *testing.T) {
 		setup(repo)
 		ctx := context.Background()
 		for _, end := range []func(*gorm.DB) *gorm.DB{(*gorm.DB).Commit, (*gorm.DB).Rollback} {
-			target := newTarget(t)
-			l, err := repo.Acquire(ctx, target, time.Minute)
-			require.NoError(t, err)
-			err = repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error {
+			target, l := acquireNew(t, repo, time.Minute)
+			err := repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error {
 				if err := gormlease.SaveJSON(tx, "x"); err != nil {
 					return err
 				}
@@ -146,10 +144,8 @@ func TestCommit_AbortedTransactionSavesNothing(t *testing.T) {
 		repo := newRepository(t, db)
 		setup(repo)
 		ctx := context.Background()
-		target := newTarget(t)
-		l, err := repo.Acquire(ctx, target, time.Minute)
-		require.NoError(t, err)
-		err = repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error {
+		target, l := acquireNew(t, repo, time.Minute)
+		err := repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error {
 			require.NoError(t, gormlease.SaveJSON(tx, "x"))
 			_ = tx.Exec("SELECT 1/0").Error // ignored
 			return nil
@@ -228,13 +224,11 @@ func TestCommit_ReturnsConnectionOutsideTransaction(t *testing.T) {
 			}, false},
 		}
 		for _, o := range outcomes {
-			target := newTarget(t)
-			l, err := repo.Acquire(ctx, target, time.Minute)
-			require.NoError(t, err)
+			target, l := acquireNew(t, repo, time.Minute)
 			if o.steal {
 				steal(t, s, db, target)
 			}
-			err = repo.CommitIfOwner(ctx, l, o.fn)
+			err := repo.CommitIfOwner(ctx, l, o.fn)
 			assert.Equal(t, o.ok, err == nil, "%s: %v", o.name, err)
 		}
 		sqlDB, err := db.DB()

@@ -178,3 +178,13 @@ func noSave(t *testing.T) func(*gorm.DB, string) error {
 		return nil
 	}
 }
+
+// acquireNew acquires, on repo, a lease on a target no other test uses,
+// failing t on error.
+func acquireNew(t *testing.T, repo *gormlease.Repository, timeout time.Duration) (string, gormlease.Lease) {
+	t.Helper()
+	target := newTarget(t)
+	l, err := repo.Acquire(context.Background(), target, timeout)
+	require.NoError(t, err)
+	return target, l
+}

@@ -143,9 +143,7 @@ func TestRepository_ReleaseOnlyOwnLease(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		repo := newRepository(t, db)
 		ctx := context.Background()
-		target := newTarget(t)
-		l, err := repo.Acquire(ctx, target, time.Hour)
-		require.NoError(t, err)
+		target, l := acquireNew(t, repo, time.Hour)
 
 		forged := l
 		forged.Token = uuid.New()
@@ -174,9 +172,7 @@ func TestRepository_CommitIgnoresSessionIsolation(t *testing.T) {
 				db := s.Open(t, s.Isolation(level))
 				repo := newRepository(t, db)
 				ctx := context.Background()
-				target := newTarget(t)
-				l, err := repo.Acquire(ctx, target, time.Hour)
-				require.NoError(t, err)
+				target, l := acquireNew(t, repo, time.Hour)
 
 				// A heartbeat in flight: its transaction holds the row.
 				hb := db.Begin()
@@ -366,9 +362,7 @@ func TestRepository_TimestampsScanAsTime(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		repo := newRepository(t, db)
 		ctx := context.Background()
-		target := newTarget(t)
-		l, err := repo.Acquire(ctx, target, time.Hour)
-		require.NoError(t, err)
+		target, l := acquireNew(t, repo, time.Hour)
 		row, ok, err := repo.Get(ctx, target)
 		require.NoError(t, err)
 		require.True(t, ok)

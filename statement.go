@@ -45,15 +45,14 @@ func execSQL(ctx context.Context, db *gorm.DB, query string, args ...any) (sql.R
 	return execOn(ctx, db, pool, query, args...)
 }
 
-// execOn is execSQL on pool, reported to db's logger.
+// execOn is execSQL on pool, reported to db's logger. Every caller decides
+// on the rows affected, so a driver that cannot count them is an error.
 func execOn(ctx context.Context, db *gorm.DB, pool gorm.ConnPool, query string, args ...any) (sql.Result, int64, error) {
 	begin := time.Now()
 	res, err := pool.ExecContext(ctx, query, args...)
 	rows := int64(-1)
 	if err == nil {
-		if n, rerr := res.RowsAffected(); rerr == nil {
-			rows = n
-		}
+		rows, err = res.RowsAffected()
 	}
 	trace(ctx, db, begin, query, args, rows, err)
 	return res, rows, err

@@ -186,51 +186,74 @@ func newSeed(ctx context.Context, dsn string, conns int) (*impl, error) {
 	if err != nil {
 		return nil, err
 	}
-	acquire := func(ctx context.Context, target string) (uuid.UUID, bool, error) {
-		token := uuid.New()
-		tag, err := pool.Exec(ctx, seedAcquire, target, token, leaseTimeout.Seconds())
-		return token, err == nil && tag.RowsAffected() == 1, err
-	}
-	release := func(ctx context.Context, target string, token uuid.UUID) error {
-		_, err := pool.Exec(ctx, seedRelease, target, token)
-		return err
+	steps := leaseSteps{
+		acquire: func(ctx context.Context, target string) (uuid.UUID, bool, error) {
+			token := uuid.New()
+			tag, err := pool.Exec(ctx, seedAcquire, target, token, leaseTimeout.Seconds())
+			return token, err == nil && tag.RowsAffected() == 1, err
+		},
+		release: func(ctx context.Context, target string, token uuid.UUID) error {
+			_, err := pool.Exec(ctx, seedRelease, target, token)
+			return err
+		},
 	}
 	return &impl{
 		name:  "seed SQL, raw pgx",
 		stmts: c,
 		rowOf: "FROM seed_lease WHERE target_id = $1",
 		pool:  pool,
-		try: func(ctx context.Context, target string) (func(context.Context) error, bool, error) {
-			token, ok, err := acquire(ctx, target)
-			if !ok || err != nil {
-				return nil, false, err
-			}
-			return func(ctx context.Context) error { return release(ctx, target, token) }, true, nil
-		},
-		job: func(ctx context.Context, target, data string) (bool, error) {
-			token, ok, err := acquire(ctx, target)
-			if !ok || err != nil {
-				return false, err
-			}
-			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				var got uuid.UUID
-				if err := tx.QueryRow(ctx, seedLock, target).Scan(&got); err != nil {
-					return err
-				}
-				if got != token {
-					return errors.New("lease lost")
-				}
-				_, err := tx.Exec(ctx, saverSQL, target, data)
+		try:   steps.try,
+		job: steps.job(pool, pgx.TxOptions{}, true, func(ctx context.Context, tx pgx.Tx, target, data string, token uuid.UUID) error {
+			var got uuid.UUID
+			if err := tx.QueryRow(ctx, seedLock, target).Scan(&got); err != nil {
 				return err
-			})
-			if err != nil {
-				return false, errors.Join(err, release(ctx, target, token))
 			}
-			return true, release(ctx, target, token)
-		},
+			if got != token {
+				return errors.New("lease lost")
+			}
+			_, err := tx.Exec(ctx, saverSQL, target, data)
+			return err
+		}),
 		warm:  warmPool(pool),
 		close: pool.Close,
 	}, nil
+}
+
+// leaseSteps are the acquire and release of a lease table on a pgx pool.
+type leaseSteps struct {
+	acquire func(ctx context.Context, target string) (token uuid.UUID, ok bool, err error)
+	release func(ctx context.Context, target string, token uuid.UUID) error
+}
+
+// try acquires the lease on target; unlock releases it.
+func (s leaseSteps) try(ctx context.Context, target string) (unlock func(context.Context) error, ok bool, err error) {
+	token, ok, err := s.acquire(ctx, target)
+	if !ok || err != nil {
+		return nil, false, err
+	}
+	return func(ctx context.Context) error { return s.release(ctx, target, token) }, true, nil
+}
+
+// job returns a full job: acquire, then commit in one transaction on pool
+// with opts, then release; after a failed commit always, after a successful
+// one only with releaseAfter (when the commit does not release itself).
+func (s leaseSteps) job(pool *pgxpool.Pool, opts pgx.TxOptions, releaseAfter bool,
+	commit func(ctx context.Context, tx pgx.Tx, target, data string, token uuid.UUID) error,
+) func(ctx context.Context, target, data string) (bool, error) {
+	return func(ctx context.Context, target, data string) (bool, error) {
+		token, ok, err := s.acquire(ctx, target)
+		if !ok || err != nil {
+			return false, err
+		}
+		err = pgx.BeginTxFunc(ctx, pool, opts, func(tx pgx.Tx) error { return commit(ctx, tx, target, data, token) })
+		switch {
+		case err != nil:
+			return false, errors.Join(err, s.release(ctx, target, token))
+		case releaseAfter:
+			return true, s.release(ctx, target, token)
+		}
+		return true, nil
+	}
 }
 
 // newAdvisory is pg_try_advisory_lock on a connection pinned while held.

@@ -43,37 +43,29 @@ func newRawLease(ctx context.Context, dsn string, conns int) (*impl, error) {
 	if err != nil {
 		return nil, err
 	}
-	acquire := func(ctx context.Context, target string) (uuid.UUID, bool, error) {
-		token := uuid.New()
-		var gen int64
-		err := pool.QueryRow(ctx, rawAcquire, target, token, "bench", leaseTimeout.Seconds()).Scan(&gen)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return token, false, nil
-		}
-		return token, err == nil, err
-	}
-	release := func(ctx context.Context, target string, token uuid.UUID) error {
-		_, err := pool.Exec(ctx, rawRelease, target, token)
-		return err
+	steps := leaseSteps{
+		acquire: func(ctx context.Context, target string) (uuid.UUID, bool, error) {
+			token := uuid.New()
+			var gen int64
+			err := pool.QueryRow(ctx, rawAcquire, target, token, "bench", leaseTimeout.Seconds()).Scan(&gen)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return token, false, nil
+			}
+			return token, err == nil, err
+		},
+		release: func(ctx context.Context, target string, token uuid.UUID) error {
+			_, err := pool.Exec(ctx, rawRelease, target, token)
+			return err
+		},
 	}
 	return &impl{
 		name:  rawName,
 		stmts: c,
 		rowOf: "FROM raw_lease WHERE target_id = $1",
 		pool:  pool,
-		try: func(ctx context.Context, target string) (func(context.Context) error, bool, error) {
-			token, ok, err := acquire(ctx, target)
-			if !ok || err != nil {
-				return nil, false, err
-			}
-			return func(ctx context.Context) error { return release(ctx, target, token) }, true, nil
-		},
-		job: func(ctx context.Context, target, data string) (bool, error) {
-			token, ok, err := acquire(ctx, target)
-			if !ok || err != nil {
-				return false, err
-			}
-			err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		try:   steps.try,
+		job: steps.job(pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, false,
+			func(ctx context.Context, tx pgx.Tx, target, data string, token uuid.UUID) error {
 				tag, err := tx.Exec(ctx, rawRelease, target, token)
 				if err != nil {
 					return err
@@ -83,12 +75,7 @@ func newRawLease(ctx context.Context, dsn string, conns int) (*impl, error) {
 				}
 				_, err = tx.Exec(ctx, saverSQL, target, data)
 				return err
-			})
-			if err != nil {
-				return false, errors.Join(err, release(ctx, target, token))
-			}
-			return true, nil
-		},
+			}),
 		warm:  warmPool(pool),
 		close: pool.Close,
 	}, nil
