@@ -79,18 +79,19 @@ type acquireArgs struct {
 	timeout  time.Duration
 }
 
-// dialectFor picks the dialect for db's gorm dialector.
-func dialectFor(db *gorm.DB) (dialect, error) {
+// dialectFor picks the dialect for db's gorm dialector, with its
+// statements written for the tables t.
+func dialectFor(db *gorm.DB, t tableNames) (dialect, error) {
 	if db.Dialector == nil {
 		return nil, invalidf("db has no dialector: open it with gorm.Open")
 	}
 	switch name := db.Dialector.Name(); name {
 	case "postgres":
-		return postgresDialect{}, nil
+		return newPostgresDialect(t), nil
 	case "mysql":
-		return mysqlDialect{}, nil
+		return newMySQLDialect(t), nil
 	case "sqlite":
-		return sqliteDialect{}, nil
+		return newSQLiteDialect(t), nil
 	default:
 		return nil, fmt.Errorf("gormlease: unsupported database %q: supported are postgres, mysql and sqlite", name)
 	}

@@ -13,7 +13,20 @@ import (
 // mysqlDialect is MySQL 8 and MariaDB 10.6 or later, on InnoDB, with
 // gorm.io/driver/mysql. The DSN must set parseTime=true and keep loc=UTC
 // (the driver's default); AutoMigrate checks both.
-type mysqlDialect struct{}
+type mysqlDialect struct {
+	leaseDDL, resultDDL, takeOverSQL, insertSQL string
+	lease                                       string
+}
+
+func newMySQLDialect(t tableNames) mysqlDialect {
+	return mysqlDialect{
+		leaseDDL:    t.expand(mysqlLeaseTable),
+		resultDDL:   t.expand(mysqlResultTable),
+		takeOverSQL: t.expand(mysqlTakeOver),
+		insertSQL:   t.expand(mysqlInsert),
+		lease:       t.lease,
+	}
+}
 
 // mysqlLeaseTable and mysqlResultTable are the DDL of docs/schema-mysql.sql.
 //
@@ -49,11 +62,11 @@ const (
 // NOT EXISTS takes an exclusive metadata lock on the table's name before it
 // looks, so concurrent calls wait for each other and then find the table.
 // TestAutoMigrate_ConcurrentCallsSucceed checks it on an empty database.
-func (mysqlDialect) migrate(ctx context.Context, db *gorm.DB) error {
+func (d mysqlDialect) migrate(ctx context.Context, db *gorm.DB) error {
 	if err := mysqlCheckTimes(db); err != nil {
 		return err
 	}
-	for _, ddl := range []string{mysqlLeaseTable, mysqlResultTable} {
+	for _, ddl := range []string{d.leaseDDL, d.resultDDL} {
 		if err := db.Exec(ddl).Error; err != nil {
 			return err
 		}
@@ -123,8 +136,8 @@ VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6), NULL)`
 // UPDATE. When the INSERT meets a row, another acquire created it after
 // the UPDATE looked: the lease was held during this call, and refusing is
 // right.
-func (mysqlDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
-	res, n, err := execSQL(ctx, db, mysqlTakeOver, a.token.String(), a.holder, a.targetID, a.timeout.Microseconds())
+func (d mysqlDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
+	res, n, err := execSQL(ctx, db, d.takeOverSQL, a.token.String(), a.holder, a.targetID, a.timeout.Microseconds())
 	if err != nil {
 		return 0, false, fmt.Errorf("take over: %w", err)
 	}
@@ -135,7 +148,7 @@ func (mysqlDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (in
 		}
 		return gen, true, nil
 	}
-	_, n, err = execSQL(ctx, db, mysqlInsert, a.targetID, a.token.String(), a.holder)
+	_, n, err = execSQL(ctx, db, d.insertSQL, a.targetID, a.token.String(), a.holder)
 	if err != nil {
 		return 0, false, fmt.Errorf("insert: %w", err)
 	}
@@ -159,7 +172,7 @@ func (mysqlDialect) fenceTxOptions() *sql.TxOptions {
 // reused, so a row that carries the token, unreleased, carried it before.
 // One taken over or released in between is reported lost, which only stops
 // its work early.
-func (mysqlDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (map[Lease]bool, error) {
+func (d mysqlDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (map[Lease]bool, error) {
 	var b strings.Builder
 	args := make([]any, 0, 2*len(leases))
 	for i, l := range leases {
@@ -170,7 +183,7 @@ func (mysqlDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Le
 		}
 		args = append(args, l.TargetID, l.Token.String())
 	}
-	join := "job_lease j JOIN (" + b.String() + ") b ON j.target_id = b.t AND j.lease_token = b.k"
+	join := d.lease + " j JOIN (" + b.String() + ") b ON j.target_id = b.t AND j.lease_token = b.k"
 	if _, _, err := execSQL(ctx, db, "UPDATE "+join+" SET j.updated_at = UTC_TIMESTAMP(6) WHERE j.released_at IS NULL", args...); err != nil {
 		return nil, err
 	}

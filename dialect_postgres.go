@@ -10,8 +10,20 @@ import (
 )
 
 // postgresDialect is PostgreSQL (and databases that speak its SQL, with
-// gorm.io/driver/postgres).
-type postgresDialect struct{}
+// gorm.io/driver/postgres), with its statements written for its tables.
+type postgresDialect struct {
+	lease                               string
+	schemaSQL, acquireSQL, heartbeatSQL string
+}
+
+func newPostgresDialect(t tableNames) postgresDialect {
+	return postgresDialect{
+		lease:        t.lease,
+		schemaSQL:    t.expand(postgresSchema),
+		acquireSQL:   t.expand(postgresAcquire),
+		heartbeatSQL: t.expand(postgresHeartbeatBatch),
+	}
+}
 
 // postgresSchema is the DDL of docs/schema.sql. updated_at and released_at
 // stay unindexed and the fill factor leaves room on each page, so that
@@ -37,12 +49,12 @@ CREATE TABLE IF NOT EXISTS job_result (
 // unique violation when two sessions create the same table at once.
 const postgresMigrateLock = 0x676f726d6c6561 // "gormlea"
 
-func (postgresDialect) migrate(ctx context.Context, db *gorm.DB) error {
+func (d postgresDialect) migrate(ctx context.Context, db *gorm.DB) error {
 	return db.Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", postgresMigrateLock).Error; err != nil {
 			return err
 		}
-		return tx.Exec(postgresSchema).Error
+		return tx.Exec(d.schemaSQL).Error
 	})
 }
 
@@ -75,9 +87,9 @@ WHERE l.released_at IS NOT NULL
    OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision))
 RETURNING l.generation`
 
-func (postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
+func (d postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
 	var generation int64
-	ok, err := queryRowSQL(ctx, db, postgresAcquire,
+	ok, err := queryRowSQL(ctx, db, d.acquireSQL,
 		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds()}, &generation)
 	return generation, ok, err
 }
@@ -91,13 +103,13 @@ func (postgresDialect) rebind(query string) string { return numbered(query) }
 // query without arguments as a simple query, which may hold several
 // statements; its rows affected are the last statement's. The target is an
 // escape string literal (postgresLiteral), the token a UUID's text.
-func (postgresDialect) beginLocked(l Lease, release bool) string {
+func (d postgresDialect) beginLocked(l Lease, release bool) string {
 	var b strings.Builder
 	b.WriteString("BEGIN ISOLATION LEVEL READ COMMITTED; ")
 	if release {
-		b.WriteString("UPDATE job_lease SET released_at = clock_timestamp()")
+		b.WriteString("UPDATE " + d.lease + " SET released_at = clock_timestamp()")
 	} else {
-		b.WriteString("SELECT 1 FROM job_lease")
+		b.WriteString("SELECT 1 FROM " + d.lease)
 	}
 	b.WriteString(" WHERE target_id = ")
 	b.WriteString(postgresLiteral(l.TargetID))
@@ -160,14 +172,14 @@ FROM unnest(CAST($1 AS text[]), CAST($2 AS uuid[])) AS b(target_id, lease_token)
 WHERE l.target_id = b.target_id AND l.lease_token = b.lease_token AND l.released_at IS NULL
 RETURNING l.target_id, l.lease_token`
 
-func (postgresDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (map[Lease]bool, error) {
+func (d postgresDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (map[Lease]bool, error) {
 	targets := make([]string, len(leases))
 	tokens := make([]string, len(leases))
 	for i, l := range leases {
 		targets[i] = l.TargetID
 		tokens[i] = l.Token.String()
 	}
-	rows, err := querySQL(ctx, db, postgresHeartbeatBatch, postgresArray(targets), postgresArray(tokens))
+	rows, err := querySQL(ctx, db, d.heartbeatSQL, postgresArray(targets), postgresArray(tokens))
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,17 @@ import (
 // text written by strftime on the database's clock, in UTC, and compared
 // through julianday(), never as text, since drivers write time.Time values in
 // other formats.
-type sqliteDialect struct{}
+type sqliteDialect struct {
+	schemaSQL, acquireSQL, heartbeatSQL string
+}
+
+func newSQLiteDialect(t tableNames) sqliteDialect {
+	return sqliteDialect{
+		schemaSQL:    t.expand(sqliteSchema),
+		acquireSQL:   t.expand(sqliteAcquire),
+		heartbeatSQL: t.expand(sqliteHeartbeatBatch),
+	}
+}
 
 // sqliteSchema is the DDL of docs/sqlite.md. The datetime column type makes
 // the driver scan the timestamps into time.Time.
@@ -42,11 +52,11 @@ CREATE TABLE IF NOT EXISTS job_result (
 	updated_at datetime     NOT NULL
 );`
 
-func (sqliteDialect) migrate(ctx context.Context, db *gorm.DB) error {
+func (d sqliteDialect) migrate(ctx context.Context, db *gorm.DB) error {
 	// One write transaction: a concurrent AutoMigrate waits for it.
 	return db.Transaction(func(tx *gorm.DB) error {
-		return tx.Exec(sqliteSchema).Error
-	}, sqliteDialect{}.fenceTxOptions())
+		return tx.Exec(d.schemaSQL).Error
+	}, d.fenceTxOptions())
 }
 
 // sqliteNow is the database's current time as the text the tables hold:
@@ -76,9 +86,9 @@ WHERE l.released_at IS NOT NULL
    OR (julianday('now') - julianday(l.updated_at)) * 86400.0 > ?4
 RETURNING generation`
 
-func (sqliteDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
+func (d sqliteDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
 	var generation int64
-	ok, err := queryRowSQL(ctx, db, sqliteAcquire,
+	ok, err := queryRowSQL(ctx, db, d.acquireSQL,
 		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds()}, &generation) // the token as text
 	return generation, ok, err
 }
@@ -124,14 +134,14 @@ func (sqliteDialect) checkSettings(ctx context.Context, db *gorm.DB) error {
 // travel as one JSON array of [target, token] pairs, so that the statement's
 // text is the same whatever their number.
 const sqliteHeartbeatBatch = `
-UPDATE job_lease SET updated_at = ` + sqliteNow + `
+UPDATE job_lease AS l SET updated_at = ` + sqliteNow + `
 FROM (SELECT json_extract(value, '$[0]') AS b_target, json_extract(value, '$[1]') AS b_token
       FROM json_each(?)) AS b
-WHERE job_lease.target_id = b.b_target AND job_lease.lease_token = b.b_token
-  AND job_lease.released_at IS NULL
+WHERE l.target_id = b.b_target AND l.lease_token = b.b_token
+  AND l.released_at IS NULL
 RETURNING target_id, lease_token`
 
-func (sqliteDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (map[Lease]bool, error) {
+func (d sqliteDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (map[Lease]bool, error) {
 	pairs := make([][2]string, len(leases))
 	for i, l := range leases {
 		pairs[i] = [2]string{l.TargetID, l.Token.String()}
@@ -140,7 +150,7 @@ func (sqliteDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []L
 	if err != nil {
 		return nil, err
 	}
-	rows, err := querySQL(ctx, db, sqliteHeartbeatBatch, string(data))
+	rows, err := querySQL(ctx, db, d.heartbeatSQL, string(data))
 	if err != nil {
 		return nil, err
 	}

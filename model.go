@@ -71,16 +71,22 @@ func (JobResult) TableName() string { return "job_result" }
 // on. It is safe to call from several processes at once. On MySQL it first
 // checks that the DSN reads the database's times right (parseTime=true,
 // loc=UTC), and returns an error wrapping ErrInvalidArgument when not.
-func AutoMigrate(db *gorm.DB) error {
-	return AutoMigrateContext(context.Background(), db)
+//
+// Of the options it takes WithTableNames, and refuses the others.
+func AutoMigrate(db *gorm.DB, opts ...Option) error {
+	return AutoMigrateContext(context.Background(), db, opts...)
 }
 
 // AutoMigrateContext is AutoMigrate with a context.
-func AutoMigrateContext(ctx context.Context, db *gorm.DB) error {
+func AutoMigrateContext(ctx context.Context, db *gorm.DB, opts ...Option) error {
 	if db == nil {
 		return invalidf("db is nil")
 	}
-	d, err := dialectFor(db)
+	cfg, err := newConfigFor("AutoMigrate", opts, "WithTableNames")
+	if err != nil {
+		return err
+	}
+	d, err := dialectFor(db, cfg.tables)
 	if err != nil {
 		return err
 	}

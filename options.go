@@ -3,6 +3,8 @@ package gormlease
 import (
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -35,15 +37,19 @@ type Option interface {
 	apply(*config)
 }
 
-type optionFunc func(*config)
+// option is an Option with the name that errors use for it.
+type option struct {
+	name string
+	set  func(*config)
+}
 
-func (f optionFunc) apply(c *config) { f(c) }
+func (o option) apply(c *config) { o.set(c) }
 
 // WithHeartbeatInterval sets how often the Runner renews the lease while the
 // work runs. It must be greater than zero, and the lease timeout must be at
 // least twice as long. The default is DefaultHeartbeatInterval.
 func WithHeartbeatInterval(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.heartbeatInterval = d })
+	return option{name: "WithHeartbeatInterval", set: func(c *config) { c.heartbeatInterval = d }}
 }
 
 // WithLeaseTimeout sets how long a lease stays live without a heartbeat,
@@ -51,7 +57,7 @@ func WithHeartbeatInterval(d time.Duration) Option {
 // than this takes the target over. It must be at least twice the heartbeat
 // interval. The default is DefaultLeaseTimeout.
 func WithLeaseTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.leaseTimeout = d })
+	return option{name: "WithLeaseTimeout", set: func(c *config) { c.leaseTimeout = d }}
 }
 
 // WithSafetyMargin sets how long before the lease timeout the Runner stops
@@ -63,7 +69,7 @@ func WithLeaseTimeout(d time.Duration) Option {
 // leave room for at least one heartbeat: interval + margin < timeout.
 // The default is the lease timeout divided by DefaultSafetyMarginDivisor.
 func WithSafetyMargin(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.safetyMargin = d; c.safetyMarginSet = true })
+	return option{name: "WithSafetyMargin", set: func(c *config) { c.safetyMargin = d; c.safetyMarginSet = true }}
 }
 
 // WithOperationTimeout bounds each database call of the Runner: the acquire,
@@ -71,7 +77,7 @@ func WithSafetyMargin(d time.Duration) Option {
 // fenced commit with the saver inside it, and the release. It must be greater
 // than zero. The default is DefaultOperationTimeout.
 func WithOperationTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.operationTimeout = d })
+	return option{name: "WithOperationTimeout", set: func(c *config) { c.operationTimeout = d }}
 }
 
 // WithHolder sets the name stored in job_lease.holder while this Runner
@@ -79,7 +85,7 @@ func WithOperationTimeout(d time.Duration) Option {
 // valid UTF-8, 1 to MaxHolderLength bytes, without NUL bytes. The default is
 // "hostname/pid".
 func WithHolder(name string) Option {
-	return optionFunc(func(c *config) { c.holder = name })
+	return option{name: "WithHolder", set: func(c *config) { c.holder = name }}
 }
 
 // WithHeartbeatDB sends the Runner's heartbeats through db instead of the
@@ -91,7 +97,7 @@ func WithHolder(name string) Option {
 // commit and release still use the Runner's database. By default
 // heartbeats share the Runner's database handle.
 func WithHeartbeatDB(db *gorm.DB) Option {
-	return optionFunc(func(c *config) { c.heartbeatDB = db; c.heartbeatDBSet = true })
+	return option{name: "WithHeartbeatDB", set: func(c *config) { c.heartbeatDB = db; c.heartbeatDBSet = true }}
 }
 
 // config holds a Runner's settings after validation.
@@ -104,6 +110,7 @@ type config struct {
 	holder            string
 	heartbeatDB       *gorm.DB
 	heartbeatDBSet    bool
+	tables            tableNames
 }
 
 // newConfig applies opts over the defaults and validates the result.
@@ -113,6 +120,7 @@ func newConfig(opts []Option) (config, error) {
 		leaseTimeout:      DefaultLeaseTimeout,
 		operationTimeout:  DefaultOperationTimeout,
 		holder:            defaultHolder(),
+		tables:            defaultTables,
 	}
 	for i, o := range opts {
 		if o == nil {
@@ -149,7 +157,19 @@ func (c config) validate() error {
 	if problem := checkText(c.holder, MaxHolderLength); problem != "" {
 		return invalidf("WithHolder: holder %s", problem)
 	}
-	return nil
+	return c.tables.check()
+}
+
+// newConfigFor is newConfig for fn, a function that takes only the options
+// named in allowed: it refuses the others, rather than ignore them.
+func newConfigFor(fn string, opts []Option, allowed ...string) (config, error) {
+	for _, o := range opts {
+		if o, ok := o.(option); ok && !slices.Contains(allowed, o.name) {
+			return config{}, invalidf("%s takes only %s, not %s (an option of NewRunner)",
+				fn, strings.Join(allowed, " and "), o.name)
+		}
+	}
+	return newConfig(opts)
 }
 
 // trustWindow is how long after sending its last successful heartbeat the

@@ -46,6 +46,7 @@ type Repository struct {
 	db      *gorm.DB
 	dialect dialect
 	holder  string
+	tables  tableNames
 	// renewSQL and releaseSQL are the statements that stamp the caller's
 	// own row, in the dialect's placeholders.
 	renewSQL, releaseSQL string
@@ -59,11 +60,17 @@ type Repository struct {
 // nothing to the database; create the tables with AutoMigrate. On SQLite it
 // reads the connection's busy timeout, and refuses one that would make
 // concurrent steps fail with "database is locked" (see MinSQLiteBusyTimeout).
-func NewRepository(db *gorm.DB) (*Repository, error) {
-	return newRepository(db, defaultHolder())
+// Of the options it takes WithTableNames and WithHolder, and refuses the
+// others, which only a Runner uses.
+func NewRepository(db *gorm.DB, opts ...Option) (*Repository, error) {
+	cfg, err := newConfigFor("NewRepository", opts, "WithTableNames", "WithHolder")
+	if err != nil {
+		return nil, err
+	}
+	return newRepository(db, cfg.holder, cfg.tables)
 }
 
-func newRepository(db *gorm.DB, holder string) (*Repository, error) {
+func newRepository(db *gorm.DB, holder string, tables tableNames) (*Repository, error) {
 	if db == nil {
 		return nil, invalidf("db is nil")
 	}
@@ -72,7 +79,7 @@ func newRepository(db *gorm.DB, holder string) (*Repository, error) {
 			return nil, invalidf("db is inside a transaction: pass the *gorm.DB that gorm.Open returned")
 		}
 	}
-	d, err := dialectFor(db)
+	d, err := dialectFor(db, tables)
 	if err != nil {
 		return nil, err
 	}
@@ -85,10 +92,10 @@ func newRepository(db *gorm.DB, holder string) (*Repository, error) {
 		return nil, err
 	}
 	own := func(column string) string {
-		return d.rebind("UPDATE job_lease SET " + column + " = " + d.now() +
+		return d.rebind("UPDATE " + tables.lease + " SET " + column + " = " + d.now() +
 			" WHERE target_id = ? AND lease_token = ? AND released_at IS NULL")
 	}
-	return &Repository{db: db, dialect: d, holder: holder, renewSQL: own("updated_at"), releaseSQL: own("released_at")}, nil
+	return &Repository{db: db, dialect: d, holder: holder, tables: tables, renewSQL: own("updated_at"), releaseSQL: own("released_at")}, nil
 }
 
 // Acquire takes the lease on targetID in one statement (on MySQL, two for a
@@ -242,7 +249,7 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 	if fn == nil {
 		return invalidf("commit function is nil")
 	}
-	ctx = withLease(ctx, l)
+	ctx = withLease(ctx, l, r.tables)
 	if b, ok := r.dialect.(lockingBeginner); ok && !r.oneTripRefused.Load() {
 		if handled, err := r.commitOnConn(ctx, b, l, fn, release); handled {
 			return err
@@ -292,7 +299,7 @@ func answeredByServer(err error) bool {
 // lockOwn locks l's row for the rest of tx and checks that it is still l's.
 func (r *Repository) lockOwn(tx *gorm.DB, l Lease) error {
 	var rows []JobLease
-	res := tx.Clauses(clause.Locking{Strength: "UPDATE"}).
+	res := tx.Table(r.tables.lease).Clauses(clause.Locking{Strength: "UPDATE"}).
 		Select("lease_token", "released_at").
 		Where("target_id = ?", l.TargetID).
 		Limit(1).Find(&rows)
@@ -353,7 +360,7 @@ func (r *Repository) Get(ctx context.Context, targetID string) (JobLease, bool, 
 		return JobLease{}, false, err
 	}
 	var rows []JobLease
-	if err := r.db.WithContext(ctx).Where("target_id = ?", targetID).Limit(1).Find(&rows).Error; err != nil {
+	if err := r.db.WithContext(ctx).Table(r.tables.lease).Where("target_id = ?", targetID).Limit(1).Find(&rows).Error; err != nil {
 		return JobLease{}, false, fmt.Errorf("gormlease: get %q: %w", targetID, err)
 	}
 	if len(rows) == 0 {

@@ -22,11 +22,12 @@ func SaveJSON[T any](tx *gorm.DB, result T) error {
 	if tx == nil {
 		return invalidf("tx is nil")
 	}
-	l, ok := LeaseFromContext(tx.Statement.Context)
+	v, ok := leaseFrom(tx.Statement.Context)
 	if !ok {
 		return invalidf("SaveJSON: no lease in the transaction's context: call it as the saver of Run or CommitIfOwner")
 	}
-	d, err := dialectFor(tx)
+	l := v.lease
+	d, err := dialectFor(tx, v.tables)
 	if err != nil {
 		return err
 	}
@@ -38,7 +39,7 @@ func SaveJSON[T any](tx *gorm.DB, result T) error {
 		return invalidf("SaveJSON: result of %q has a NUL character (\\u0000 at byte %d of its JSON), which PostgreSQL's jsonb cannot store",
 			l.TargetID, at)
 	}
-	return tx.Model(&JobResult{}).Clauses(clause.OnConflict{
+	return tx.Table(v.tables.result).Clauses(clause.OnConflict{
 		Columns:   []clause.Column{{Name: "target_id"}},
 		DoUpdates: clause.AssignmentColumns([]string{"data", "generation", "updated_at"}),
 	}).Create(map[string]any{
@@ -71,8 +72,9 @@ func jsonNUL(data []byte) int {
 
 // LoadJSON reads the result that SaveJSON stored for targetID and decodes it
 // into a T. It also returns the row, for its generation and time. When
-// nothing was saved it returns an error wrapping ErrNoResult.
-func LoadJSON[T any](ctx context.Context, db *gorm.DB, targetID string) (T, JobResult, error) {
+// nothing was saved it returns an error wrapping ErrNoResult. Of the
+// options it takes WithTableNames, and refuses the others.
+func LoadJSON[T any](ctx context.Context, db *gorm.DB, targetID string, opts ...Option) (T, JobResult, error) {
 	var value T
 	if db == nil {
 		return value, JobResult{}, invalidf("db is nil")
@@ -80,8 +82,12 @@ func LoadJSON[T any](ctx context.Context, db *gorm.DB, targetID string) (T, JobR
 	if err := checkTargetID(targetID); err != nil {
 		return value, JobResult{}, err
 	}
+	cfg, err := newConfigFor("LoadJSON", opts, "WithTableNames")
+	if err != nil {
+		return value, JobResult{}, err
+	}
 	var rows []JobResult
-	if err := db.WithContext(ctx).Where("target_id = ?", targetID).Limit(1).Find(&rows).Error; err != nil {
+	if err := db.WithContext(ctx).Table(cfg.tables.result).Where("target_id = ?", targetID).Limit(1).Find(&rows).Error; err != nil {
 		return value, JobResult{}, fmt.Errorf("gormlease: load result of %q: %w", targetID, err)
 	}
 	if len(rows) == 0 {

@@ -30,13 +30,13 @@ func NewRunner[T any](db *gorm.DB, opts ...Option) (*Runner[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	repo, err := newRepository(db, cfg.holder)
+	repo, err := newRepository(db, cfg.holder, cfg.tables)
 	if err != nil {
 		return nil, err
 	}
 	beater := repo
 	if cfg.heartbeatDB != nil {
-		beater, err = newRepository(cfg.heartbeatDB, cfg.holder)
+		beater, err = newRepository(cfg.heartbeatDB, cfg.holder, cfg.tables)
 		if err != nil {
 			return nil, fmt.Errorf("WithHeartbeatDB: %w", err)
 		}
@@ -106,7 +106,7 @@ func (r *Runner[T]) Run(ctx context.Context, targetID string,
 		return zero, err
 	}
 
-	workCtx, cancelWork := context.WithCancelCause(withLease(ctx, lease))
+	workCtx, cancelWork := context.WithCancelCause(withLease(ctx, lease, r.repo.tables))
 	defer cancelWork(context.Canceled)
 	hb := startHeartbeat(workCtx, r.beater, r.cfg, lease, sent, cancelWork)
 	result, workErr := callWork(workCtx, work)
@@ -206,9 +206,25 @@ func callSave[T any](tx *gorm.DB, save func(*gorm.DB, T) error, result T) (err e
 
 type leaseKey struct{}
 
-// withLease returns ctx carrying l, for LeaseFromContext.
-func withLease(ctx context.Context, l Lease) context.Context {
-	return context.WithValue(ctx, leaseKey{}, l)
+// leaseValue is what a context carries for LeaseFromContext, and for
+// SaveJSON the tables of the lease's Repository.
+type leaseValue struct {
+	lease  Lease
+	tables tableNames
+}
+
+// withLease returns ctx carrying l, held in tables, for LeaseFromContext.
+func withLease(ctx context.Context, l Lease, tables tableNames) context.Context {
+	return context.WithValue(ctx, leaseKey{}, leaseValue{l, tables})
+}
+
+// leaseFrom returns the lease that ctx carries, with its tables.
+func leaseFrom(ctx context.Context) (leaseValue, bool) {
+	if ctx == nil {
+		return leaseValue{}, false
+	}
+	v, ok := ctx.Value(leaseKey{}).(leaseValue)
+	return v, ok
 }
 
 // LeaseFromContext returns the lease that the work runs under, from the
@@ -216,9 +232,6 @@ func withLease(ctx context.Context, l Lease) context.Context {
 // transaction that the saver gets. Use its Generation as an idempotency key
 // for the external call.
 func LeaseFromContext(ctx context.Context) (Lease, bool) {
-	if ctx == nil {
-		return Lease{}, false
-	}
-	l, ok := ctx.Value(leaseKey{}).(Lease)
-	return l, ok
+	v, ok := leaseFrom(ctx)
+	return v.lease, ok
 }

@@ -1,0 +1,92 @@
+package gormlease
+
+import (
+	"fmt"
+	"strings"
+)
+
+const (
+	// DefaultLeaseTable is the name of the table of lease rows.
+	// WithTableNames overrides it.
+	DefaultLeaseTable = "job_lease"
+
+	// DefaultResultTable is the name of the table that SaveJSON and
+	// LoadJSON keep results in. WithTableNames overrides it.
+	DefaultResultTable = "job_result"
+
+	// maxTableName is the longest table or schema name accepted: PostgreSQL
+	// cuts identifiers at 63 bytes.
+	maxTableName = 63
+)
+
+// tableNames are the tables that a Repository, AutoMigrate and the result
+// helpers work on.
+type tableNames struct {
+	lease, result string
+}
+
+var defaultTables = tableNames{lease: DefaultLeaseTable, result: DefaultResultTable}
+
+// WithTableNames names the two tables: lease holds the lease rows (by
+// default DefaultLeaseTable) and result the rows of SaveJSON and LoadJSON
+// (DefaultResultTable). Each is a lower-case SQL identifier of letters,
+// digits and underscores, optionally qualified by a schema (PostgreSQL) or
+// database (MySQL) the same way: "app_lease" or "jobs.lease". Pass the
+// same option to AutoMigrate, NewRunner or NewRepository, and LoadJSON.
+//
+// gorm's NamingStrategy, a TablePrefix included, does not apply to these
+// tables: their names are the defaults unless this option says otherwise,
+// so that changing a gorm setting never moves the leases to another table
+// while the old one is still in use. To prefix them, say so here:
+// WithTableNames("app_job_lease", "app_job_result").
+func WithTableNames(lease, result string) Option {
+	return option{name: "WithTableNames", set: func(c *config) { c.tables = tableNames{lease: lease, result: result} }}
+}
+
+// check returns an error wrapping ErrInvalidArgument when t cannot name
+// the tables.
+func (t tableNames) check() error {
+	for _, n := range []struct{ what, name string }{{"lease", t.lease}, {"result", t.result}} {
+		if problem := checkTableName(n.name); problem != "" {
+			return invalidf("WithTableNames: %s table name %q %s", n.what, n.name, problem)
+		}
+	}
+	if t.lease == t.result {
+		return invalidf("WithTableNames: the lease and result tables must differ, both are %q", t.lease)
+	}
+	return nil
+}
+
+// checkTableName says what is wrong with name as a table name, or returns
+// "" when it is fine.
+func checkTableName(name string) string {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return "has more than one dot: write table or schema.table"
+	}
+	for _, p := range parts {
+		switch {
+		case p == "":
+			return "has an empty part"
+		case len(p) > maxTableName:
+			return fmt.Sprintf("has a part longer than %d bytes", maxTableName)
+		case p[0] >= '0' && p[0] <= '9':
+			return "has a part that starts with a digit"
+		}
+		for i := 0; i < len(p); i++ {
+			if c := p[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+				return fmt.Sprintf("has %q at offset %d: use lower-case letters, digits and underscores", c, i)
+			}
+		}
+	}
+	return ""
+}
+
+// expand writes t's names into query, which names the tables as
+// job_lease and job_result.
+func (t tableNames) expand(query string) string {
+	if t == defaultTables {
+		return query
+	}
+	return strings.NewReplacer(DefaultLeaseTable, t.lease, DefaultResultTable, t.result).Replace(query)
+}
