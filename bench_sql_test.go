@@ -21,8 +21,9 @@ func TestBench_ReferenceSQLMatchesLibrary(t *testing.T) {
 	require.NoError(t, err)
 	repo := newRepository(t, testdb.Postgres(t).DB(t))
 	for name, stmt := range map[string]string{
-		"acquire": gormlease.PostgresAcquire,
-		"release": gormlease.ReleaseSQL(repo),
+		"acquire":          gormlease.PostgresAcquire,
+		"release":          gormlease.ReleaseSQL(repo),
+		"save and release": gormlease.SaveReleaseSQL(repo),
 	} {
 		assert.Contains(t, string(src), strings.ReplaceAll(stmt, "job_lease", "raw_lease"),
 			"bench/rawlease.go no longer has the library's %s statement", name)

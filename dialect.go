@@ -8,14 +8,16 @@ import (
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 )
 
 // dialect is the seam between the lease steps and one database's SQL. Only
 // what differs between databases lives behind it: the DDL, the database
 // clock, the acquire (one statement where the database has a conditional
-// upsert) and the fenced commit's transaction options. Heartbeat, fence and
-// release are written once, in repository.go, with gorm's builder and the
-// dialect's clock.
+// upsert), the fenced commit's transaction options, how waiters are told
+// and what they read. The statements on the caller's own row (heartbeat,
+// the fenced commit's lock, release) are written once, in repository.go,
+// with the dialect's clock.
 type dialect interface {
 	// migrate creates the tables when they do not exist.
 	migrate(ctx context.Context, db *gorm.DB) error
@@ -32,6 +34,36 @@ type dialect interface {
 	// rebind rewrites the ? placeholders of query as the database's driver
 	// wants them.
 	rebind(query string) string
+	// notifyWaiters is what the statements that end a generation or save
+	// its result append to tell waiters in other processes, or "" where
+	// the database cannot; waiters poll in any case.
+	notifyWaiters() string
+	// stateSQL is the statement that reads a lease row for a waiter: see
+	// readState. Its one argument is the target.
+	stateSQL() string
+}
+
+// column is a column that a later version added to the lease table.
+type column struct{ name, ddl string }
+
+// addMissingColumns adds to table those of columns that it lacks: the
+// upgrade, by AutoMigrate, of a table made by an earlier version. A column
+// that another AutoMigrate adds at the same time makes the ALTER fail; it is
+// then found there, and that is not an error.
+func addMissingColumns(db *gorm.DB, table string, columns []column) error {
+	quiet := db.Session(&gorm.Session{Logger: logger.Discard})
+	has := func(c column) bool {
+		return quiet.Exec("SELECT "+c.name+" FROM "+table+" WHERE 1 = 0").Error == nil
+	}
+	for _, c := range columns {
+		if has(c) {
+			continue
+		}
+		if err := db.Exec("ALTER TABLE " + table + " ADD COLUMN " + c.name + " " + c.ddl).Error; err != nil && !has(c) {
+			return fmt.Errorf("add column %s.%s: %w", table, c.name, err)
+		}
+	}
+	return nil
 }
 
 // batchHeartbeater is a capability that a dialect may have: renewing many
@@ -77,7 +109,15 @@ type acquireArgs struct {
 	token    uuid.UUID
 	holder   string
 	timeout  time.Duration
+	// from, when not anyGeneration, is the generation that the row must
+	// have for the acquire to take it over (0: there must be no row). A
+	// caller that waited for a generation to end takes over from that one
+	// only, never from one that began and ended since it looked.
+	from int64
 }
+
+// anyGeneration is acquireArgs.from when any generation may be taken over.
+const anyGeneration = -1
 
 // dialectFor picks the dialect for db's gorm dialector, with its
 // statements written for the tables t.

@@ -46,6 +46,9 @@ const (
 	holder      varchar(255) NOT NULL DEFAULT '',
 	updated_at  datetime(6) NOT NULL,
 	released_at datetime(6) NULL,
+	saved_generation bigint NULL,
+	saved_at    datetime(6) NULL,
+	failure     varchar(255) NULL,
 	PRIMARY KEY (target_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
 
@@ -71,7 +74,16 @@ func (d mysqlDialect) migrate(ctx context.Context, db *gorm.DB) error {
 			return err
 		}
 	}
-	return nil
+	// MySQL has no ADD COLUMN IF NOT EXISTS (MariaDB has).
+	return addMissingColumns(db, d.lease, mysqlAddedColumns)
+}
+
+// mysqlAddedColumns are the columns that later versions added to
+// job_lease, which AutoMigrate adds to a table made before them.
+var mysqlAddedColumns = []column{
+	{"saved_generation", "bigint NULL"},
+	{"saved_at", "datetime(6) NULL"},
+	{"failure", "varchar(255) NULL"},
 }
 
 // mysqlCheckTimes makes sure that the DSN lets the lease rows be read: a
@@ -114,9 +126,11 @@ const mysqlTakeOver = `UPDATE job_lease SET
 	generation  = LAST_INSERT_ID(generation + 1),
 	holder      = ?,
 	updated_at  = UTC_TIMESTAMP(6),
-	released_at = NULL
+	released_at = NULL,
+	failure     = NULL
 WHERE target_id = ?
-  AND (released_at IS NOT NULL OR updated_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)`
+  AND (released_at IS NOT NULL OR updated_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)
+  AND (? < 0 OR generation = ?)`
 
 // mysqlInsert creates the row of a target never acquired before. IGNORE
 // turns a duplicate key into a warning and zero rows: no error to translate
@@ -137,7 +151,7 @@ VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6), NULL)`
 // the UPDATE looked: the lease was held during this call, and refusing is
 // right.
 func (d mysqlDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
-	res, n, err := execSQL(ctx, db, d.takeOverSQL, a.token.String(), a.holder, a.targetID, a.timeout.Microseconds())
+	res, n, err := execSQL(ctx, db, d.takeOverSQL, a.token.String(), a.holder, a.targetID, a.timeout.Microseconds(), a.from, a.from)
 	if err != nil {
 		return 0, false, fmt.Errorf("take over: %w", err)
 	}
@@ -147,6 +161,9 @@ func (d mysqlDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (
 			return 0, false, fmt.Errorf("take over: read generation (insert ID %d): %v", gen, err)
 		}
 		return gen, true, nil
+	}
+	if a.from > 0 {
+		return 0, false, nil // a row exists, or did: it is not a target never acquired
 	}
 	_, n, err = execSQL(ctx, db, d.insertSQL, a.targetID, a.token.String(), a.holder)
 	if err != nil {
@@ -192,4 +209,15 @@ func (d mysqlDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases []
 		return nil, err
 	}
 	return scanRenewed(rows, leases)
+}
+
+// notifyWaiters is empty: MySQL has no notifications, and waiters poll.
+func (mysqlDialect) notifyWaiters() string { return "" }
+
+// stateSQL reads what a waiter needs of the row: see leaseState.
+func (d mysqlDialect) stateSQL() string {
+	return `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
+	TIMESTAMPDIFF(MICROSECOND, updated_at, UTC_TIMESTAMP(6)) / 1e6,
+	TIMESTAMPDIFF(MICROSECOND, saved_at, UTC_TIMESTAMP(6)) / 1e6, false
+FROM ` + d.lease + ` WHERE target_id = ?`
 }

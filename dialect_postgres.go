@@ -37,6 +37,11 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	updated_at  timestamptz  NOT NULL,
 	released_at timestamptz
 ) WITH (fillfactor = 80);
+ALTER TABLE job_lease
+	ADD COLUMN IF NOT EXISTS saved_generation bigint,
+	ADD COLUMN IF NOT EXISTS saved_at         timestamptz,
+	ADD COLUMN IF NOT EXISTS failure          varchar(255),
+	ADD COLUMN IF NOT EXISTS waiting          boolean NOT NULL DEFAULT false;
 CREATE TABLE IF NOT EXISTS job_result (
 	target_id  varchar(255) PRIMARY KEY,
 	data       jsonb        NOT NULL,
@@ -82,15 +87,18 @@ ON CONFLICT (target_id) DO UPDATE SET
 	generation  = l.generation + 1,
 	holder      = excluded.holder,
 	updated_at  = excluded.updated_at,
-	released_at = NULL
-WHERE l.released_at IS NOT NULL
-   OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision))
+	released_at = NULL,
+	failure     = NULL,
+	waiting     = false
+WHERE (l.released_at IS NOT NULL
+    OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision)))
+  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
 RETURNING l.generation`
 
 func (d postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
 	var generation int64
 	ok, err := queryRowSQL(ctx, db, d.acquireSQL,
-		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds()}, &generation)
+		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds(), a.from}, &generation)
 	return generation, ok, err
 }
 
@@ -98,28 +106,44 @@ func (d postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs
 func (postgresDialect) rebind(query string) string { return numbered(query) }
 
 // beginLocked begins the fenced transaction at READ COMMITTED (see
-// fenceTxOptions) and locks the lease row in the same query: with release,
-// the release's UPDATE; without, a locking read. pgx (and lib/pq) send a
-// query without arguments as a simple query, which may hold several
-// statements; its rows affected are the last statement's. The target is an
-// escape string literal (postgresLiteral), the token a UUID's text.
-func (d postgresDialect) beginLocked(l Lease, release bool) string {
-	var b strings.Builder
-	b.WriteString("BEGIN ISOLATION LEVEL READ COMMITTED; ")
-	if release {
-		b.WriteString("UPDATE " + d.lease + " SET released_at = clock_timestamp()")
-	} else {
-		b.WriteString("SELECT 1 FROM " + d.lease)
-	}
-	b.WriteString(" WHERE target_id = ")
-	b.WriteString(postgresLiteral(l.TargetID))
-	b.WriteString(" AND lease_token = '")
-	b.WriteString(l.Token.String())
-	b.WriteString("' AND released_at IS NULL")
-	if !release {
-		b.WriteString(" FOR UPDATE")
-	}
-	return b.String()
+// fenceTxOptions) and runs stmt, which locks the lease row, in the same
+// query. pgx (and lib/pq) send a query without arguments as a simple
+// query, which may hold several statements; its rows affected are the last
+// statement's. stmt's $1 and $2, the target and the token, are written in
+// as literals: the target as an escape string literal (postgresLiteral),
+// the token as a UUID's text.
+func (postgresDialect) beginLocked(stmt string, l Lease) string {
+	return "BEGIN ISOLATION LEVEL READ COMMITTED; " + strings.NewReplacer(
+		"$1", postgresLiteral(l.TargetID),
+		"$2", "'"+l.Token.String()+"'",
+	).Replace(stmt)
+}
+
+// notifyWaiters is appended to the statements that end a generation or
+// save its result: when a waiter has marked the row (see markWaitingSQL),
+// it sends the lease table's name and the target on the gormlease channel.
+// The notification is delivered when the transaction commits, and only
+// then. Rows nobody waits on send nothing, so that jobs nobody waits for do
+// not pay NOTIFY's cost: PostgreSQL serialises the commits of all
+// transactions that notify.
+func (d postgresDialect) notifyWaiters() string {
+	return " RETURNING CASE WHEN waiting THEN pg_notify('" + pgNotifyChannel + "', '" + d.lease + " ' || target_id) END"
+}
+
+// stateSQL reads what a waiter needs of the row: see leaseState.
+func (d postgresDialect) stateSQL() string {
+	return `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
+	EXTRACT(EPOCH FROM clock_timestamp() - updated_at), EXTRACT(EPOCH FROM clock_timestamp() - saved_at), waiting
+FROM ` + d.lease + ` WHERE target_id = $1`
+}
+
+// markWaitingSQL marks the row of a live generation as waited on, so that
+// the statement that ends it notifies (see notifyWaiters). It locks the
+// row: it runs wholly before that statement, which then sees the mark, or
+// wholly after it, when it finds the generation ended and changes nothing.
+func (d postgresDialect) markWaitingSQL() string {
+	return `UPDATE ` + d.lease + ` SET waiting = true
+WHERE target_id = $1 AND generation = $2 AND released_at IS NULL AND NOT waiting`
 }
 
 // postgresLiteral writes s, valid UTF-8 without NUL (as checkTargetID

@@ -24,10 +24,20 @@ import (
 // other formats.
 type sqliteDialect struct {
 	schemaSQL, acquireSQL, heartbeatSQL string
+	lease                               string
+}
+
+// sqliteAddedColumns are the columns that later versions added to
+// job_lease, which AutoMigrate adds to a table made before them.
+var sqliteAddedColumns = []column{
+	{"saved_generation", "integer"},
+	{"saved_at", "datetime"},
+	{"failure", "text"},
 }
 
 func newSQLiteDialect(t tableNames) sqliteDialect {
 	return sqliteDialect{
+		lease:        t.lease,
 		schemaSQL:    t.expand(sqliteSchema),
 		acquireSQL:   t.expand(sqliteAcquire),
 		heartbeatSQL: t.expand(sqliteHeartbeatBatch),
@@ -43,7 +53,10 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	generation  integer      NOT NULL,
 	holder      varchar(255) NOT NULL DEFAULT '',
 	updated_at  datetime     NOT NULL,
-	released_at datetime
+	released_at datetime,
+	saved_generation integer,
+	saved_at    datetime,
+	failure     text
 );
 CREATE TABLE IF NOT EXISTS job_result (
 	target_id  varchar(255) NOT NULL PRIMARY KEY,
@@ -55,7 +68,10 @@ CREATE TABLE IF NOT EXISTS job_result (
 func (d sqliteDialect) migrate(ctx context.Context, db *gorm.DB) error {
 	// One write transaction: a concurrent AutoMigrate waits for it.
 	return db.Transaction(func(tx *gorm.DB) error {
-		return tx.Exec(d.schemaSQL).Error
+		if err := tx.Exec(d.schemaSQL).Error; err != nil {
+			return err
+		}
+		return addMissingColumns(tx, d.lease, sqliteAddedColumns)
 	}, d.fenceTxOptions())
 }
 
@@ -81,15 +97,17 @@ ON CONFLICT (target_id) DO UPDATE SET
 	generation  = l.generation + 1,
 	holder      = excluded.holder,
 	updated_at  = excluded.updated_at,
-	released_at = NULL
-WHERE l.released_at IS NOT NULL
-   OR (julianday('now') - julianday(l.updated_at)) * 86400.0 > ?4
+	released_at = NULL,
+	failure     = NULL
+WHERE (l.released_at IS NOT NULL
+    OR (julianday('now') - julianday(l.updated_at)) * 86400.0 > ?4)
+  AND (?5 < 0 OR l.generation = ?5)
 RETURNING generation`
 
 func (d sqliteDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
 	var generation int64
 	ok, err := queryRowSQL(ctx, db, d.acquireSQL,
-		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds()}, &generation) // the token as text
+		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds(), a.from}, &generation) // the token as text
 	return generation, ok, err
 }
 
@@ -155,4 +173,15 @@ func (d sqliteDialect) heartbeatBatch(ctx context.Context, db *gorm.DB, leases [
 		return nil, err
 	}
 	return scanRenewed(rows, leases)
+}
+
+// notifyWaiters is empty: SQLite has no notifications, and waiters poll.
+func (sqliteDialect) notifyWaiters() string { return "" }
+
+// stateSQL reads what a waiter needs of the row: see leaseState.
+func (d sqliteDialect) stateSQL() string {
+	return `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
+	(julianday('now') - julianday(updated_at)) * 86400.0,
+	(julianday('now') - julianday(saved_at)) * 86400.0, 0
+FROM ` + d.lease + ` WHERE target_id = ?`
 }

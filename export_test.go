@@ -1,5 +1,7 @@
 package gormlease
 
+import "gorm.io/gorm"
+
 // PostgresSchema exposes the PostgreSQL DDL to the black-box tests.
 var PostgresSchema = postgresSchema
 
@@ -24,3 +26,37 @@ const PostgresAcquire = postgresAcquire
 
 // ReleaseSQL returns r's release statement.
 func ReleaseSQL(r *Repository) string { return r.releaseSQL }
+
+// SaveReleaseSQL returns the statement that locks the row in Run's fenced
+// commit: the release that records the save.
+func SaveReleaseSQL(r *Repository) string { return r.saveReleaseSQL }
+
+// LiveWatches returns the number of lease rows that waiters of this
+// process watch.
+func LiveWatches() int64 { return watching.Load() }
+
+// Watched reports whether waiters of this process watch target's row in
+// the default table.
+func Watched(target string) bool {
+	hubs.Lock()
+	defer hubs.Unlock()
+	for _, h := range hubs.m {
+		if h.watches[watchKey{DefaultLeaseTable, target}] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Listening reports whether this process has a notification listener on
+// db's pool that listens now.
+func Listening(db *gorm.DB) bool {
+	hubs.Lock()
+	defer hubs.Unlock()
+	for _, h := range hubs.m {
+		if h.repo.db.ConnPool == db.ConnPool && h.listener.listening() {
+			return true
+		}
+	}
+	return false
+}

@@ -19,10 +19,10 @@ import (
 // literal query each time where it would run a prepared statement.
 type lockingBeginner interface {
 	// beginLocked returns the query that begins the fenced transaction and
-	// then locks l's row, changing it when release is set, so that the
-	// query's rows affected is 1 exactly when the row is still l's. Its
-	// values are written into the text, as escaped literals.
-	beginLocked(l Lease, release bool) string
+	// then runs stmt, one of the statements on l's own row, which changes
+	// it, so that the query's rows affected is 1 exactly when the row is
+	// still l's. Its values are written into the text, as escaped literals.
+	beginLocked(stmt string, l Lease) string
 	// refusesQueries reports whether err says that the driver sent the
 	// query in a way that takes one statement only, so that nothing ran.
 	refusesQueries(err error) bool
@@ -68,7 +68,7 @@ const fencedCommitSQL = "SELECT 1; COMMIT"
 // the caller then commits through gorm's transaction (after a refusal, so
 // does every later commit of r).
 func (r *Repository) commitOnConn(ctx context.Context, b lockingBeginner, l Lease,
-	fn func(tx *gorm.DB) error, release bool,
+	fn func(tx *gorm.DB) error, lockSQL string,
 ) (handled bool, err error) {
 	// Only on gorm's plain pool: a ConnPool of the caller's (a wrapper
 	// that traces or routes statements, or gorm's prepared statements) has
@@ -98,7 +98,7 @@ func (r *Repository) commitOnConn(ctx context.Context, b lockingBeginner, l Leas
 		}
 		return true, fmt.Errorf("gormlease: commit %q: %w", l.TargetID, cause)
 	}
-	_, n, err := execOn(ctx, r.db, conn, b.beginLocked(l, release))
+	_, n, err := execOn(ctx, r.db, conn, b.beginLocked(lockSQL, l))
 	if err != nil {
 		if b.refusesQueries(err) {
 			r.oneTripRefused.Store(true)

@@ -168,7 +168,7 @@ func TestCommit_PostgresBeginsAndLocksInOneQuery(t *testing.T) {
 		ctx := context.Background()
 		oneQuery := strings.HasSuffix(t.Name(), "/default")
 
-		// CommitIfOwner: a locking read.
+		// CommitIfOwner: the statement that records the save locks the row.
 		target := newTarget(t)
 		l, err := r.Repository().Acquire(ctx, target, time.Minute)
 		require.NoError(t, err)
@@ -176,8 +176,8 @@ func TestCommit_PostgresBeginsAndLocksInOneQuery(t *testing.T) {
 		require.NoError(t, r.Repository().CommitIfOwner(ctx, l, func(tx *gorm.DB) error { return nil }))
 		sql := st.take()
 		require.Len(t, sql, 1, "lock")
-		assert.Contains(t, sql[0], "FOR UPDATE")
-		assert.Equal(t, oneQuery, strings.HasPrefix(sql[0], "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT "), "%s", sql[0])
+		assert.Contains(t, sql[0], "SET saved_generation = generation")
+		assert.Equal(t, oneQuery, strings.HasPrefix(sql[0], "BEGIN ISOLATION LEVEL READ COMMITTED; UPDATE "), "%s", sql[0])
 		require.NoError(t, r.Repository().Release(ctx, l))
 
 		// Run: the release locks the row.

@@ -42,6 +42,16 @@ type JobLease struct {
 	UpdatedAt time.Time `gorm:"column:updated_at;autoUpdateTime:false"`
 	// ReleasedAt is the database time of the release, or nil while held.
 	ReleasedAt *time.Time `gorm:"column:released_at"`
+	// SavedGeneration is the last generation whose fenced commit saved a
+	// result, or nil when none has. It is recorded in the fenced commit's
+	// own transaction, and kept across acquisitions.
+	SavedGeneration *int64 `gorm:"column:saved_generation"`
+	// SavedAt is the database time of that save, or nil.
+	SavedAt *time.Time `gorm:"column:saved_at"`
+	// Failure is, for a generation that ended without saving because its
+	// job failed, the start of the job's error message (see Runner.Do); nil
+	// otherwise. An acquisition clears it.
+	Failure *string `gorm:"column:failure"`
 }
 
 // TableName returns "job_lease".

@@ -100,6 +100,17 @@ func WithHeartbeatDB(db *gorm.DB) Option {
 	return option{name: "WithHeartbeatDB", set: func(c *config) { c.heartbeatDB = db; c.heartbeatDBSet = true }}
 }
 
+// WithReuseFor makes Runner.Do return the target's last saved result,
+// without running the work, when that result was saved less than d ago on
+// the database's clock: a window in which a repeated request (a second
+// click, a retry) gets the answer of the first. Do calls its load function
+// for it and reports it as shared. It must be >= 0; the default, 0, turns
+// the window off: Do then runs the work again once the last job has ended.
+// Run and RunWait ignore it.
+func WithReuseFor(d time.Duration) Option {
+	return option{name: "WithReuseFor", set: func(c *config) { c.reuseFor = d }}
+}
+
 // config holds a Runner's settings after validation.
 type config struct {
 	heartbeatInterval time.Duration
@@ -111,6 +122,7 @@ type config struct {
 	heartbeatDB       *gorm.DB
 	heartbeatDBSet    bool
 	tables            tableNames
+	reuseFor          time.Duration
 }
 
 // newConfig applies opts over the defaults and validates the result.
@@ -150,6 +162,8 @@ func (c config) validate() error {
 			c.heartbeatInterval, c.safetyMargin, c.leaseTimeout)
 	case c.operationTimeout <= 0:
 		return invalidf("WithOperationTimeout: timeout must be > 0, got %v", c.operationTimeout)
+	case c.reuseFor < 0:
+		return invalidf("WithReuseFor: window must be >= 0, got %v", c.reuseFor)
 	}
 	if c.heartbeatDBSet && c.heartbeatDB == nil {
 		return invalidf("WithHeartbeatDB: db is nil")

@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 )
 
 // Lease is a lease that the caller holds: what Repository.Acquire returns and
@@ -47,9 +46,11 @@ type Repository struct {
 	dialect dialect
 	holder  string
 	tables  tableNames
-	// renewSQL and releaseSQL are the statements that stamp the caller's
-	// own row, in the dialect's placeholders.
-	renewSQL, releaseSQL string
+	// The statements on the caller's own row, in the dialect's
+	// placeholders: renew, release, release with a failure, save (the
+	// fenced commit's lock in CommitIfOwner) and save with the release (in
+	// Run). See ownRowSQL.
+	renewSQL, releaseSQL, failSQL, saveSQL, saveReleaseSQL string
 	// oneTripRefused is set once the driver refused to begin the fenced
 	// transaction and lock the row in one query (see lockingBeginner).
 	oneTripRefused atomic.Bool
@@ -91,11 +92,24 @@ func newRepository(db *gorm.DB, holder string, tables tableNames) (*Repository, 
 	if err := checkSettings(ctx, d, db); err != nil {
 		return nil, err
 	}
-	own := func(column string) string {
-		return d.rebind("UPDATE " + tables.lease + " SET " + column + " = " + d.now() +
-			" WHERE target_id = ? AND lease_token = ? AND released_at IS NULL")
-	}
-	return &Repository{db: db, dialect: d, holder: holder, tables: tables, renewSQL: own("updated_at"), releaseSQL: own("released_at")}, nil
+	r := &Repository{db: db, dialect: d, holder: holder, tables: tables}
+	now, notify := d.now(), d.notifyWaiters()
+	r.renewSQL = r.ownRowSQL("updated_at = "+now, "")
+	r.releaseSQL = r.ownRowSQL("released_at = "+now, notify)
+	r.failSQL = r.ownRowSQL("released_at = "+now+", failure = ?", notify)
+	r.saveSQL = r.ownRowSQL("saved_generation = generation, saved_at = "+now, notify)
+	r.saveReleaseSQL = r.ownRowSQL("released_at = "+now+", saved_generation = generation, saved_at = "+now, notify)
+	return r, nil
+}
+
+// ownRowSQL returns the statement that sets set on the caller's own row:
+// where the target and the token match and the lease is not released. Its
+// arguments are those of set, then the target and the token. Every such
+// statement locks the row and checks the token in one: its rows affected
+// is 1 exactly when the lease is still the caller's.
+func (r *Repository) ownRowSQL(set, suffix string) string {
+	return r.dialect.rebind("UPDATE " + r.tables.lease + " SET " + set +
+		" WHERE target_id = ? AND lease_token = ? AND released_at IS NULL" + suffix)
 }
 
 // Acquire takes the lease on targetID in one statement (on MySQL, two for a
@@ -110,7 +124,7 @@ func newRepository(db *gorm.DB, holder string, tables tableNames) (*Repository, 
 // after releasing, by its new token, the lease that the statement may have
 // taken, so that the target is not left held until the timeout.
 func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.Duration) (Lease, error) {
-	return r.acquire(ctx, targetID, timeout, DefaultOperationTimeout)
+	return r.acquire(ctx, targetID, timeout, DefaultOperationTimeout, anyGeneration)
 }
 
 // acquire is Acquire. When the statement fails without an answer from the
@@ -121,7 +135,7 @@ func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.
 // The token is this attempt's alone, so the release cannot touch another
 // holder's lease. It is best effort: a statement still in flight after the
 // release leaves the lease to time out.
-func (r *Repository) acquire(ctx context.Context, targetID string, timeout, cleanup time.Duration) (Lease, error) {
+func (r *Repository) acquire(ctx context.Context, targetID string, timeout, cleanup time.Duration, from int64) (Lease, error) {
 	if err := checkTargetID(targetID); err != nil {
 		return Lease{}, err
 	}
@@ -136,7 +150,7 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout, clea
 	var ok bool
 	err = retryStatement(ctx, func() (err error) {
 		gen, ok, err = r.dialect.acquire(ctx, r.db, acquireArgs{
-			targetID: targetID, token: token, holder: r.holder, timeout: timeout,
+			targetID: targetID, token: token, holder: r.holder, timeout: timeout, from: from,
 		})
 		return err
 	})
@@ -242,7 +256,7 @@ func (r *Repository) CommitIfOwner(ctx context.Context, l Lease, fn func(tx *gor
 
 // commit is CommitIfOwner; with release set it also releases the lease in
 // the same transaction, so that the save and the release are one durable write.
-func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) error, release bool) error {
+func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) error, release bool) (err error) {
 	if err := l.check(); err != nil {
 		return err
 	}
@@ -250,28 +264,30 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 		return invalidf("commit function is nil")
 	}
 	ctx = withLease(ctx, l, r.tables)
+	lockSQL := r.saveSQL
+	if release {
+		lockSQL = r.saveReleaseSQL
+	}
+	defer func() {
+		if err == nil {
+			wakeWaiters(r, l.TargetID)
+		}
+	}()
 	if b, ok := r.dialect.(lockingBeginner); ok && !r.oneTripRefused.Load() {
-		if handled, err := r.commitOnConn(ctx, b, l, fn, release); handled {
+		if handled, err := r.commitOnConn(ctx, b, l, fn, lockSQL); handled {
 			return err
 		}
 	}
 	committing := false
-	err := r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		// Releasing first locks the row and checks the token just as the
-		// locking read does, in one statement instead of two; until the
-		// commit, others still see the lease as held.
-		lock := r.lockOwn
-		if release {
-			lock = func(tx *gorm.DB, l Lease) error {
-				err := r.release(ctx, tx, l)
-				if errors.Is(err, ErrLeaseLost) {
-					return ErrLeaseLost // as lockOwn says it
-				}
-				return err
-			}
-		}
-		if err := lock(tx, l); err != nil {
-			return err
+	err = r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// Recording the save first locks the row and checks the token, in
+		// one statement; until the commit, others still see the lease as
+		// held, and the save as not made.
+		switch n, err := r.updateOwnRow(ctx, tx, l, lockSQL); {
+		case err != nil:
+			return fmt.Errorf("lock lease row: %w", err)
+		case n == 0:
+			return ErrLeaseLost
 		}
 		if err := fn(saverSession(ctx, tx, tx.Statement.ConnPool)); err != nil {
 			return fmt.Errorf("gormlease: save %q: %w", l.TargetID, err)
@@ -296,22 +312,6 @@ func answeredByServer(err error) bool {
 	return errors.As(err, &st)
 }
 
-// lockOwn locks l's row for the rest of tx and checks that it is still l's.
-func (r *Repository) lockOwn(tx *gorm.DB, l Lease) error {
-	var rows []JobLease
-	res := tx.Table(r.tables.lease).Clauses(clause.Locking{Strength: "UPDATE"}).
-		Select("lease_token", "released_at").
-		Where("target_id = ?", l.TargetID).
-		Limit(1).Find(&rows)
-	if res.Error != nil {
-		return fmt.Errorf("lock lease row: %w", res.Error)
-	}
-	if len(rows) == 0 || rows[0].LeaseToken != l.Token || rows[0].ReleasedAt != nil {
-		return ErrLeaseLost
-	}
-	return nil
-}
-
 // Release gives up l: the row is marked released, where both the target and
 // the token match, so the target can be acquired at once. It never touches a
 // lease that another holder acquired later: when l is no longer the caller's
@@ -326,24 +326,38 @@ func (r *Repository) Release(ctx context.Context, l Lease) error {
 }
 
 func (r *Repository) release(ctx context.Context, db *gorm.DB, l Lease) error {
-	n, err := r.updateOwnRow(ctx, db, l, r.releaseSQL)
+	return r.releaseAs(ctx, db, l, r.releaseSQL)
+}
+
+// releaseFailed releases l after its job failed with cause, and records the
+// failure in the row, for those who wait for the job (see Runner.Do).
+func (r *Repository) releaseFailed(ctx context.Context, l Lease, cause error) error {
+	return r.releaseAs(ctx, r.db, l, r.failSQL, failureText(cause))
+}
+
+// releaseAs releases l with stmt, r.releaseSQL or r.failSQL, whose own
+// arguments are args, and then wakes the waiters of this process.
+func (r *Repository) releaseAs(ctx context.Context, db *gorm.DB, l Lease, stmt string, args ...any) error {
+	n, err := r.updateOwnRow(ctx, db, l, stmt, args...)
 	if err != nil {
 		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, err)
 	}
 	if n == 0 {
 		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, ErrLeaseLost)
 	}
+	wakeWaiters(r, l.TargetID)
 	return nil
 }
 
-// updateOwnRow runs stmt, r.renewSQL or r.releaseSQL, on l's row: it stamps the
-// row with the database's time while l holds it under l's token, and
-// returns the number of rows it changed. Outside a transaction the
+// updateOwnRow runs stmt, one of r's statements on the caller's own row
+// (see ownRowSQL), with args and then l's target and token, and returns the
+// number of rows it changed. Outside a transaction the
 // statement is retried after a serialization failure (see retryStatement);
 // inside one, the failure is the transaction's to handle.
-func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, stmt string) (n int64, err error) {
+func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, stmt string, args ...any) (n int64, err error) {
+	args = append(args, l.TargetID, l.Token.String())
 	run := func() error {
-		_, n, err = execSQL(ctx, db, stmt, l.TargetID, l.Token.String())
+		_, n, err = execSQL(ctx, db, stmt, args...)
 		return err
 	}
 	if _, inTx := db.Statement.ConnPool.(gorm.TxCommitter); inTx {

@@ -18,6 +18,7 @@ type Runner[T any] struct {
 	repo   *Repository
 	beater *Repository // the heartbeats' Repository: repo, or on WithHeartbeatDB's db
 	cfg    config
+	local  localCalls[T] // the calls of Do and RunWait in progress, by target
 }
 
 // NewRunner returns a Runner on db, which must be a *gorm.DB from gorm.Open
@@ -86,21 +87,22 @@ func (r *Runner[T]) Run(ctx context.Context, targetID string,
 	save func(tx *gorm.DB, result T) error,
 ) (T, error) {
 	var zero T
-	switch {
-	case ctx == nil:
-		return zero, invalidf("context is nil")
-	case work == nil:
-		return zero, invalidf("work function is nil")
-	case save == nil:
-		return zero, invalidf("save function is nil")
-	}
-	if err := checkTargetID(targetID); err != nil {
+	if err := checkCall(ctx, targetID, work, save); err != nil {
 		return zero, err
 	}
+	return r.run(ctx, targetID, work, save, anyGeneration)
+}
+
+// run is Run, taking the target over only from generation from (see
+// acquireArgs), and with its arguments checked.
+func (r *Runner[T]) run(ctx context.Context, targetID string,
+	work func(ctx context.Context) (T, error), save func(tx *gorm.DB, result T) error, from int64,
+) (T, error) {
+	var zero T
 
 	acquireCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
 	sent := time.Now()
-	lease, err := r.repo.acquire(acquireCtx, targetID, r.cfg.leaseTimeout, r.cfg.operationTimeout)
+	lease, err := r.repo.acquire(acquireCtx, targetID, r.cfg.leaseTimeout, r.cfg.operationTimeout, from)
 	cancel()
 	if err != nil {
 		return zero, err
@@ -146,13 +148,29 @@ func (r *Runner[T]) Run(ctx context.Context, targetID string,
 	return zero, r.releaseAfter(ctx, lease, err)
 }
 
+// checkCall returns an error wrapping ErrInvalidArgument when the
+// arguments of a Run, RunWait or Do cannot be run.
+func checkCall[T any](ctx context.Context, targetID string,
+	work func(context.Context) (T, error), save func(*gorm.DB, T) error,
+) error {
+	switch {
+	case ctx == nil:
+		return invalidf("context is nil")
+	case work == nil:
+		return invalidf("work function is nil")
+	case save == nil:
+		return invalidf("save function is nil")
+	}
+	return checkTargetID(targetID)
+}
+
 // releaseAfter releases lease after Run failed with runErr, and returns
 // runErr, joined with the release's own error when that failed for a reason
 // other than the lease being gone already.
 func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, runErr error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
 	defer cancel()
-	err := r.repo.Release(ctx, lease)
+	err := r.repo.releaseFailed(ctx, lease, runErr)
 	if err == nil || errors.Is(err, ErrLeaseLost) {
 		return runErr
 	}

@@ -27,16 +27,21 @@ ON CONFLICT (target_id) DO UPDATE SET
 	generation  = l.generation + 1,
 	holder      = excluded.holder,
 	updated_at  = excluded.updated_at,
-	released_at = NULL
-WHERE l.released_at IS NOT NULL
-   OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision))
+	released_at = NULL,
+	failure     = NULL,
+	waiting     = false
+WHERE (l.released_at IS NOT NULL
+    OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision)))
+  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
 RETURNING l.generation`
-	rawRelease = `UPDATE raw_lease SET released_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL`
-	rawTable   = `CREATE TABLE raw_lease (LIKE job_lease INCLUDING ALL) WITH (fillfactor = 80)`
+	rawRelease     = `UPDATE raw_lease SET released_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
+	rawSaveRelease = `UPDATE raw_lease SET released_at = clock_timestamp(), saved_generation = generation, saved_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
+	rawTable       = `CREATE TABLE raw_lease (LIKE job_lease INCLUDING ALL) WITH (fillfactor = 80)`
 )
 
 // newRawLease is gormlease's SQL on raw pgx: acquire; BEGIN, the release
-// as the locking statement, the saver, COMMIT; each a prepared statement.
+// that records the save as the locking statement, the saver, COMMIT; each a
+// prepared statement.
 func newRawLease(ctx context.Context, dsn string, conns int) (*impl, error) {
 	c := &counter{isBeat: isUpdateOf("raw_lease")}
 	pool, err := openPool(ctx, dsn, conns, c)
@@ -47,7 +52,7 @@ func newRawLease(ctx context.Context, dsn string, conns int) (*impl, error) {
 		acquire: func(ctx context.Context, target string) (uuid.UUID, bool, error) {
 			token := uuid.New()
 			var gen int64
-			err := pool.QueryRow(ctx, rawAcquire, target, token, "bench", leaseTimeout.Seconds()).Scan(&gen)
+			err := pool.QueryRow(ctx, rawAcquire, target, token, "bench", leaseTimeout.Seconds(), -1).Scan(&gen)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return token, false, nil
 			}
@@ -66,7 +71,7 @@ func newRawLease(ctx context.Context, dsn string, conns int) (*impl, error) {
 		try:   steps.try,
 		job: steps.job(pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, false,
 			func(ctx context.Context, tx pgx.Tx, target, data string, token uuid.UUID) error {
-				tag, err := tx.Exec(ctx, rawRelease, target, token)
+				tag, err := tx.Exec(ctx, rawSaveRelease, target, token)
 				if err != nil {
 					return err
 				}

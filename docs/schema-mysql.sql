@@ -14,6 +14,13 @@
 -- The times are datetime(6) in UTC, written only by the database's
 -- UTC_TIMESTAMP(6), never by the application. job_result.data is json
 -- (on MariaDB, longtext with a json_valid check).
+--
+-- saved_generation and saved_at record the last generation that saved a
+-- result, in the fenced commit's own transaction; failure keeps the start of
+-- the error of a generation that ended without saving. A job_lease table
+-- made by an earlier version lacks them; AutoMigrate adds them, or run:
+--   ALTER TABLE job_lease ADD COLUMN saved_generation bigint NULL,
+--     ADD COLUMN saved_at datetime(6) NULL, ADD COLUMN failure varchar(255) NULL;
 
 CREATE TABLE IF NOT EXISTS job_lease (
 	target_id   varbinary(255) NOT NULL,
@@ -22,6 +29,9 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	holder      varchar(255) NOT NULL DEFAULT '',
 	updated_at  datetime(6) NOT NULL,
 	released_at datetime(6) NULL,
+	saved_generation bigint NULL,
+	saved_at    datetime(6) NULL,
+	failure     varchar(255) NULL,
 	PRIMARY KEY (target_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 

@@ -17,6 +17,18 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	released_at timestamptz
 ) WITH (fillfactor = 80);
 
+-- Columns added later; the ALTER also upgrades a table made before them.
+-- saved_generation and saved_at record the last generation that saved a
+-- result, in the fenced commit's own transaction; failure keeps the start of
+-- the error of a generation that ended without saving; waiting marks a live
+-- generation that a caller of Runner.Do or RunWait waits for, so that the
+-- statement ending it sends a notification.
+ALTER TABLE job_lease
+	ADD COLUMN IF NOT EXISTS saved_generation bigint,
+	ADD COLUMN IF NOT EXISTS saved_at         timestamptz,
+	ADD COLUMN IF NOT EXISTS failure          varchar(255),
+	ADD COLUMN IF NOT EXISTS waiting          boolean NOT NULL DEFAULT false;
+
 -- job_result is where gormlease.SaveJSON stores a target's result. Your own
 -- saver may write anywhere else instead, in the same transaction.
 CREATE TABLE IF NOT EXISTS job_result (

@@ -1,0 +1,351 @@
+package gormlease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+
+	"gorm.io/gorm"
+)
+
+// ErrSharedJobFailed is matched, with errors.Is, by the error that
+// Runner.Do returns to a caller that waited for another caller's job when
+// that job ended without saving a result: its work or saver failed or
+// panicked, it was cancelled, or it lost its lease. The error is a
+// *SharedJobError.
+var ErrSharedJobFailed = errors.New("gormlease: shared job failed")
+
+// SharedJobError is the error that Runner.Do returns to a caller that
+// waited for another caller's job when that job ended without saving. The
+// waiters do not run the work again themselves: a job that just failed
+// would most likely fail again, and every waiter retrying at once would
+// multiply the load on whatever made it fail. Call Do again to run it anew.
+type SharedJobError struct {
+	// TargetID is the target of the job.
+	TargetID string
+	// Generation is the generation of the lease the job ran under, or 0
+	// when it is not known.
+	Generation int64
+	// Message is the job's error message as its lease row keeps it: at
+	// most 255 bytes of it. It comes from another process, possibly
+	// another user's request, and says what went wrong; the job's own
+	// error, with its types, stays with the caller that ran it.
+	Message string
+	// cause is the job's own error, when the job ran in this process.
+	cause error
+}
+
+// Error implements error.
+func (e *SharedJobError) Error() string {
+	if e.Generation > 0 {
+		return fmt.Sprintf("gormlease: shared job %q (generation %d) failed: %s", e.TargetID, e.Generation, e.Message)
+	}
+	return fmt.Sprintf("gormlease: shared job %q failed: %s", e.TargetID, e.Message)
+}
+
+// Is reports whether target is ErrSharedJobFailed.
+func (e *SharedJobError) Is(target error) bool { return target == ErrSharedJobFailed }
+
+// Unwrap returns the job's own error when it ran in this process, and nil
+// otherwise.
+func (e *SharedJobError) Unwrap() error { return e.cause }
+
+// endedWithoutSaving is the message of a job that ended without saving and
+// left no failure: it was released by Repository.Release, or by force.
+const endedWithoutSaving = "ended without saving a result"
+
+// Do runs work once for everyone who asks for targetID at the same time, across
+// goroutines, processes and machines (a distributed singleflight).
+//
+//   - When no one holds the target, Do runs work and save as Run does and
+//     returns (result, false, nil), or Run's error.
+//   - When another holder's lease is live, Do waits for that job to end,
+//     holding no connection, until ctx is done. When the job saved its
+//     result, Do calls load in a transaction on the database (never on a
+//     read replica) after the job's commit, and returns (loaded, true,
+//     nil): every caller gets the same answer. When the job ended without
+//     saving, Do returns a *SharedJobError, which matches
+//     ErrSharedJobFailed, and does not run the work itself.
+//   - When the holder dies or freezes and its lease expires, one of the
+//     waiting callers takes the target over and runs the work; the others
+//     wait for its result.
+//   - With WithReuseFor(d), a result saved less than d ago is returned at
+//     once, through load, as shared.
+//
+// Calls of Do for the same target on the same Runner in one process share
+// one job, or one wait and one load: only the first caller's work and save
+// are used, and the first caller is the one that gets shared false when
+// the job ran here. The shared job runs on a context that keeps the first
+// caller's values but not its cancellation; it is cancelled when every
+// caller has gone. A caller whose ctx is done returns at once with an
+// error wrapping ctx.Err(); the last caller to leave waits for the shared
+// job to stop, so no goroutine outlives the calls.
+//
+// load reads the saved result with tx; its context carries nothing of the
+// lease. With SaveJSON as save, a one-line load reads it back:
+//
+//	func(tx *gorm.DB) (T, error) { v, _, err := gormlease.LoadJSON[T](tx.Statement.Context, tx, targetID); return v, err }
+func (r *Runner[T]) Do(ctx context.Context, targetID string,
+	work func(ctx context.Context) (T, error), save func(tx *gorm.DB, result T) error,
+	load func(tx *gorm.DB) (T, error),
+) (result T, shared bool, err error) {
+	var zero T
+	if err := checkCall(ctx, targetID, work, save); err != nil {
+		return zero, false, err
+	}
+	if load == nil {
+		return zero, false, invalidf("load function is nil")
+	}
+	f, first := r.local.join(ctx, targetID, func(fctx context.Context) (T, bool, error) {
+		return r.do(fctx, targetID, work, save, load)
+	})
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		r.local.leave(targetID, f)
+		return zero, false, fmt.Errorf("gormlease: do %q: %w", targetID, ctx.Err())
+	}
+	r.local.leave(targetID, f)
+	switch {
+	case f.err == nil:
+		return f.value, !first || !f.ran, nil
+	case !first && f.ran:
+		// The job ran here, for the first caller: to the others it is a
+		// shared job that failed.
+		var lost *SharedJobError
+		if !errors.As(f.err, &lost) {
+			return zero, true, &SharedJobError{TargetID: targetID, Message: failureText(f.err), cause: f.err}
+		}
+	}
+	return zero, !first || !f.ran, f.err
+}
+
+// do is Do's shared job: it runs work, or waits for the job in progress
+// and loads its result. ran reports whether it ran work.
+func (r *Runner[T]) do(ctx context.Context, targetID string,
+	work func(context.Context) (T, error), save func(*gorm.DB, T) error, load func(*gorm.DB) (T, error),
+) (result T, ran bool, err error) {
+	var zero T
+	w := subscribe(r.repo, targetID, r.cfg.heartbeatInterval)
+	defer w.unsubscribe()
+	var waitFor int64 // the generation whose end Do waits for; 0 before it waits
+	for {
+		st, read, changed := w.current()
+		switch {
+		case !read:
+			// Wait for the watch's first read.
+		case r.cfg.reuseFor > 0 && st.savedGeneration > 0 && st.savedAge >= 0 && st.savedAge < r.cfg.reuseFor,
+			waitFor > 0 && st.savedGeneration >= waitFor:
+			v, err := r.load(ctx, targetID, load)
+			return v, false, err
+		case waitFor > 0 && st.generation >= waitFor && st.released:
+			msg := st.failure
+			if msg == "" {
+				msg = endedWithoutSaving
+			}
+			return zero, false, &SharedJobError{TargetID: targetID, Generation: st.generation, Message: msg}
+		case st.live(r.cfg.leaseTimeout):
+			waitFor = st.generation
+		default:
+			// No one holds the target: run the work, unless another caller
+			// took the target over since the watch read the row.
+			v, err := r.run(ctx, targetID, work, save, st.generation)
+			if !errors.Is(err, ErrLeaseHeld) {
+				return v, true, err
+			}
+			// Another caller took the target first, with the next
+			// generation (or a later one): wait for the end of that one, as
+			// read after the refusal.
+			waitFor = st.generation + 1
+			_, _, changed = w.current()
+			w.poke()
+		}
+		if err := w.next(ctx, changed); err != nil {
+			return zero, false, fmt.Errorf("gormlease: do %q: %w", targetID, err)
+		}
+	}
+}
+
+// load calls load in a transaction, which read/write splitting plugins
+// send to the primary, bounded by the operation timeout.
+func (r *Runner[T]) load(ctx context.Context, targetID string, load func(*gorm.DB) (T, error)) (v T, err error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
+	defer cancel()
+	err = r.repo.db.WithContext(ctx).Transaction(func(tx *gorm.DB) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = &PanicError{Step: "load", Value: p, Stack: debug.Stack()}
+			}
+		}()
+		v, err = load(tx)
+		return err
+	})
+	if err != nil {
+		var zero T
+		return zero, fmt.Errorf("gormlease: load %q: %w", targetID, err)
+	}
+	return v, nil
+}
+
+// RunWait is Run, except that while another holder's lease is live it waits until
+// that lease is released or expires, then tries again; ctx bounds the whole wait.
+//
+// Each call runs its own work, under a lease of its own: N calls for one
+// target run their work one at a time, each saving under its own
+// generation. Calls of RunWait for the same target on the same Runner in
+// one process queue in the process, and only the first in the queue
+// waits on the database, holding no connection while it waits. When ctx
+// is done while waiting, RunWait returns an error wrapping ctx.Err(), and
+// ErrLeaseHeld when the lease was held at the last try.
+func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
+	work func(ctx context.Context) (T, error), save func(tx *gorm.DB, result T) error,
+) (T, error) {
+	var zero T
+	if err := checkCall(ctx, targetID, work, save); err != nil {
+		return zero, err
+	}
+	leave, err := r.local.enter(ctx, targetID)
+	if err != nil {
+		return zero, fmt.Errorf("gormlease: run %q: waiting in the process: %w", targetID, err)
+	}
+	defer leave()
+	var w *watch
+	defer func() {
+		if w != nil {
+			w.unsubscribe()
+		}
+	}()
+	for {
+		v, err := r.Run(ctx, targetID, work, save)
+		if !errors.Is(err, ErrLeaseHeld) {
+			return v, err
+		}
+		if w == nil {
+			w = subscribe(r.repo, targetID, r.cfg.heartbeatInterval)
+		}
+		// Wait for a read made after the refusal that shows the lease
+		// released or expired.
+		_, _, changed := w.current()
+		w.poke()
+		for {
+			if err := w.next(ctx, changed); err != nil {
+				return zero, fmt.Errorf("gormlease: run %q: waiting: %w", targetID, errors.Join(err, ErrLeaseHeld))
+			}
+			var st leaseState
+			st, _, changed = w.current()
+			if !st.live(r.cfg.leaseTimeout) {
+				break
+			}
+		}
+	}
+}
+
+// localCalls are the calls of Do and RunWait in progress on one Runner, by
+// target: Do's shared jobs, and RunWait's queues.
+type localCalls[T any] struct {
+	mu      sync.Mutex
+	flights map[string]*flight[T]
+	queues  map[string]*queue
+}
+
+// flight is one shared job of Do in this process.
+type flight[T any] struct {
+	callers int
+	cancel  context.CancelFunc
+	done    chan struct{}
+	// Set before done is closed.
+	value T
+	ran   bool
+	err   error
+}
+
+// join joins the shared job on targetID, starting it with run when there is
+// none; first reports whether it started it. The job's context keeps
+// ctx's values, not its cancellation. Call leave when done with it.
+func (lc *localCalls[T]) join(ctx context.Context, targetID string,
+	run func(context.Context) (T, bool, error),
+) (f *flight[T], first bool) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	f = lc.flights[targetID]
+	if f == nil {
+		if lc.flights == nil {
+			lc.flights = map[string]*flight[T]{}
+		}
+		fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		f = &flight[T]{cancel: cancel, done: make(chan struct{})}
+		lc.flights[targetID] = f
+		first = true
+		go func() {
+			defer close(f.done)
+			defer cancel()
+			f.value, f.ran, f.err = run(fctx)
+			lc.forget(targetID, f)
+		}()
+	}
+	f.callers++
+	return f, first
+}
+
+// leave leaves f. The last caller to leave a job still in progress cancels
+// it and waits for it to stop.
+func (lc *localCalls[T]) leave(targetID string, f *flight[T]) {
+	lc.mu.Lock()
+	f.callers--
+	last := f.callers == 0
+	if last && lc.flights[targetID] == f {
+		delete(lc.flights, targetID) // a later call starts a new job
+	}
+	lc.mu.Unlock()
+	if last {
+		f.cancel()
+		<-f.done
+	}
+}
+
+// forget removes f, which has ended, so that a later call starts anew.
+func (lc *localCalls[T]) forget(targetID string, f *flight[T]) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.flights[targetID] == f {
+		delete(lc.flights, targetID)
+	}
+}
+
+// queue lets RunWait's calls for one target through one at a time.
+type queue struct {
+	turn  chan struct{} // holds a value while a call has its turn
+	calls int
+}
+
+// enter waits for the turn of a RunWait call on targetID, until ctx is
+// done, and returns the function that ends the turn.
+func (lc *localCalls[T]) enter(ctx context.Context, targetID string) (leave func(), err error) {
+	lc.mu.Lock()
+	q := lc.queues[targetID]
+	if q == nil {
+		if lc.queues == nil {
+			lc.queues = map[string]*queue{}
+		}
+		q = &queue{turn: make(chan struct{}, 1)}
+		lc.queues[targetID] = q
+	}
+	q.calls++
+	lc.mu.Unlock()
+	done := func() {
+		lc.mu.Lock()
+		defer lc.mu.Unlock()
+		if q.calls--; q.calls == 0 {
+			delete(lc.queues, targetID)
+		}
+	}
+	select {
+	case q.turn <- struct{}{}:
+		return func() { <-q.turn; done() }, nil
+	case <-ctx.Done():
+		done()
+		return nil, ctx.Err()
+	}
+}

@@ -1,0 +1,313 @@
+package gormlease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// loadJSON is Do's load for a result that SaveJSON stored.
+func loadJSON(target string) func(tx *gorm.DB) (string, error) {
+	return func(tx *gorm.DB) (string, error) {
+		v, _, err := gormlease.LoadJSON[string](tx.Statement.Context, tx, target)
+		return v, err
+	}
+}
+
+// doResult is what Do returned, sent over a channel.
+type doResult struct {
+	value  string
+	shared bool
+	err    error
+}
+
+// goDo calls r.Do on a goroutine and sends its result.
+func goDo(ctx context.Context, r *gormlease.Runner[string], target string,
+	work func(context.Context) (string, error),
+) <-chan doResult {
+	ch := make(chan doResult, 1)
+	go func() {
+		v, shared, err := r.Do(ctx, target, work, gormlease.SaveJSON[string], loadJSON(target))
+		ch <- doResult{v, shared, err}
+	}()
+	return ch
+}
+
+// waitWatched waits until waiters of the process watch target's row.
+func waitWatched(t *testing.T, target string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "waiters watching "+target, func() bool { return gormlease.Watched(target) })
+}
+
+// Many callers of Do on one target, on two Runners (whose calls are not
+// shared in the process, so one waits through the database): the work runs
+// once, and every caller gets the saved value; only the caller whose call
+// ran the work gets shared false.
+func TestDo_ConcurrentCallersShareOneJob(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		a, b := newRunner(t, db, fast(50*time.Millisecond, 2*time.Second)...), newRunner(t, db, fast(50*time.Millisecond, 2*time.Second)...)
+		target := newTarget(t)
+		var runs atomic.Int32
+		release := make(chan struct{})
+		work := func(ctx context.Context) (string, error) {
+			n := runs.Add(1)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return "", context.Cause(ctx)
+			}
+			return fmt.Sprintf("report %d", n), nil
+		}
+		const n = 50
+		results := make([]<-chan doResult, 0, n)
+		results = append(results, goDo(context.Background(), a, target, work))
+		waitFor(t, 10*time.Second, "the work to start", func() bool { return runs.Load() == 1 })
+		for i := 1; i < n; i++ {
+			r := a
+			if i%2 == 1 {
+				r = b
+			}
+			results = append(results, goDo(context.Background(), r, target, work))
+		}
+		// b's callers wait on the database; give a's late callers time to join.
+		waitWatched(t, target)
+		close(release)
+		unshared := 0
+		for i, ch := range results {
+			res := recv(t, ch, 20*time.Second, "Do")
+			require.NoError(t, res.err, "caller %d", i)
+			assert.Equal(t, "report 1", res.value, "caller %d", i)
+			if !res.shared {
+				unshared++
+			}
+		}
+		assert.EqualValues(t, 1, runs.Load(), "work ran more than once")
+		assert.Equal(t, 1, unshared, "callers that got shared false")
+		assert.EqualValues(t, 1, leaseRow(t, db, target).Generation)
+	})
+}
+
+// When the shared job fails, the callers that waited for it get an error
+// that says so, and nobody runs the work again.
+func TestDo_HolderFailsWaitersGetSharedFailure(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		a, b := newRunner(t, db, fast(50*time.Millisecond, 2*time.Second)...), newRunner(t, db, fast(50*time.Millisecond, 2*time.Second)...)
+		target := newTarget(t)
+		var runs atomic.Int32
+		release := make(chan struct{})
+		work := func(ctx context.Context) (string, error) {
+			runs.Add(1)
+			<-release
+			return "", errors.New("upstream API answered 503")
+		}
+		holder := goDo(context.Background(), a, target, work)
+		waitFor(t, 10*time.Second, "the work to start", func() bool { return runs.Load() == 1 })
+		waiters := []<-chan doResult{goDo(context.Background(), b, target, work), goDo(context.Background(), b, target, work)}
+		waitWatched(t, target)
+		close(release)
+
+		res := recv(t, holder, 20*time.Second, "the holder's Do")
+		require.Error(t, res.err)
+		assert.NotErrorIs(t, res.err, gormlease.ErrSharedJobFailed, "the holder's own failure")
+		assert.ErrorContains(t, res.err, "upstream API answered 503")
+		for _, ch := range waiters {
+			res := recv(t, ch, 20*time.Second, "a waiter's Do")
+			require.ErrorIs(t, res.err, gormlease.ErrSharedJobFailed)
+			var shared *gormlease.SharedJobError
+			require.ErrorAs(t, res.err, &shared)
+			assert.Contains(t, shared.Message, "upstream API answered 503")
+			assert.EqualValues(t, 1, shared.Generation)
+		}
+		assert.EqualValues(t, 1, runs.Load(), "a waiter ran the work again")
+		row := leaseRow(t, db, target)
+		require.NotNil(t, row.Failure)
+		assert.Contains(t, *row.Failure, "upstream API answered 503")
+		assert.Nil(t, row.SavedGeneration)
+	})
+}
+
+// A holder that stops heartbeating (frozen or dead): once its lease
+// expires, exactly one waiter takes over and runs the work, and the others
+// get that waiter's result. The frozen holder's save is refused.
+func TestDo_ExpiredHolderTakenOverByOneWaiter(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		repo := newRepository(t, db)
+		target := newTarget(t)
+		frozen, err := repo.Acquire(context.Background(), target, time.Second)
+		require.NoError(t, err)
+
+		var runs atomic.Int32
+		work := func(ctx context.Context) (string, error) {
+			return fmt.Sprintf("report %d", runs.Add(1)), nil
+		}
+		runners := []*gormlease.Runner[string]{
+			newRunner(t, db, fast(50*time.Millisecond, time.Second)...),
+			newRunner(t, db, fast(50*time.Millisecond, time.Second)...),
+			newRunner(t, db, fast(50*time.Millisecond, time.Second)...),
+		}
+		var results []<-chan doResult
+		for i := range 12 {
+			results = append(results, goDo(context.Background(), runners[i%3], target, work))
+		}
+		unshared := 0
+		for _, ch := range results {
+			res := recv(t, ch, 20*time.Second, "Do")
+			require.NoError(t, res.err)
+			assert.Equal(t, "report 1", res.value)
+			if !res.shared {
+				unshared++
+			}
+		}
+		assert.EqualValues(t, 1, runs.Load(), "more than one waiter ran the work")
+		assert.Equal(t, 1, unshared)
+		assert.EqualValues(t, 2, leaseRow(t, db, target).Generation)
+
+		err = repo.CommitIfOwner(context.Background(), frozen, func(tx *gorm.DB) error {
+			t.Error("the frozen holder's saver ran")
+			return nil
+		})
+		assert.ErrorIs(t, err, gormlease.ErrLeaseLost)
+	})
+}
+
+// RunWait: every caller runs its own work, one at a time, each under a
+// generation of its own.
+func TestRunWait_CallersRunOneAtATime(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		runners := []*gormlease.Runner[string]{
+			newRunner(t, db, fast(50*time.Millisecond, 2*time.Second)...),
+			newRunner(t, db, fast(50*time.Millisecond, 2*time.Second)...),
+		}
+		target := newTarget(t)
+		var inside, maxInside atomic.Int32
+		var mu sync.Mutex
+		generations := map[int64]bool{}
+		const n = 8
+		errs := make(chan error, n)
+		for i := range n {
+			go func() {
+				_, err := runners[i%2].RunWait(context.Background(), target, func(ctx context.Context) (string, error) {
+					now := inside.Add(1)
+					defer inside.Add(-1)
+					for m := maxInside.Load(); now > m && !maxInside.CompareAndSwap(m, now); m = maxInside.Load() {
+					}
+					time.Sleep(20 * time.Millisecond) // the work itself: long enough to overlap if allowed
+					l, _ := gormlease.LeaseFromContext(ctx)
+					mu.Lock()
+					generations[l.Generation] = true
+					mu.Unlock()
+					return "x", nil
+				}, gormlease.SaveJSON[string])
+				errs <- err
+			}()
+		}
+		for range n {
+			require.NoError(t, recv(t, errs, 30*time.Second, "RunWait"))
+		}
+		assert.EqualValues(t, 1, maxInside.Load(), "two works ran at once")
+		assert.Len(t, generations, n, "works shared a generation")
+		assert.EqualValues(t, n, leaseRow(t, db, target).Generation)
+	})
+}
+
+// WithReuseFor: a result saved within the window is returned without
+// running the work; one saved before it is not.
+func TestDo_ReuseFor(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		target := newTarget(t)
+		var runs atomic.Int32
+		work := func(context.Context) (string, error) { return fmt.Sprintf("report %d", runs.Add(1)), nil }
+		plain := newRunner(t, db)
+		v, shared, err := plain.Do(context.Background(), target, work, gormlease.SaveJSON[string], loadJSON(target))
+		require.NoError(t, err)
+		assert.False(t, shared)
+		assert.Equal(t, "report 1", v)
+
+		reuse := newRunner(t, db, gormlease.WithReuseFor(time.Hour))
+		v, shared, err = reuse.Do(context.Background(), target, work, gormlease.SaveJSON[string], loadJSON(target))
+		require.NoError(t, err)
+		assert.True(t, shared, "a result within the window was not reused")
+		assert.Equal(t, "report 1", v)
+		assert.EqualValues(t, 1, runs.Load())
+
+		// The save is 10 minutes old on the database's clock: outside a
+		// 5-minute window.
+		require.NoError(t, db.Model(&gormlease.JobLease{}).Where("target_id = ?", target).
+			Update("saved_at", s.Ago(10*time.Minute)).Error)
+		short := newRunner(t, db, gormlease.WithReuseFor(5*time.Minute))
+		v, shared, err = short.Do(context.Background(), target, work, gormlease.SaveJSON[string], loadJSON(target))
+		require.NoError(t, err)
+		assert.False(t, shared, "a result older than the window was reused")
+		assert.Equal(t, "report 2", v)
+
+		// Without the option, Do runs the work again once the job has ended.
+		v, shared, err = plain.Do(context.Background(), target, work, gormlease.SaveJSON[string], loadJSON(target))
+		require.NoError(t, err)
+		assert.False(t, shared)
+		assert.Equal(t, "report 3", v)
+	})
+}
+
+// A caller whose context ends while it waits returns at once, with an
+// error wrapping the context's, and leaves nothing behind.
+func TestDo_ContextEndsWhileWaiting(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		repo := newRepository(t, db)
+		target, _ := acquireNew(t, repo, time.Hour) // held for the whole test
+		r := newRunner(t, db, fast(time.Second, 5*time.Second)...)
+		sqlDB, err := db.DB()
+		require.NoError(t, err)
+
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_, _, err = r.Do(ctx, target, func(context.Context) (string, error) {
+			t.Error("work ran while the lease was held")
+			return "", nil
+		}, gormlease.SaveJSON[string], loadJSON(target))
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+		ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		_, err = r.RunWait(ctx, target, func(context.Context) (string, error) {
+			t.Error("work ran while the lease was held")
+			return "", nil
+		}, gormlease.SaveJSON[string])
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.ErrorIs(t, err, gormlease.ErrLeaseHeld)
+		waitFor(t, 5*time.Second, "connections back", func() bool { return sqlDB.Stats().InUse == 0 })
+	})
+}
+
+// Bad input to Do and RunWait is refused, naming the problem.
+func TestDo_BadInput(t *testing.T) {
+	t.Parallel()
+	db := testdb.All(t)[0].DB(t)
+	r := newRunner(t, db)
+	work := func(context.Context) (string, error) { return "", nil }
+	_, _, err := r.Do(context.Background(), "t", work, gormlease.SaveJSON[string], nil)
+	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+	assert.ErrorContains(t, err, "load function is nil")
+	_, _, err = r.Do(context.Background(), "", work, gormlease.SaveJSON[string], loadJSON("t"))
+	assert.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+	_, err = r.RunWait(context.Background(), "t", nil, gormlease.SaveJSON[string])
+	assert.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+	_, err = gormlease.NewRunner[string](db, gormlease.WithReuseFor(-time.Second))
+	assert.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+}

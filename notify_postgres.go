@@ -1,0 +1,153 @@
+package gormlease
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// pgNotifyChannel is the channel on which the statements that end a
+// waited-for generation notify, with the lease table's name and the
+// target, separated by a space, as the payload.
+const pgNotifyChannel = "gormlease"
+
+const (
+	// listenerPing is how long the listener waits for a notification before
+	// it checks that its connection still answers.
+	listenerPing = 15 * time.Second
+	// listenerRetry is the first pause before the listener connects again
+	// after a failure; it doubles, with jitter, up to listenerMaxRetry.
+	listenerRetry    = 50 * time.Millisecond
+	listenerMaxRetry = 5 * time.Second
+)
+
+// errNoListen says that the pool's driver cannot receive notifications:
+// it is not pgx (lib/pq, for one). Its hub's waiters then only poll.
+var errNoListen = errors.New("the driver cannot listen: not pgx")
+
+// pgListener receives, on PostgreSQL with pgx, the notifications that wake
+// one hub's watches. It has one connection, taken from the pool while
+// somebody in the process waits on the pool and closed when the last stops
+// waiting, so that it never goes back to the pool while it listens. When
+// the connection fails it connects again, with backoff; each time it has
+// started listening it wakes every watch, since it may have missed
+// notifications meanwhile. The watches poll in any case.
+type pgListener struct {
+	hub   *hub
+	ready atomic.Bool
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// newPGListener returns the listener for h, or nil when h's pool is not
+// PostgreSQL.
+func newPGListener(h *hub) *pgListener {
+	if _, ok := h.repo.dialect.(postgresDialect); !ok {
+		return nil
+	}
+	return &pgListener{hub: h}
+}
+
+// listening reports whether l receives notifications now.
+func (l *pgListener) listening() bool { return l != nil && l.ready.Load() }
+
+// start starts l's goroutine.
+func (l *pgListener) start() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	l.cancel, l.done = cancel, make(chan struct{})
+	go l.run(ctx)
+}
+
+// stop stops l's goroutine and waits for it; its connection is closed.
+func (l *pgListener) stop() {
+	l.mu.Lock()
+	cancel, done := l.cancel, l.done
+	l.mu.Unlock()
+	cancel()
+	<-done
+}
+
+// run listens until ctx is cancelled, connecting again after failures.
+func (l *pgListener) run(ctx context.Context) {
+	defer close(l.done)
+	pause := listenerRetry
+	for {
+		err := l.listen(ctx)
+		l.ready.Store(false)
+		if ctx.Err() != nil || errors.Is(err, errNoListen) {
+			return
+		}
+		t := time.NewTimer(pause/2 + rand.N(pause/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		pause = min(2*pause, listenerMaxRetry)
+	}
+}
+
+// listen takes a connection, listens on it and dispatches notifications
+// until ctx is cancelled or the connection fails. The connection is then
+// closed, never returned to the pool.
+func (l *pgListener) listen(ctx context.Context) error {
+	sqlDB, err := l.hub.repo.db.DB()
+	if err != nil {
+		return errNoListen
+	}
+	conn, err := sqlDB.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Raw(func(dc any) error {
+		c, ok := dc.(interface{ Conn() *pgx.Conn })
+		if !ok {
+			return errNoListen
+		}
+		err := l.receive(ctx, c.Conn())
+		// Close the connection rather than return it to the pool listening.
+		return errors.Join(err, driver.ErrBadConn)
+	})
+}
+
+// receive listens on pc and wakes the hub's watches as notifications come.
+func (l *pgListener) receive(ctx context.Context, pc *pgx.Conn) error {
+	if _, err := pc.Exec(ctx, "LISTEN "+pgNotifyChannel); err != nil {
+		return err
+	}
+	l.ready.Store(true)
+	l.hub.wakeAll()
+	for {
+		wctx, cancel := context.WithTimeout(ctx, listenerPing)
+		n, err := pc.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil && wctx.Err() != nil:
+			// Nothing came for a while: check that the connection is alive.
+			if err := pc.Ping(ctx); err != nil {
+				return err
+			}
+		case err != nil:
+			return err
+		default:
+			if table, target, ok := strings.Cut(n.Payload, " "); ok {
+				l.hub.wakeTarget(table, target)
+			}
+		}
+	}
+}

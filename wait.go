@@ -1,0 +1,329 @@
+package gormlease
+
+import (
+	"context"
+	"database/sql"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Waiting. A caller that waits for a target (Runner.RunWait, Runner.Do)
+// watches the target's lease row until the generation it waits for ends.
+// All callers in one process that wait for the same target on the same
+// pool share one watch: one goroutine that reads the row, publishes what it
+// read, and sleeps until it is woken or its poll comes due. The watch
+// starts with its first waiter and is stopped, and awaited, by its last;
+// it holds no connection between its reads.
+//
+// A watch is woken three ways:
+//   - in-process: a release or a fenced commit of this process, on the same
+//     pool and table, wakes the target's watch at once (wakeWaiters);
+//   - by notification, on PostgreSQL: one listener per pool (see
+//     pgListener) receives the notifications that ending a waited-for
+//     generation sends, and wakes the target's watch;
+//   - by poll: after each read it sleeps for a jittered pause that doubles
+//     from a quarter of the heartbeat interval up to the interval, and
+//     starts again from a quarter after every change. So a lost
+//     notification, or none at all (MySQL, SQLite, PgBouncer in
+//     transaction pooling, lib/pq), delays a waiter by one interval at
+//     most; it never strands it.
+
+// leaseState is a lease row as a waiter reads it, with ages on the
+// database's clock.
+type leaseState struct {
+	found      bool
+	generation int64
+	released   bool
+	// savedGeneration is the last generation that saved a result, 0 when
+	// none did; savedAge is the time since then, when one did.
+	savedGeneration int64
+	savedAge        time.Duration
+	// failure is the failure that the generation was released with, if any.
+	failure string
+	// age is the time since the last acquire or heartbeat.
+	age time.Duration
+	// waiting reports whether the row is marked as waited on (PostgreSQL).
+	waiting bool
+}
+
+// live reports whether the generation that st shows is held and not
+// expired, judged with timeout.
+func (st leaseState) live(timeout time.Duration) bool {
+	return st.found && !st.released && st.age <= timeout
+}
+
+// readState reads targetID's row, as a waiter needs it.
+func (r *Repository) readState(ctx context.Context, targetID string) (leaseState, error) {
+	var (
+		st            leaseState
+		failure       sql.NullString
+		age, savedAge sql.NullFloat64
+	)
+	found, err := queryRowSQL(ctx, r.db, r.dialect.stateSQL(), []any{targetID},
+		&st.generation, &st.released, &st.savedGeneration, &failure, &age, &savedAge, &st.waiting)
+	if err != nil || !found {
+		return leaseState{}, err
+	}
+	st.found = true
+	st.failure = failure.String
+	st.age = seconds(age.Float64)
+	st.savedAge = -1
+	if savedAge.Valid {
+		st.savedAge = seconds(savedAge.Float64)
+	}
+	return st, nil
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// maxFailureLength is how much of a failed job's error its lease row keeps,
+// in bytes, for the callers that waited for the job.
+const maxFailureLength = 255
+
+// failureText is the text that a lease row keeps of err, the error a job
+// failed with: its message, without the package's prefix, cut to
+// maxFailureLength bytes. It is kept short on purpose. It travels to other
+// callers, possibly other users' requests, in other processes, where its
+// types are lost anyway: it is there to say what went wrong, not to carry
+// the holder's error; that stays with the holder, whose Run returns it.
+func failureText(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "gormlease: ")
+	msg = strings.ReplaceAll(msg, "\x00", "")
+	if len(msg) > maxFailureLength {
+		msg = truncateUTF8(msg, maxFailureLength-3) + "..."
+	}
+	if msg == "" {
+		msg = "failed"
+	}
+	return msg
+}
+
+// watchKey names a lease row within a pool.
+type watchKey struct {
+	table, target string
+}
+
+// hub holds the watches on one pool, and its listener where there is one.
+type hub struct {
+	key      any // poolKey of the repositories that use it
+	repo     *Repository
+	watches  map[watchKey]*watch
+	listener *pgListener // nil but on PostgreSQL
+}
+
+// hubs holds the hubs that have watches; its mutex also guards every hub's
+// watches and every watch's subscribers.
+var hubs = struct {
+	sync.Mutex
+	m map[any]*hub
+}{m: map[any]*hub{}}
+
+// watching counts the live watches, so that a release with no waiter in
+// the process skips the hubs' mutex.
+var watching atomic.Int64
+
+// watch follows one lease row for the callers that wait on it.
+type watch struct {
+	hub  *hub
+	key  watchKey
+	repo *Repository
+	subs int
+	// maxPause is the longest pause between polls: the shortest heartbeat
+	// interval of the subscribers.
+	maxPause time.Duration
+	wake     chan struct{} // buffered: a wake-up is never lost, never blocks
+
+	mu      sync.Mutex
+	state   leaseState
+	read    bool          // state was read at least once
+	changed chan struct{} // closed, and replaced, at every read
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// subscribe joins the watch on targetID's row of repo, starting it when
+// there is none, with polls at most interval apart. Call unsubscribe when
+// done waiting.
+func subscribe(repo *Repository, targetID string, interval time.Duration) *watch {
+	hubs.Lock()
+	defer hubs.Unlock()
+	pk := poolKey(repo)
+	h := hubs.m[pk]
+	if h == nil {
+		h = &hub{key: pk, repo: repo, watches: map[watchKey]*watch{}}
+		h.listener = newPGListener(h)
+		hubs.m[pk] = h
+	}
+	k := watchKey{repo.tables.lease, targetID}
+	w := h.watches[k]
+	if w == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		w = &watch{hub: h, key: k, repo: repo, maxPause: interval, wake: make(chan struct{}, 1),
+			changed: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
+		h.watches[k] = w
+		watching.Add(1)
+		if len(h.watches) == 1 && h.listener != nil {
+			h.listener.start()
+		}
+		go w.loop(ctx)
+	}
+	w.subs++
+	w.maxPause = min(w.maxPause, interval)
+	return w
+}
+
+// unsubscribe leaves the watch. The last subscriber stops the watch, and
+// the hub's listener when it was the hub's last watch, and waits for them.
+func (w *watch) unsubscribe() {
+	hubs.Lock()
+	w.subs--
+	if w.subs > 0 {
+		hubs.Unlock()
+		return
+	}
+	h := w.hub
+	delete(h.watches, w.key)
+	watching.Add(-1)
+	var l *pgListener
+	if len(h.watches) == 0 {
+		delete(hubs.m, h.key)
+		l = h.listener
+	}
+	hubs.Unlock()
+	w.cancel()
+	<-w.done
+	if l != nil {
+		l.stop()
+	}
+}
+
+// current returns the last state read, whether there was one, and a
+// channel that is closed at the next read.
+func (w *watch) current() (leaseState, bool, <-chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.state, w.read, w.changed
+}
+
+// poke makes the watch read the row again now.
+func (w *watch) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// next waits until the watch reads the row again, or ctx is done.
+func (w *watch) next(ctx context.Context, changed <-chan struct{}) error {
+	select {
+	case <-changed:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// loop reads the row until ctx is cancelled: at once, then whenever it is
+// woken or its poll comes due.
+func (w *watch) loop(ctx context.Context) {
+	defer close(w.done)
+	hubs.Lock()
+	maxPause := w.maxPause
+	hubs.Unlock()
+	pause := maxPause / 4
+	var last leaseState
+	for {
+		st, err := w.repo.readState(ctx, w.key.target)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			if st.generation != last.generation || st.released != last.released ||
+				st.savedGeneration != last.savedGeneration {
+				pause = maxPause / 4
+			}
+			last = st
+			w.publish(st)
+			w.hub.markWaiting(ctx, w, st)
+		}
+		t := time.NewTimer(pause/2 + rand.N(pause/2+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-w.wake:
+			t.Stop()
+		case <-t.C:
+		}
+		hubs.Lock()
+		maxPause = w.maxPause
+		hubs.Unlock()
+		pause = min(2*pause, maxPause)
+	}
+}
+
+// publish makes st the watch's state and tells the subscribers.
+func (w *watch) publish(st leaseState) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.state, w.read = st, true
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+// wakeWaiters wakes the watch on targetID's row of repo in this process,
+// if there is one: a release or fenced commit just ended or saved its
+// generation.
+func wakeWaiters(repo *Repository, targetID string) {
+	if watching.Load() == 0 {
+		return
+	}
+	hubs.Lock()
+	defer hubs.Unlock()
+	if h := hubs.m[poolKey(repo)]; h != nil {
+		if w := h.watches[watchKey{repo.tables.lease, targetID}]; w != nil {
+			w.poke()
+		}
+	}
+}
+
+// wakeAll wakes every watch of h: its listener just started listening, and
+// notifications sent before may have been missed.
+func (h *hub) wakeAll() {
+	hubs.Lock()
+	defer hubs.Unlock()
+	for _, w := range h.watches {
+		w.poke()
+	}
+}
+
+// wakeTarget wakes h's watch on target's row of table, if there is one.
+func (h *hub) wakeTarget(table, target string) {
+	hubs.Lock()
+	defer hubs.Unlock()
+	if w := h.watches[watchKey{table, target}]; w != nil {
+		w.poke()
+	}
+}
+
+// markWaiting marks the row that w read as st as waited on, when it shows
+// a live generation not marked yet and h's listener listens, so that the
+// statement that ends the generation notifies (PostgreSQL only). When the
+// mark finds the generation ended, the watch reads the row again.
+func (h *hub) markWaiting(ctx context.Context, w *watch, st leaseState) {
+	if h.listener == nil || !st.found || st.released || st.waiting || !h.listener.listening() {
+		return
+	}
+	d, ok := w.repo.dialect.(postgresDialect)
+	if !ok {
+		return
+	}
+	_, n, err := execSQL(ctx, w.repo.db, d.markWaitingSQL(), w.key.target, st.generation)
+	if err == nil && n == 0 {
+		w.poke()
+	}
+}
