@@ -263,6 +263,7 @@ func (b *bench) hbPglock(ctx context.Context, onPgx bool) error {
 	if err != nil {
 		return err
 	}
+	table := pglockTable(onPgx, hbInterval)
 	defer im.close()
 	r := hbResult{Impl: im.name + ", per lock", Leases: b.o.leases, Note: "beats counted from the rvn sequence"}
 	prefix := "hb-pq-"
@@ -294,7 +295,7 @@ func (b *bench) hbPglock(ctx context.Context, onPgx bool) error {
 	time.Sleep(hbInterval + hbInterval/4)
 	seq := func() int64 {
 		var v int64
-		_ = b.admin.QueryRow(ctx, `SELECT last_value FROM `+b.o.schema+`.pglock_rvn`).Scan(&v)
+		_ = b.admin.QueryRow(ctx, `SELECT last_value FROM `+b.o.schema+`.`+table+`_rvn`).Scan(&v)
 		return v
 	}
 	b.window(ctx, &r, im.stmts, "", func() int { return db.Stats().InUse }, seq)
@@ -303,7 +304,7 @@ func (b *bench) hbPglock(ctx context.Context, onPgx bool) error {
 		r.Note += "; 2 statements a beat"
 	}
 	stopBeats()
-	if _, err := b.admin.Exec(ctx, `DELETE FROM `+b.o.schema+`.pglock WHERE name LIKE $1`, prefix+"%"); err != nil {
+	if _, err := b.admin.Exec(ctx, `DELETE FROM `+b.o.schema+`.`+table+` WHERE name LIKE $1`, prefix+"%"); err != nil {
 		return err
 	}
 	b.addHB(r)

@@ -302,22 +302,80 @@ func newAdvisory(ctx context.Context, dsn string, conns int) (*impl, error) {
 	}, nil
 }
 
-// newPglock is cirello.io/pglock v1.16.0 with its defaults (a heartbeat
-// every 5 s per lock), on lib/pq as it ships or on pgx's database/sql driver.
+// Names of the pglock implementations.
+const (
+	pglockPq        = "pglock, lib/pq"
+	pglockPgx       = "pglock, pgx"
+	pglockPgxNoBeat = "pglock, pgx, WithHeartbeatFrequency(0)"
+)
+
+// pglockNames are the pglock implementations of the lock and job points.
+var pglockNames = []string{pglockPq, pglockPgx, pglockPgxNoBeat}
+
+// pglockTable is the lock table of a pglock configuration. Each has its
+// own, so that the rows one leaves behind (see explainedErrors) refuse no
+// other's attempts.
+func pglockTable(onPgx bool, hb time.Duration) string {
+	switch {
+	case hb == callerBeats:
+		return "pglock_caller_beats"
+	case onPgx:
+		return "pglock_pgx"
+	}
+	return "pglock"
+}
+
+// createPglockTables creates the lock tables of every pglock configuration.
+func createPglockTables(dsn string) error {
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	for _, table := range []string{pglockTable(false, 0), pglockTable(true, 0), pglockTable(true, callerBeats)} {
+		client, err := pglock.New(db, pglock.WithCustomTable(table))
+		if err != nil {
+			return err
+		}
+		if err := client.TryCreateTable(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// callerBeats, as newPglock's hb, configures pglock as its tests do for
+// heartbeats the caller sends: WithHeartbeatFrequency(0) starts no
+// heartbeat goroutine, and the full job sends SendHeartbeat every
+// callerBeatEvery itself, the interval gormlease's runner has here; a job
+// shorter than that sends none.
+const (
+	callerBeats     time.Duration = -1
+	callerBeatEvery               = 5 * time.Second
+)
+
+// newPglock is cirello.io/pglock v1.16.0, with FailIfLocked, on lib/pq (as
+// it ships, through New's driver check) or on pgx's database/sql driver
+// (which New refuses: UnsafeNew). With hb 0 its heartbeats are its
+// defaults: a goroutine per lock, beating every 5 s, the first beat at once
+// (see explainedErrors); with hb > 0 that goroutine beats every hb; with
+// callerBeats there is none.
 func newPglock(dsn string, conns int, onPgx bool, hb time.Duration) (*impl, *pglock.Client, *sql.DB, error) {
 	var (
-		db   *sql.DB
-		c    *counter
-		name = "pglock, lib/pq"
+		db    *sql.DB
+		c     *counter
+		name  = pglockPq
+		open  = pglock.New
+		table = pglockTable(onPgx, hb)
 	)
 	if onPgx {
-		c = &counter{isBeat: isUpdateOf("pglock")}
+		c = &counter{isBeat: isUpdateOf(table)}
 		cfg, err := pgxConfig(dsn, c)
 		if err != nil {
 			return nil, nil, nil, err
 		}
 		db = stdlib.OpenDB(*cfg)
-		name = "pglock, pgx"
+		name, open = pglockPgx, pglock.UnsafeNew
 	} else {
 		var err error
 		if db, err = sql.Open("postgres", dsn); err != nil {
@@ -326,11 +384,15 @@ func newPglock(dsn string, conns int, onPgx bool, hb time.Duration) (*impl, *pgl
 	}
 	db.SetMaxOpenConns(conns)
 	db.SetMaxIdleConns(conns)
-	opts := []pglock.ClientOption{pglock.WithCustomTable("pglock"), pglock.WithLeaseDuration(leaseTimeout)}
-	if hb > 0 {
+	opts := []pglock.ClientOption{pglock.WithCustomTable(table), pglock.WithLeaseDuration(leaseTimeout)}
+	switch {
+	case hb == callerBeats:
+		opts = append(opts, pglock.WithHeartbeatFrequency(0))
+		name += ", WithHeartbeatFrequency(0)"
+	case hb > 0:
 		opts = append(opts, pglock.WithHeartbeatFrequency(hb))
 	}
-	client, err := pglock.UnsafeNew(db, opts...)
+	client, err := open(db, opts...)
 	if err != nil {
 		db.Close()
 		return nil, nil, nil, err
@@ -345,7 +407,7 @@ func newPglock(dsn string, conns int, onPgx bool, hb time.Duration) (*impl, *pgl
 	return &impl{
 		name:  name,
 		stmts: c,
-		rowOf: "FROM pglock WHERE name = $1",
+		rowOf: "FROM " + table + " WHERE name = $1",
 		try: func(ctx context.Context, target string) (func(context.Context) error, bool, error) {
 			l, ok, err := try(ctx, target)
 			if !ok {
@@ -357,6 +419,10 @@ func newPglock(dsn string, conns int, onPgx bool, hb time.Duration) (*impl, *pgl
 			l, ok, err := try(ctx, target)
 			if !ok {
 				return false, err
+			}
+			if hb == callerBeats {
+				stop := sendHeartbeats(ctx, client, l, callerBeatEvery)
+				defer stop()
 			}
 			tx, err := db.BeginTx(ctx, nil)
 			if err == nil {
@@ -371,6 +437,40 @@ func newPglock(dsn string, conns int, onPgx bool, hb time.Duration) (*impl, *pgl
 		warm:  warmSQL(db),
 		close: func() { db.Close() },
 	}, client, db, nil
+}
+
+// sendHeartbeats sends l's heartbeats every interval until stop, which
+// waits for a beat in flight instead of cancelling it: a beat cancelled
+// after the server ran it leaves the lock's version number behind the row's
+// (see explainedErrors). stop must be called before the lock is released.
+func sendHeartbeats(ctx context.Context, client *pglock.Client, l *pglock.Lock, interval time.Duration) (stop func()) {
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTimer(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if client.SendHeartbeat(ctx, l) != nil {
+				return
+			}
+			t.Reset(interval)
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+	}
+}
+
+// explainedErrors are the errors the report explains, by message: each
+// points the reader to its explanation under "How it is measured".
+var explainedErrors = map[string]string{
+	pglock.ErrLockAlreadyReleased.Error(): "pglock's heartbeat goroutine lost the race with the release: see *pglock's release errors* below",
 }
 
 // setupSchema creates the benchmark's schema and tables, dropping any left

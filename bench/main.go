@@ -1,7 +1,8 @@
 // Command bench measures gormlease against the alternatives on one
 // PostgreSQL, in one run: the seed design's SQL on raw pgx, advisory locks,
-// and cirello.io/pglock on lib/pq and on pgx. It prints one line per point
-// and writes docs/performance.md from them.
+// and cirello.io/pglock on lib/pq and on pgx, with its heartbeat goroutine
+// per lock and with heartbeats sent by the caller. It prints one line per
+// point and writes docs/performance.md from them.
 //
 //	cd bench && go run . -out ../docs/performance.md
 package main
@@ -13,6 +14,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -35,6 +37,7 @@ type options struct {
 	maxOps      int
 	rounds      int
 	sections    string
+	impls       *regexp.Regexp
 	out         string
 	jsonOut     string
 }
@@ -51,9 +54,14 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 15, "slices of each lock and job point; ratios are the median of the slices' ratios")
 	flag.IntVar(&o.maxOps, "max-ops", 200000, "bound on operations per point")
 	flag.StringVar(&o.sections, "sections", "lock,heartbeat,saturation", "sections to run, comma-separated")
+	impls := flag.String("impls", "", "run only the implementations whose names match this `regexp` in the lock and job points, as in -impls 'gormlease$|pglock' for a short check")
 	flag.StringVar(&o.out, "out", "", "write the Markdown report to this file")
 	flag.StringVar(&o.jsonOut, "json", "", "write the raw results as JSON to this file")
 	flag.Parse()
+	var err error
+	if o.impls, err = regexp.Compile(*impls); err != nil {
+		log.Fatalf("-impls: %v", err)
+	}
 	if err := run(o); err != nil {
 		log.Fatal(err)
 	}
@@ -85,7 +93,7 @@ func run(o options) error {
 	defer admin.Close(context.Background())
 
 	b := &bench{o: o, dsn: dsn, admin: admin, holding: map[string]*atomic.Int64{}, overlapCount: map[string]int64{}}
-	for _, name := range []string{"gormlease", "pglock, lib/pq"} {
+	for _, name := range []string{"gormlease", "pglock"} {
 		if err := b.createTables(ctx, name); err != nil {
 			return fmt.Errorf("create tables of %s: %w", name, err)
 		}
@@ -249,13 +257,8 @@ func (b *bench) createTables(ctx context.Context, name string) error {
 			return err
 		}
 		return db.Exec(rawTable).Error
-	case "pglock, lib/pq":
-		_, client, db, err := newPglock(b.dsn, 1, false, 0)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		return client.TryCreateTable()
+	case "pglock":
+		return createPglockTables(b.dsn)
 	}
 	return nil
 }
@@ -267,7 +270,8 @@ func (b *bench) measure(ctx context.Context, sp spec, im *impl, warmup, dur time
 	workers, fn := sp.workers, sp.fn(im)
 	lat := &latencies{}
 	var ops, acquired, errs atomic.Int64
-	var firstErr atomic.Value
+	var errMu sync.Mutex
+	errKinds := map[string]int64{}
 	// The workers run for the warm-up first, uncounted: a fresh pool's
 	// connections prepare their statements, and their backends load their
 	// caches, on their first operations.
@@ -292,7 +296,9 @@ func (b *bench) measure(ctx context.Context, sp spec, im *impl, warmup, dur time
 				}
 				if err != nil {
 					errs.Add(1)
-					firstErr.CompareAndSwap(nil, err)
+					errMu.Lock()
+					errKinds[err.Error()]++
+					errMu.Unlock()
 				}
 			}
 			lat.add(own)
@@ -308,10 +314,16 @@ func (b *bench) measure(ctx context.Context, sp spec, im *impl, warmup, dur time
 	elapsed := time.Since(start)
 	cpu := cpuTime() - cpu0
 	n := float64(max(ops.Load(), 1))
+	// Where no other worker takes a worker's targets, a refused attempt
+	// is no operation done: only the contended scenario counts attempts.
+	done := acquired.Load()
+	if sp.scenario == contendedScenario {
+		done = ops.Load()
+	}
 	r := result{
 		Section: sp.section, Scenario: sp.scenario, Impl: im.name, Workers: workers,
 		Ops: ops.Load(), Acquired: acquired.Load(),
-		OpsPerSec: float64(ops.Load()) / elapsed.Seconds(),
+		OpsPerSec: float64(done) / elapsed.Seconds(),
 		P50:       ms(lat.quantile(0.50)), P99: ms(lat.quantile(0.99)),
 		StmtPerOp: -1,
 		CPUPerOp:  float64(cpu.Microseconds()) / n,
@@ -321,8 +333,8 @@ func (b *bench) measure(ctx context.Context, sp spec, im *impl, warmup, dur time
 	if im.stmts != nil {
 		r.StmtPerOp = float64(im.stmts.statements.Load()-stmts0) / n
 	}
-	if e, ok := firstErr.Load().(error); ok {
-		r.Note = "first error: " + e.Error()
+	if len(errKinds) > 0 {
+		r.ErrorKinds = errKinds
 	}
 	return r
 }
@@ -340,6 +352,11 @@ func (b *bench) lockScenarios(ctx context.Context) error {
 		func() (*impl, error) { return newAdvisory(ctx, b.dsn, conns) },
 		func() (*impl, error) { im, _, _, err := newPglock(b.dsn, conns, false, 0); return im, err },
 		func() (*impl, error) { im, _, _, err := newPglock(b.dsn, conns, true, 0); return im, err },
+		func() (*impl, error) { im, _, _, err := newPglock(b.dsn, conns, true, callerBeats); return im, err },
+	}
+	makers, err := b.selected(makers)
+	if err != nil {
+		return err
 	}
 	for _, mk := range makers {
 		if err := b.prepare(ctx, mk); err != nil {
@@ -385,6 +402,22 @@ func (b *bench) lockScenarios(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// selected returns the makers whose implementations -impls selects.
+func (b *bench) selected(makers []maker) ([]maker, error) {
+	var kept []maker
+	for _, mk := range makers {
+		im, err := mk()
+		if err != nil {
+			return nil, err
+		}
+		im.close()
+		if b.o.impls.MatchString(im.name) {
+			kept = append(kept, mk)
+		}
+	}
+	return kept, nil
 }
 
 func (b *bench) addRound(round int, r result) {

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -108,14 +110,33 @@ type result struct {
 	CPUPerOp  float64 `json:"cpu_us_per_op"`
 	CPUCore   float64 `json:"cpu_core_pct"`
 	Errors    int64   `json:"errors"`
-	Overlaps  int64   `json:"overlapping_holders"`
-	Round     int     `json:"round"`
-	Note      string  `json:"note,omitempty"`
+	// ErrorKinds counts the errors by message.
+	ErrorKinds map[string]int64 `json:"errors_by_message,omitempty"`
+	Overlaps   int64            `json:"overlapping_holders"`
+	Round      int              `json:"round"`
+	Note       string           `json:"note,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func (r result) String() string {
-	return fmt.Sprintf("%-10s %-28s %-18s w=%-3d ops/s=%9.0f p50=%7.2fms p99=%7.2fms stmt/op=%5.2f walsync/op=%5.2f walrec/op=%5.2f cpu=%6.1fus/op %5.1f%% err=%d %s",
-		r.Section, r.Scenario, r.Impl, r.Workers, r.OpsPerSec, r.P50, r.P99, r.StmtPerOp, r.WALSyncOp, r.WALRecOp, r.CPUPerOp, r.CPUCore, r.Errors, r.Note)
+	return fmt.Sprintf("%-10s %-28s %-18s w=%-3d ops/s=%9.0f p50=%7.2fms p99=%7.2fms stmt/op=%5.2f walsync/op=%5.2f walrec/op=%5.2f cpu=%6.1fus/op %5.1f%% err=%d %s %s",
+		r.Section, r.Scenario, r.Impl, r.Workers, r.OpsPerSec, r.P50, r.P99, r.StmtPerOp, r.WALSyncOp, r.WALRecOp, r.CPUPerOp, r.CPUCore, r.Errors, errorCounts(r.ErrorKinds), r.Note)
+}
+
+// byCount returns the messages of errors counted by message, the most
+// frequent first.
+func byCount(kinds map[string]int64) []string {
+	return slices.SortedFunc(maps.Keys(kinds), func(x, y string) int {
+		return cmp.Or(cmp.Compare(kinds[y], kinds[x]), cmp.Compare(x, y))
+	})
+}
+
+// errorCounts lists errors counted by message, the most frequent first.
+func errorCounts(kinds map[string]int64) string {
+	var parts []string
+	for _, m := range byCount(kinds) {
+		parts = append(parts, fmt.Sprintf("%d × %q", kinds[m], m))
+	}
+	return strings.Join(parts, ", ")
 }
