@@ -346,18 +346,23 @@ func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, stm
 	return n, err
 }
 
+// getSQL reads a lease row, in Get.
+const getSQL = "SELECT target_id, lease_token, generation, holder, updated_at, released_at FROM job_lease WHERE target_id = ?"
+
 // Get returns the lease row of targetID, and false when the target has never
-// been acquired. It is for inspection: the row may change right after.
+// been acquired. It is for inspection: the row may change right after. It
+// reads the database that the Repository's *gorm.DB was opened on, as the
+// lease's own statements do, never a replica that a read/write splitting
+// plugin would send gorm's reads to: Run decides on what Get returns.
 func (r *Repository) Get(ctx context.Context, targetID string) (JobLease, bool, error) {
 	if err := checkTargetID(targetID); err != nil {
 		return JobLease{}, false, err
 	}
-	var rows []JobLease
-	if err := r.db.WithContext(ctx).Where("target_id = ?", targetID).Limit(1).Find(&rows).Error; err != nil {
+	var row JobLease
+	found, err := queryRowSQL(ctx, r.db, r.dialect.rebind(getSQL), []any{targetID},
+		&row.TargetID, &row.LeaseToken, &row.Generation, &row.Holder, &row.UpdatedAt, &row.ReleasedAt)
+	if err != nil {
 		return JobLease{}, false, fmt.Errorf("gormlease: get %q: %w", targetID, err)
 	}
-	if len(rows) == 0 {
-		return JobLease{}, false, nil
-	}
-	return rows[0], true, nil
+	return row, found, nil
 }
