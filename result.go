@@ -71,7 +71,11 @@ func jsonNUL(data []byte) int {
 
 // LoadJSON reads the result that SaveJSON stored for targetID and decodes it
 // into a T. It also returns the row, for its generation and time. When
-// nothing was saved it returns an error wrapping ErrNoResult.
+// nothing was saved it returns an error wrapping ErrNoResult. It reads
+// through db as any gorm read, so a read/write splitting plugin may send it
+// to a replica that has not seen the latest save yet; with
+// gorm.io/plugin/dbresolver, pass db.Clauses(dbresolver.Write) to read the
+// primary.
 func LoadJSON[T any](ctx context.Context, db *gorm.DB, targetID string) (T, JobResult, error) {
 	var value T
 	if db == nil {
