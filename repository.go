@@ -51,6 +51,7 @@ type Repository struct {
 	// fenced commit's lock in CommitIfOwner) and save with the release (in
 	// Run). See ownRowSQL.
 	renewSQL, releaseSQL, failSQL, saveSQL, saveReleaseSQL string
+	getSQL                                                 string // Get's
 	// oneTripRefused is set once the driver refused to begin the fenced
 	// transaction and lock the row in one query (see lockingBeginner).
 	oneTripRefused atomic.Bool
@@ -98,6 +99,7 @@ func newRepository(db *gorm.DB, holder string, tables tableNames) (*Repository, 
 	r.releaseSQL = r.ownRowSQL("released_at = "+now, notify)
 	r.failSQL = r.ownRowSQL("released_at = "+now+", failure = ?", notify)
 	r.saveSQL = r.ownRowSQL("saved_generation = generation, saved_at = "+now, notify)
+	r.getSQL = d.rebind(tables.expand(getSQL))
 	r.saveReleaseSQL = r.ownRowSQL("released_at = "+now+", saved_generation = generation, saved_at = "+now, notify)
 	return r, nil
 }
@@ -367,18 +369,25 @@ func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, stm
 	return n, err
 }
 
+// getSQL reads a lease row, in Get.
+const getSQL = "SELECT target_id, lease_token, generation, holder, updated_at, released_at," +
+	" saved_generation, saved_at, failure FROM job_lease WHERE target_id = ?"
+
 // Get returns the lease row of targetID, and false when the target has never
-// been acquired. It is for inspection: the row may change right after.
+// been acquired. It is for inspection: the row may change right after. It
+// reads the database that the Repository's *gorm.DB was opened on, as the
+// lease's own statements do, never a replica that a read/write splitting
+// plugin would send gorm's reads to: Run decides on what Get returns.
 func (r *Repository) Get(ctx context.Context, targetID string) (JobLease, bool, error) {
 	if err := checkTargetID(targetID); err != nil {
 		return JobLease{}, false, err
 	}
-	var rows []JobLease
-	if err := r.db.WithContext(ctx).Table(r.tables.lease).Where("target_id = ?", targetID).Limit(1).Find(&rows).Error; err != nil {
+	var row JobLease
+	found, err := queryRowSQL(ctx, r.db, r.getSQL, []any{targetID},
+		&row.TargetID, &row.LeaseToken, &row.Generation, &row.Holder, &row.UpdatedAt, &row.ReleasedAt,
+		&row.SavedGeneration, &row.SavedAt, &row.Failure)
+	if err != nil {
 		return JobLease{}, false, fmt.Errorf("gormlease: get %q: %w", targetID, err)
 	}
-	if len(rows) == 0 {
-		return JobLease{}, false, nil
-	}
-	return rows[0], true, nil
+	return row, found, nil
 }

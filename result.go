@@ -73,7 +73,12 @@ func jsonNUL(data []byte) int {
 // LoadJSON reads the result that SaveJSON stored for targetID and decodes it
 // into a T. It also returns the row, for its generation and time. When
 // nothing was saved it returns an error wrapping ErrNoResult. Of the
-// options it takes WithTableNames, and refuses the others.
+// options it takes WithTableNames, and refuses the others. It reads
+// through db as any gorm read, so a read/write splitting plugin may send it
+// to a replica that has not seen the latest save yet; with
+// gorm.io/plugin/dbresolver, pass db.Clauses(dbresolver.Write) to read the
+// primary. (Runner.Do calls its load in a transaction, which such plugins
+// send to the primary.)
 func LoadJSON[T any](ctx context.Context, db *gorm.DB, targetID string, opts ...Option) (T, JobResult, error) {
 	var value T
 	if db == nil {

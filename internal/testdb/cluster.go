@@ -30,7 +30,6 @@ type Cluster struct {
 	bin, dir, data string
 	port           int
 	asUser         string // the user to run the binaries as, or "" for this one
-	uid, gid       int
 }
 
 // NewCluster makes and starts a new cluster.
@@ -70,23 +69,15 @@ func newCluster() (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{bin: bin, dir: dir, data: filepath.Join(dir, "data"), uid: -1, gid: -1}
+	c := &Cluster{bin: bin, dir: dir, data: filepath.Join(dir, "data")}
 	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			os.RemoveAll(dir)
-			return nil, fmt.Errorf("running as root, and no postgres user to run the cluster as: %w", err)
-		}
 		if _, err := exec.LookPath("runuser"); err != nil {
 			os.RemoveAll(dir)
 			return nil, fmt.Errorf("running as root, and no runuser: %w", err)
 		}
-		c.asUser = u.Username
-		c.uid, _ = strconv.Atoi(u.Uid)
-		c.gid, _ = strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, c.uid, c.gid); err != nil {
+		if c.asUser, err = givePostgres(dir); err != nil {
 			os.RemoveAll(dir)
-			return nil, err
+			return nil, fmt.Errorf("running as root: %w", err)
 		}
 	}
 	port, err := freePort()
@@ -96,6 +87,18 @@ func newCluster() (*Cluster, error) {
 	}
 	c.port = port
 	return c, nil
+}
+
+// givePostgres makes the "postgres" user the owner of dir, for a server
+// that refuses to run as root, and returns that user.
+func givePostgres(dir string) (string, error) {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return "", fmt.Errorf("no postgres user to run the server as: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return u.Username, os.Chown(dir, uid, gid)
 }
 
 // version is the major version in a /usr/lib/postgresql/N/bin path.

@@ -1,0 +1,105 @@
+package gormlease_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+	"gorm.io/plugin/dbresolver"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// With dbresolver sending gorm's reads to a replica that lags (here, one
+// that has none of the primary's rows): the lease's statements go to the
+// primary, and so do Repository.Get, which Run decides on, whereas
+// LoadJSON reads where the *gorm.DB it is given sends it, and reads the
+// primary when given db.Clauses(dbresolver.Write).
+func TestReplica_ReadsThatDecideGoToThePrimary(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, direct *gorm.DB) {
+		ctx := context.Background()
+		db := s.Open(t, nil)
+		testdb.UseStaleReplica(t, s, db)
+		r := newRunner(t, db)
+		target := newTarget(t)
+
+		// Acquire, fenced commit and release: all on the primary.
+		_, err := r.Run(ctx, target, func(context.Context) (string, error) {
+			return "fresh", nil
+		}, gormlease.SaveJSON[string])
+		require.NoError(t, err)
+		primary := leaseRow(t, direct, target)
+		require.NotNil(t, primary.ReleasedAt)
+
+		// The replica is in use, and stale: gorm's reads through db miss the row.
+		assert.Zero(t, countRows(t, db, &gormlease.JobLease{}, target), "rows of %s read through dbresolver", target)
+
+		// Get reads the primary.
+		row, found, err := r.Repository().Get(ctx, target)
+		require.NoError(t, err)
+		require.True(t, found, "Get found no row: it read the replica")
+		assert.Equal(t, primary.LeaseToken, row.LeaseToken)
+		assert.Equal(t, primary.Generation, row.Generation)
+		assert.NotNil(t, row.ReleasedAt)
+
+		// A held lease refuses a second Run, though the replica has no row.
+		l, err := r.Repository().Acquire(ctx, target, time.Minute)
+		require.NoError(t, err)
+		_, err = r.Run(ctx, target, func(context.Context) (string, error) {
+			t.Errorf("work ran on a held lease")
+			return "", nil
+		}, noSave(t))
+		require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
+		require.NoError(t, r.Repository().Release(ctx, l))
+
+		// LoadJSON reads through the *gorm.DB it is given: the replica,
+		// unless the caller asks dbresolver for the primary.
+		_, _, err = gormlease.LoadJSON[string](ctx, db, target)
+		require.ErrorIs(t, err, gormlease.ErrNoResult, "LoadJSON through dbresolver")
+		v, res, err := gormlease.LoadJSON[string](ctx, db.Clauses(dbresolver.Write), target)
+		require.NoError(t, err, "LoadJSON on db.Clauses(dbresolver.Write)")
+		assert.Equal(t, "fresh", v)
+		assert.Equal(t, primary.Generation, res.Generation)
+	})
+}
+
+// When the connection fails during COMMIT, Run settles the outcome by
+// releasing the lease and reading its row: that read goes to the primary,
+// so a commit that took effect is reported as saved even though the
+// replica has not seen it (reading the replica, Run would answer
+// ErrCommitUnknown).
+func TestReplica_SettleCommitReadsThePrimary(t *testing.T) {
+	eachServerDB(t, func(t *testing.T, s *testdb.Server, direct *gorm.DB) {
+		proxy := testdb.NewProxy(t, s.Addr)
+		db := s.OpenVia(t, proxy.Addr())
+		testdb.UseStaleReplica(t, s, db)
+		r, err := gormlease.NewRunner[string](db, gormlease.WithOperationTimeout(time.Second))
+		require.NoError(t, err)
+		// The proxy trips on "commit": the target must not contain it.
+		target := "replica-" + uuid.NewString()
+		var tripped <-chan struct{}
+		got, err := r.Run(context.Background(), target, func(context.Context) (string, error) {
+			return "result", nil
+		}, func(tx *gorm.DB, v string) error {
+			tripped = proxy.BlackholeOn("commit", true)
+			go func() {
+				// Cut once the COMMIT took effect: the client never hears.
+				<-tripped
+				waitCommitted(direct, target)
+				proxy.Cut()
+				proxy.Restore()
+			}()
+			return gormlease.SaveJSON(tx, v)
+		})
+		recv(t, tripped, time.Second, "the COMMIT to trip the proxy")
+		require.NoError(t, err, "Run after the connection failed during a COMMIT that took effect")
+		assert.Equal(t, "result", got)
+		assert.EqualValues(t, 1, countRows(t, direct, &gormlease.JobResult{}, target), "results saved")
+		assert.Zero(t, countRows(t, db, &gormlease.JobLease{}, target), "rows of %s read through dbresolver", target)
+	})
+}
