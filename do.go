@@ -128,14 +128,18 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	work func(context.Context) (T, error), save func(*gorm.DB, T) error, load func(*gorm.DB) (T, error),
 ) (result T, ran bool, err error) {
 	var zero T
+	// The row as this call finds it, read by the call itself: the watch,
+	// shared with others, may publish a later state before this call looks.
+	st, err := r.repo.readState(ctx, targetID)
+	if err != nil {
+		return zero, false, fmt.Errorf("gormlease: do %q: read lease: %w", targetID, err)
+	}
 	w := subscribe(r.repo, targetID, r.cfg.heartbeatInterval)
 	defer w.unsubscribe()
+	_, _, changed := w.current()
 	var waitFor int64 // the generation whose end Do waits for; 0 before it waits
 	for {
-		st, read, changed := w.current()
 		switch {
-		case !read:
-			// Wait for the watch's first read.
 		case r.cfg.reuseFor > 0 && st.savedGeneration > 0 && st.savedAge >= 0 && st.savedAge < r.cfg.reuseFor,
 			waitFor > 0 && st.savedGeneration >= waitFor:
 			v, err := r.load(ctx, targetID, load)
@@ -165,6 +169,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 		if err := w.next(ctx, changed); err != nil {
 			return zero, false, fmt.Errorf("gormlease: do %q: %w", targetID, err)
 		}
+		st, _, changed = w.current()
 	}
 }
 

@@ -36,13 +36,14 @@ func SaveReleaseSQL(r *Repository) string { return r.saveReleaseSQL }
 func LiveWatches() int64 { return watching.Load() }
 
 // Watched reports whether waiters of this process watch target's row in
-// the default table.
+// the default table and have read it held.
 func Watched(target string) bool {
 	hubs.Lock()
 	defer hubs.Unlock()
 	for _, h := range hubs.m {
-		if h.watches[watchKey{DefaultLeaseTable, target}] != nil {
-			return true
+		if w := h.watches[watchKey{DefaultLeaseTable, target}]; w != nil {
+			st, read, _ := w.current()
+			return read && st.found && !st.released
 		}
 	}
 	return false
