@@ -1,6 +1,8 @@
 // Package gormlease runs slow work once per target at a time, across
 // requests, processes and machines, with a heartbeat lease kept in one
-// database row, for GORM applications.
+// database row, for GORM applications. While one Run holds the lease on a
+// target, the others on that target are refused at once with ErrLeaseHeld;
+// a Run that starts after it finished runs the work again.
 //
 // The work is typically an external call that takes seconds to minutes,
 // followed by a database save. A PostgreSQL advisory lock would pin a
