@@ -21,7 +21,8 @@
 //   - Heartbeat: every interval, one statement stamps the row where both the
 //     target and the token match. Zero rows means the lease was taken over:
 //     the work is cancelled, with ErrLeaseLost as its context.Cause. The
-//     leases held in one process on one pool share a statement per 1,000.
+//     leases held in one process on one pool share a statement per 1,000
+//     (two on MySQL).
 //   - Fenced commit: one transaction locks the row and compares the token
 //     (SELECT ... FOR UPDATE in CommitIfOwner; in Run, the release statement
 //     itself, which locks and checks in one), runs the caller's saver, and
