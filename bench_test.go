@@ -16,24 +16,24 @@ import (
 )
 
 // The benchmarks run each hot path of gormlease beside a baseline in the
-// same run: the seed design's SQL on the same database/sql pool, with no
-// GORM in between. Compare the two lines of each benchmark, not absolute
+// same run: a heartbeat lease written the simplest way in plain SQL, on the
+// same database/sql pool, with no GORM in between. Compare the two lines of each benchmark, not absolute
 // times. docs/performance.md has the full comparison (cd bench && go run .).
 
-// seedSQL are the seed design's statements, on a table of their own.
+// The plain-SQL lease's statements, on tables of their own.
 const (
-	seedTable   = `CREATE TABLE IF NOT EXISTS seed_lease (target_id text PRIMARY KEY, lease_token uuid NOT NULL, updated_at timestamptz NOT NULL)`
-	seedResult  = `CREATE TABLE IF NOT EXISTS seed_result (target_id text PRIMARY KEY, data text NOT NULL)`
-	seedAcquire = `INSERT INTO seed_lease (target_id, lease_token, updated_at) VALUES ($1, $2, now())
+	plainTable   = `CREATE TABLE IF NOT EXISTS plain_lease (target_id text PRIMARY KEY, lease_token uuid NOT NULL, updated_at timestamptz NOT NULL)`
+	plainResult  = `CREATE TABLE IF NOT EXISTS plain_result (target_id text PRIMARY KEY, data text NOT NULL)`
+	plainAcquire = `INSERT INTO plain_lease (target_id, lease_token, updated_at) VALUES ($1, $2, now())
 ON CONFLICT (target_id) DO UPDATE SET lease_token = excluded.lease_token, updated_at = now()
-WHERE seed_lease.updated_at < now() - interval '1 minute'`
-	seedHeartbeat = `UPDATE seed_lease SET updated_at = now() WHERE target_id = $1 AND lease_token = $2`
-	seedLock      = `SELECT lease_token FROM seed_lease WHERE target_id = $1 FOR UPDATE`
-	seedSave      = `INSERT INTO seed_result (target_id, data) VALUES ($1, $2) ON CONFLICT (target_id) DO UPDATE SET data = excluded.data`
-	seedRelease   = `DELETE FROM seed_lease WHERE target_id = $1 AND lease_token = $2`
+WHERE plain_lease.updated_at < now() - interval '1 minute'`
+	plainHeartbeat = `UPDATE plain_lease SET updated_at = now() WHERE target_id = $1 AND lease_token = $2`
+	plainLock      = `SELECT lease_token FROM plain_lease WHERE target_id = $1 FOR UPDATE`
+	plainSave      = `INSERT INTO plain_result (target_id, data) VALUES ($1, $2) ON CONFLICT (target_id) DO UPDATE SET data = excluded.data`
+	plainRelease   = `DELETE FROM plain_lease WHERE target_id = $1 AND lease_token = $2`
 )
 
-// benchDB returns the shared pool with the seed's tables made.
+// benchDB returns the shared pool with the plain-SQL lease's tables made.
 func benchDB(b *testing.B) (*gorm.DB, *sql.DB) {
 	b.Helper()
 	db := testdb.Postgres(b).DB(b)
@@ -41,7 +41,7 @@ func benchDB(b *testing.B) (*gorm.DB, *sql.DB) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, q := range []string{seedTable, seedResult} {
+	for _, q := range []string{plainTable, plainResult} {
 		if _, err := sqlDB.Exec(q); err != nil {
 			b.Fatal(err)
 		}
@@ -49,10 +49,10 @@ func benchDB(b *testing.B) (*gorm.DB, *sql.DB) {
 	return db, sqlDB
 }
 
-// seedTake runs the seed's acquire and returns the new token.
-func seedTake(ctx context.Context, db *sql.DB, target string) (uuid.UUID, error) {
+// plainTake runs the plain-SQL lease's acquire and returns the new token.
+func plainTake(ctx context.Context, db *sql.DB, target string) (uuid.UUID, error) {
 	token := uuid.New()
-	res, err := db.ExecContext(ctx, seedAcquire, target, token)
+	res, err := db.ExecContext(ctx, plainAcquire, target, token)
 	if err != nil {
 		return token, err
 	}
@@ -62,12 +62,12 @@ func seedTake(ctx context.Context, db *sql.DB, target string) (uuid.UUID, error)
 	return token, nil
 }
 
-func seedAcquireRelease(ctx context.Context, db *sql.DB, target string) error {
-	token, err := seedTake(ctx, db, target)
+func plainAcquireRelease(ctx context.Context, db *sql.DB, target string) error {
+	token, err := plainTake(ctx, db, target)
 	if err != nil {
 		return err
 	}
-	_, err = db.ExecContext(ctx, seedRelease, target, token)
+	_, err = db.ExecContext(ctx, plainRelease, target, token)
 	return err
 }
 
@@ -90,9 +90,9 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			}
 		}
 	})
-	b.Run("baseline_seed_sql", func(b *testing.B) {
+	b.Run("baseline_plain_sql", func(b *testing.B) {
 		for b.Loop() {
-			if err := seedAcquireRelease(ctx, sqlDB, target); err != nil {
+			if err := plainAcquireRelease(ctx, sqlDB, target); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -134,13 +134,13 @@ func BenchmarkHeartbeat(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(leases)), "ns/lease")
 	})
-	b.Run("baseline_seed_sql", func(b *testing.B) {
-		target, token := prefix+"-seed", uuid.New()
-		if _, err := sqlDB.ExecContext(ctx, seedAcquire, target, token); err != nil {
+	b.Run("baseline_plain_sql", func(b *testing.B) {
+		target, token := prefix+"-plain", uuid.New()
+		if _, err := sqlDB.ExecContext(ctx, plainAcquire, target, token); err != nil {
 			b.Fatal(err)
 		}
 		for b.Loop() {
-			if _, err := sqlDB.ExecContext(ctx, seedHeartbeat, target, token); err != nil {
+			if _, err := sqlDB.ExecContext(ctx, plainHeartbeat, target, token); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -158,7 +158,7 @@ func BenchmarkRun(b *testing.B) {
 		}
 		work := func(context.Context) (string, error) { return "result", nil }
 		save := func(tx *gorm.DB, v string) error {
-			return tx.Exec(`INSERT INTO seed_result (target_id, data) VALUES (?, ?)
+			return tx.Exec(`INSERT INTO plain_result (target_id, data) VALUES (?, ?)
 ON CONFLICT (target_id) DO UPDATE SET data = excluded.data`, target, v).Error
 		}
 		for b.Loop() {
@@ -167,19 +167,19 @@ ON CONFLICT (target_id) DO UPDATE SET data = excluded.data`, target, v).Error
 			}
 		}
 	})
-	b.Run("baseline_seed_sql", func(b *testing.B) {
+	b.Run("baseline_plain_sql", func(b *testing.B) {
 		for b.Loop() {
-			if err := seedJob(ctx, sqlDB, target+"-seed"); err != nil {
+			if err := plainJob(ctx, sqlDB, target+"-plain"); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 }
 
-// seedJob is the seed design's full job: acquire, lock and save in a
+// plainJob is the plain-SQL lease's full job: acquire, lock and save in a
 // transaction, then delete the lease.
-func seedJob(ctx context.Context, db *sql.DB, target string) error {
-	token, err := seedTake(ctx, db, target)
+func plainJob(ctx context.Context, db *sql.DB, target string) error {
+	token, err := plainTake(ctx, db, target)
 	if err != nil {
 		return err
 	}
@@ -189,18 +189,18 @@ func seedJob(ctx context.Context, db *sql.DB, target string) error {
 	}
 	defer tx.Rollback() // ignored if committed
 	var got uuid.UUID
-	if err := tx.QueryRowContext(ctx, seedLock, target).Scan(&got); err != nil {
+	if err := tx.QueryRowContext(ctx, plainLock, target).Scan(&got); err != nil {
 		return err
 	}
 	if got != token {
 		return errors.New("lease lost")
 	}
-	if _, err := tx.ExecContext(ctx, seedSave, target, "result"); err != nil {
+	if _, err := tx.ExecContext(ctx, plainSave, target, "result"); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return err
 	}
-	_, err = db.ExecContext(ctx, seedRelease, target, token)
+	_, err = db.ExecContext(ctx, plainRelease, target, token)
 	return err
 }

@@ -13,11 +13,15 @@ import (
 
 // dialect is the seam between the lease steps and one database's SQL. Only
 // what differs between databases lives behind it: the DDL, the database
-// clock, the acquire (one statement where the database has a conditional
-// upsert), the fenced commit's transaction options, how waiters are told
-// and what they read. The statements on the caller's own row (heartbeat,
-// the fenced commit's lock, release) are written once, in repository.go,
-// with the dialect's clock.
+// clock, the placeholders, the acquire (one statement where the database
+// has a conditional upsert), the fenced commit's transaction options, how
+// waiters are told and what they read; and, as optional capabilities, the
+// batched heartbeat (batchHeartbeater) and BEGIN sent with the locking
+// statement (lockingBeginner). The statements on the caller's own row
+// (heartbeat, release, the fenced commit's lock) are written once, in
+// repository.go, as SQL text built from the dialect's clock and
+// placeholders, and run straight on the connection pool, not through
+// gorm's builder (see statement.go).
 type dialect interface {
 	// migrate creates the tables when they do not exist.
 	migrate(ctx context.Context, db *gorm.DB) error
@@ -67,7 +71,8 @@ func addMissingColumns(db *gorm.DB, table string, columns []column) error {
 }
 
 // batchHeartbeater is a capability that a dialect may have: renewing many
-// leases in one statement. Dialects without it get one statement per lease.
+// leases in one batch of statements (one, or two on MySQL). Dialects
+// without it get one statement per lease.
 type batchHeartbeater interface {
 	// heartbeatBatch stamps the rows of leases (at most heartbeatBatchSize)
 	// with the database's time where target and token match and the lease is

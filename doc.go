@@ -1,6 +1,8 @@
 // Package gormlease runs slow work once per target at a time, across
 // requests, processes and machines, with a heartbeat lease kept in one
-// database row, for GORM applications.
+// database row, for GORM applications. While one Run holds the lease on a
+// target, the others on that target are refused at once with ErrLeaseHeld;
+// a Run that starts after it finished runs the work again.
 //
 // The work is typically an external call that takes seconds to minutes,
 // followed by a database save. A PostgreSQL advisory lock would pin a
@@ -19,7 +21,8 @@
 //   - Heartbeat: every interval, one statement stamps the row where both the
 //     target and the token match. Zero rows means the lease was taken over:
 //     the work is cancelled, with ErrLeaseLost as its context.Cause. The
-//     leases held in one process on one pool share a statement per 1,000.
+//     leases held in one process on one pool share a statement per 1,000
+//     (two on MySQL).
 //   - Fenced commit: one transaction locks the row and compares the token
 //     (SELECT ... FOR UPDATE in CommitIfOwner; in Run, the release statement
 //     itself, which locks and checks in one), runs the caller's saver, and

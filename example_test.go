@@ -70,6 +70,47 @@ func ExampleRunner_Run() {
 	// saved {User:user-42 Score:97}
 }
 
+// Invoice is a row of the application's own table: the database assigns
+// its ID when the saver inserts it.
+type Invoice struct {
+	ID     uint
+	Client string
+	Total  int
+}
+
+// Run returns the value that the work returned. With a pointer type, the
+// saver's tx.Create fills in that very value, so what the database assigned
+// (here the ID) comes back from Run.
+func ExampleRunner_Run_databaseAssignedID() {
+	db := exampleDB()
+	if err := db.AutoMigrate(&Invoice{}); err != nil {
+		log.Fatal(err)
+	}
+	runner, err := gormlease.NewRunner[*Invoice](db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	invoice, err := runner.Run(context.Background(), "invoice:client-7",
+		func(ctx context.Context) (*Invoice, error) {
+			return &Invoice{Client: "client-7", Total: 1200}, nil // the slow part
+		},
+		func(tx *gorm.DB, inv *Invoice) error { return tx.Create(inv).Error }, // sets inv.ID
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("the database assigned an ID:", invoice.ID != 0)
+
+	var stored Invoice
+	if err := db.First(&stored, invoice.ID).Error; err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("stored under it:", stored.Client, stored.Total)
+	// Output:
+	// the database assigned an ID: true
+	// stored under it: client-7 1200
+}
+
 // A second Run on a target whose lease is held returns ErrLeaseHeld at
 // once, without running its work.
 func ExampleRunner_Run_leaseHeld() {

@@ -193,8 +193,8 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 const heartbeatBatchSize = 1000
 
 // HeartbeatMany renews every lease in leases, as Heartbeat does each one, in
-// one statement per 1,000 leases on databases that allow it (PostgreSQL) and
-// one statement per lease on the others. It returns the leases that were
+// batches of up to 1,000 leases: one statement per batch on PostgreSQL and
+// SQLite, two on MySQL. It returns the leases that were
 // not renewed because they are no longer the caller's (taken over or
 // released), as a set; stop their work. An error means the outcome of some
 // leases is unknown: nothing is reported lost then, but some leases may have

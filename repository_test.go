@@ -54,8 +54,8 @@ func newRepository(t *testing.T, db *gorm.DB) *gormlease.Repository {
 	return repo
 }
 
-// Points 1, 3 and 7: each step is the statements the seed describes, and
-// every one that changes the row matches the token.
+// Points 1, 3 and 7: each step is the statements the package doc
+// describes, and every one that changes the row matches the token.
 func TestRepository_StepsAreSingleStatements(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {

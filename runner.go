@@ -71,10 +71,14 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 //
 // Run returns only after work has returned, the heartbeat has stopped, and
 // the result was committed or discarded. It returns work's result and nil
-// only when save committed. Errors from work and save are wrapped, so
-// errors.Is matches them; a panic in work or save is recovered and returned
-// as a *PanicError, and the lease is released. When the lease is lost, Run
-// returns ErrLeaseLost even if work returned a result.
+// only when save committed. That result is the value work returned, not
+// what save stored: save gets a copy of it. To get back what the database
+// assigns during the save (an auto-increment ID, column defaults), make T a
+// pointer type and let save write through it, as tx.Create(result) does:
+// Run returns that same pointer, filled in. Errors from work and save are
+// wrapped, so errors.Is matches them; a panic in work or save is recovered
+// and returned as a *PanicError, and the lease is released. When the lease
+// is lost, Run returns ErrLeaseLost even if work returned a result.
 //
 // When the connection fails while COMMIT is in flight, Run settles whether
 // the commit took effect, by releasing the lease and reading its row: it

@@ -110,13 +110,13 @@ func (b *bench) addHB(r hbResult) {
 }
 
 // heartbeatScenarios holds o.leases leases at once with a 1 s heartbeat:
-// gormlease's batched heartbeats, then one statement per lease (the seed's
-// UPDATE on raw pgx, and pglock on pgx and on lib/pq).
+// gormlease's batched heartbeats, then one statement per lease (the
+// plain-SQL lease's UPDATE on raw pgx, and pglock on pgx and on lib/pq).
 func (b *bench) heartbeatScenarios(ctx context.Context) error {
 	if err := b.hbGormlease(ctx); err != nil {
 		return err
 	}
-	if err := b.hbSeed(ctx); err != nil {
+	if err := b.hbPlain(ctx); err != nil {
 		return err
 	}
 	for _, onPgx := range []bool{true, false} {
@@ -205,21 +205,21 @@ func parallel(n, workers int, fn func(i int)) {
 	wg.Wait()
 }
 
-// hbSeed is the seed's heartbeat: one UPDATE per lease per interval, each
+// hbPlain is the plain-SQL lease's heartbeat: one UPDATE per lease per interval, each
 // lease with its own goroutine and timer, on raw pgx.
-func (b *bench) hbSeed(ctx context.Context) error {
-	im, err := newSeed(ctx, b.dsn, perLeaseConns)
+func (b *bench) hbPlain(ctx context.Context) error {
+	im, err := newPlain(ctx, b.dsn, perLeaseConns)
 	if err != nil {
 		return err
 	}
 	defer im.close()
 	pool := im.pool
-	r := hbResult{Impl: "seed SQL, raw pgx, per lease", Leases: b.o.leases}
+	r := hbResult{Impl: "plain-SQL lease, raw pgx, per lease", Leases: b.o.leases}
 	tokens := make([]string, b.o.leases)
 	var acquireErr atomic.Value
 	parallel(b.o.leases, perLeaseConns, func(i int) {
 		tokens[i] = uuid.NewString()
-		if _, err := pool.Exec(ctx, seedAcquire, fmt.Sprintf("hb-%d", i), tokens[i], hbTimeout.Seconds()); err != nil {
+		if _, err := pool.Exec(ctx, plainAcquire, fmt.Sprintf("hb-%d", i), tokens[i], hbTimeout.Seconds()); err != nil {
 			acquireErr.CompareAndSwap(nil, err)
 		}
 	})
@@ -238,16 +238,16 @@ func (b *bench) hbSeed(ctx context.Context) error {
 					return
 				case <-t.C:
 				}
-				_, _ = pool.Exec(hbCtx, seedHeartbeat, fmt.Sprintf("hb-%d", i), tokens[i])
+				_, _ = pool.Exec(hbCtx, plainHeartbeat, fmt.Sprintf("hb-%d", i), tokens[i])
 			}
 		})
 	}
 	time.Sleep(hbInterval + hbInterval/4)
 	r.Held = int64(b.o.leases)
-	b.window(ctx, &r, im.stmts, b.ageSQL("seed_lease", ""), func() int { return int(pool.Stat().AcquiredConns()) }, nil)
+	b.window(ctx, &r, im.stmts, b.ageSQL("plain_lease", ""), func() int { return int(pool.Stat().AcquiredConns()) }, nil)
 	cancel()
 	wg.Wait()
-	_, err = pool.Exec(ctx, `DELETE FROM seed_lease WHERE target_id LIKE 'hb-%'`)
+	_, err = pool.Exec(ctx, `DELETE FROM plain_lease WHERE target_id LIKE 'hb-%'`)
 	b.addHB(r)
 	return err
 }

@@ -170,18 +170,19 @@ ON CONFLICT (target_id) DO UPDATE SET data = excluded.data`, target, v).Error
 	}, nil
 }
 
-// The seed's SQL, on raw pgx: the floor of the naive design.
+// The plain-SQL lease, on raw pgx: a heartbeat lease written the simplest
+// way, the baseline that gormlease is measured against.
 const (
-	seedAcquire = `INSERT INTO seed_lease (target_id, lease_token, updated_at) VALUES ($1, $2, now())
+	plainAcquire = `INSERT INTO plain_lease (target_id, lease_token, updated_at) VALUES ($1, $2, now())
 ON CONFLICT (target_id) DO UPDATE SET lease_token = excluded.lease_token, updated_at = now()
-WHERE seed_lease.updated_at < now() - make_interval(secs => $3)`
-	seedHeartbeat = `UPDATE seed_lease SET updated_at = now() WHERE target_id = $1 AND lease_token = $2`
-	seedLock      = `SELECT lease_token FROM seed_lease WHERE target_id = $1 FOR UPDATE`
-	seedRelease   = `DELETE FROM seed_lease WHERE target_id = $1 AND lease_token = $2`
+WHERE plain_lease.updated_at < now() - make_interval(secs => $3)`
+	plainHeartbeat = `UPDATE plain_lease SET updated_at = now() WHERE target_id = $1 AND lease_token = $2`
+	plainLock      = `SELECT lease_token FROM plain_lease WHERE target_id = $1 FOR UPDATE`
+	plainRelease   = `DELETE FROM plain_lease WHERE target_id = $1 AND lease_token = $2`
 )
 
-func newSeed(ctx context.Context, dsn string, conns int) (*impl, error) {
-	c := &counter{isBeat: isUpdateOf("seed_lease")}
+func newPlain(ctx context.Context, dsn string, conns int) (*impl, error) {
+	c := &counter{isBeat: isUpdateOf("plain_lease")}
 	pool, err := openPool(ctx, dsn, conns, c)
 	if err != nil {
 		return nil, err
@@ -189,23 +190,23 @@ func newSeed(ctx context.Context, dsn string, conns int) (*impl, error) {
 	steps := leaseSteps{
 		acquire: func(ctx context.Context, target string) (uuid.UUID, bool, error) {
 			token := uuid.New()
-			tag, err := pool.Exec(ctx, seedAcquire, target, token, leaseTimeout.Seconds())
+			tag, err := pool.Exec(ctx, plainAcquire, target, token, leaseTimeout.Seconds())
 			return token, err == nil && tag.RowsAffected() == 1, err
 		},
 		release: func(ctx context.Context, target string, token uuid.UUID) error {
-			_, err := pool.Exec(ctx, seedRelease, target, token)
+			_, err := pool.Exec(ctx, plainRelease, target, token)
 			return err
 		},
 	}
 	return &impl{
-		name:  "seed SQL, raw pgx",
+		name:  "plain-SQL lease, raw pgx",
 		stmts: c,
-		rowOf: "FROM seed_lease WHERE target_id = $1",
+		rowOf: "FROM plain_lease WHERE target_id = $1",
 		pool:  pool,
 		try:   steps.try,
 		job: steps.job(pool, pgx.TxOptions{}, true, func(ctx context.Context, tx pgx.Tx, target, data string, token uuid.UUID) error {
 			var got uuid.UUID
-			if err := tx.QueryRow(ctx, seedLock, target).Scan(&got); err != nil {
+			if err := tx.QueryRow(ctx, plainLock, target).Scan(&got); err != nil {
 				return err
 			}
 			if got != token {
@@ -484,7 +485,7 @@ func setupSchema(ctx context.Context, dsn, schema string) error {
 	for _, q := range []string{
 		`DROP SCHEMA IF EXISTS ` + schema + ` CASCADE`,
 		`CREATE SCHEMA ` + schema,
-		`CREATE TABLE ` + schema + `.seed_lease (target_id text PRIMARY KEY, lease_token uuid NOT NULL, updated_at timestamptz NOT NULL)`,
+		`CREATE TABLE ` + schema + `.plain_lease (target_id text PRIMARY KEY, lease_token uuid NOT NULL, updated_at timestamptz NOT NULL)`,
 		`CREATE TABLE ` + schema + `.bench_result (target_id text PRIMARY KEY, data text NOT NULL)`,
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {

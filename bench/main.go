@@ -1,5 +1,5 @@
 // Command bench measures gormlease against the alternatives on one
-// PostgreSQL, in one run: the seed design's SQL on raw pgx, advisory locks,
+// PostgreSQL, in one run: a plain-SQL lease on raw pgx, advisory locks,
 // and cirello.io/pglock on lib/pq and on pgx, with its heartbeat goroutine
 // per lock and with heartbeats sent by the caller. It prints one line per
 // point and writes docs/performance.md from them.
@@ -347,7 +347,7 @@ func (b *bench) lockScenarios(ctx context.Context) error {
 	const conns = 34
 	makers := []maker{
 		func() (*impl, error) { return newGormlease(b.dsn, conns) },
-		func() (*impl, error) { return newSeed(ctx, b.dsn, conns) },
+		func() (*impl, error) { return newPlain(ctx, b.dsn, conns) },
 		func() (*impl, error) { return newRawLease(ctx, b.dsn, conns) },
 		func() (*impl, error) { return newAdvisory(ctx, b.dsn, conns) },
 		func() (*impl, error) { im, _, _, err := newPglock(b.dsn, conns, false, 0); return im, err },

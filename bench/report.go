@@ -83,28 +83,29 @@ func (b *bench) ratio(scenario, a, c string, workers int) float64 {
 	return rs[(len(rs)-1)/2]
 }
 
-// target is one of issue 4's targets, with what the run measured.
-type target struct {
+// goal is one of the goals that the benchmark checks, with what the run
+// measured.
+type goal struct {
 	name, want, got string
 	met             bool
-	// reference marks a row that is no target, shown beside one to read it.
+	// reference marks a row that is no goal, shown beside one to read it.
 	reference bool
 }
 
-func (b *bench) targets() []target {
-	const me, seed = "gormlease", "seed SQL, raw pgx"
-	var ts []target
+func (b *bench) goals() []goal {
+	const me, plain = "gormlease", "plain-SQL lease, raw pgx"
+	var ts []goal
 	add := func(name, want string, got float64, format string, met bool) {
-		ts = append(ts, target{name: name, want: want, got: fmt.Sprintf(format, got), met: met})
+		ts = append(ts, goal{name: name, want: want, got: fmt.Sprintf(format, got), met: met})
 	}
 	reference := func(name string, got float64) {
-		ts = append(ts, target{name: name, want: "(reference)", got: fmt.Sprintf("%.2f×", got), reference: true})
+		ts = append(ts, goal{name: name, want: "(reference)", got: fmt.Sprintf("%.2f×", got), reference: true})
 	}
-	r := b.ratio("full job", me, seed, 8)
-	add("full job vs seed SQL on raw pgx, 8 workers", "≥ 1.2×", r, "%.2f×", r >= 1.2)
-	reference("full job, gormlease's SQL on raw pgx (no GORM, no database/sql) vs seed SQL on raw pgx, 8 workers",
-		b.ratio("full job", rawName, seed, 8))
-	reference("full job vs seed SQL on raw pgx, 1 worker", b.ratio("full job", me, seed, 1))
+	r := b.ratio("full job", me, plain, 8)
+	add("full job vs a plain-SQL lease on raw pgx, 8 workers", "≥ 1.2×", r, "%.2f×", r >= 1.2)
+	reference("full job, gormlease's SQL on raw pgx (no GORM, no database/sql) vs a plain-SQL lease on raw pgx, 8 workers",
+		b.ratio("full job", rawName, plain, 8))
+	reference("full job vs a plain-SQL lease on raw pgx, 1 worker", b.ratio("full job", me, plain, 1))
 	// Against pglock, the target is read against its fastest configuration
 	// here: the least flattering ratio.
 	fastest, against := 0.0, ""
@@ -128,11 +129,11 @@ func (b *bench) targets() []target {
 		add("queries (round trips) per full job (saver: 1 statement), 1 worker", "≤ 1 + 5", j.StmtPerOp, "%.2f", j.StmtPerOp <= 6)
 		add("WAL flushes (pg_stat_wal wal_sync) per full job, 1 worker, least of 3 points", "≤ 2", j.WALSyncOp, "%.2f", j.WALSyncOp <= 2)
 	}
-	r = b.ratio(contendedScenario, me, seed, 32)
-	add("contended attempts/s vs seed upsert, 32 workers", "≥ 5×", r, "%.2f×", r >= 5)
+	r = b.ratio(contendedScenario, me, plain, 32)
+	add("contended attempts/s vs a plain-SQL lease's upsert, 32 workers", "≥ 5×", r, "%.2f×", r >= 5)
 	for _, w := range []int{1, 8, 32} {
-		r = b.ratio("acquire+release", me, seed, w)
-		add(fmt.Sprintf("acquire+release vs seed SQL on raw pgx, %d workers", w), "≥ 0.9×", r, "%.2f×", r >= 0.9)
+		r = b.ratio("acquire+release", me, plain, w)
+		add(fmt.Sprintf("acquire+release vs a plain-SQL lease on raw pgx, %d workers", w), "≥ 0.9×", r, "%.2f×", r >= 0.9)
 	}
 	for _, h := range b.hb {
 		if h.Impl != "gormlease, batched" {
@@ -161,12 +162,12 @@ func (b *bench) targets() []target {
 			refusedWrite = !strings.Contains(c, "untouched")
 		}
 	}
-	ts = append(ts, target{name: "a refused acquire leaves the lease row untouched (xmin, xmax)", want: "yes", got: map[bool]string{false: "yes", true: "no"}[refusedWrite], met: !refusedWrite})
+	ts = append(ts, goal{name: "a refused acquire leaves the lease row untouched (xmin, xmax)", want: "yes", got: map[bool]string{false: "yes", true: "no"}[refusedWrite], met: !refusedWrite})
 	add("implementations with overlapping holders", "0", float64(overlaps), "%.0f", overlaps == 0)
 	return ts
 }
 
-var implOrder = append([]string{"gormlease", rawName, "seed SQL, raw pgx", "advisory lock"}, pglockNames...)
+var implOrder = append([]string{"gormlease", rawName, "plain-SQL lease, raw pgx", "advisory lock"}, pglockNames...)
 
 // explainErrors lists errors counted by message, each with its
 // explanation.
@@ -192,8 +193,8 @@ func report(b *bench, elapsed time.Duration) string {
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), version, elapsed.Round(time.Second))
 	p("Each lock and job point ran every implementation for %v in %d slices, taking turns slice by slice, each slice on a fresh pool that first ran %v uncounted (to prepare its statements and warm its backends) once the last slice's backends had exited, so that neighbours in time share the load of the machine; ops/s, latencies and CPU are those of the median slice, and a ratio is the median of the slices' ratios. Statements and WAL come from one more %v point per implementation, counted from its first operation, with WAL read once its connections had closed. ", b.o.duration, b.o.rounds, b.o.warmup, b.o.walDuration)
 	p("Every figure below comes from that one run against one PostgreSQL server, which other processes shared; compare the ratios, not the absolute numbers.\n\n")
-	p("## Targets\n\n| target | wanted | measured | met |\n|---|---|---|---|\n")
-	for _, t := range b.targets() {
+	p("## Goals\n\n| measure | goal | measured | met |\n|---|---|---|---|\n")
+	for _, t := range b.goals() {
 		mark := "yes"
 		switch {
 		case t.reference:
@@ -261,11 +262,11 @@ func report(b *bench, elapsed time.Duration) string {
 	p(`
 ## How it is measured
 
-- **Implementations.** *gormlease*: Repository.Acquire/Release for the lock scenarios, Runner.Run for the full job, on gorm with pgx's database/sql driver. *gormlease SQL, raw pgx*: a reference, not an alternative: gormlease's PostgreSQL statements (the acquire; the fenced commit as BEGIN, the release's UPDATE as the locking statement, the saver, COMMIT, each prepared) on a pgx pool, without GORM or database/sql, on a table of its own; it tells what the design costs apart from the stack it runs on. *seed SQL, raw pgx*: the design note's statements on a pgx pool (upsert ... WHERE updated_at < now() - timeout; SELECT ... FOR UPDATE, save, COMMIT; DELETE). *advisory lock*: pg_try_advisory_lock / pg_advisory_unlock on a connection pinned while held. *pglock*: cirello.io/pglock v1.16.0 with FailIfLocked and the 30 s lease duration every implementation has here; its full job commits the saver in a plain transaction (pglock has no fenced commit). *pglock, lib/pq* and *pglock, pgx* keep its heartbeat goroutine, which its defaults and its README's example turn on: a goroutine per lock that beats every 5 s by default, its first beat as soon as the lock is taken. lib/pq is the driver pglock.New accepts; on pgx's database/sql driver pglock needs pglock.UnsafeNew. *pglock, pgx, WithHeartbeatFrequency(0)* is configured as pglock's own tests are when the caller sends the heartbeats: no heartbeat goroutine, and the full job calls SendHeartbeat every 5 s itself (the interval gormlease's runner has here), stopping without cancelling a beat in flight; a job of milliseconds sends none, as gormlease's runner sends none in it.
+- **Implementations.** *gormlease*: Repository.Acquire/Release for the lock scenarios, Runner.Run for the full job, on gorm with pgx's database/sql driver. *gormlease SQL, raw pgx*: a reference, not an alternative: gormlease's PostgreSQL statements (the acquire; the fenced commit as BEGIN, the release's UPDATE as the locking statement, the saver, COMMIT, each prepared) on a pgx pool, without GORM or database/sql, on a table of its own; it tells what the design costs apart from the stack it runs on. *plain-SQL lease, raw pgx*: the baseline, a heartbeat lease written the simplest way in plain SQL, on a pgx pool: acquire with an upsert (... WHERE updated_at < now() - timeout), commit with SELECT ... FOR UPDATE, save, COMMIT, release with a DELETE; it keeps no generation. *advisory lock*: pg_try_advisory_lock / pg_advisory_unlock on a connection pinned while held. *pglock*: cirello.io/pglock v1.16.0 with FailIfLocked and the 30 s lease duration every implementation has here; its full job commits the saver in a plain transaction (pglock has no fenced commit). *pglock, lib/pq* and *pglock, pgx* keep its heartbeat goroutine, which its defaults and its README's example turn on: a goroutine per lock that beats every 5 s by default, its first beat as soon as the lock is taken. lib/pq is the driver pglock.New accepts; on pgx's database/sql driver pglock needs pglock.UnsafeNew. *pglock, pgx, WithHeartbeatFrequency(0)* is configured as pglock's own tests are when the caller sends the heartbeats: no heartbeat goroutine, and the full job calls SendHeartbeat every 5 s itself (the interval gormlease's runner has here), stopping without cancelling a beat in flight; a job of milliseconds sends none, as gormlease's runner sends none in it.
 - **Statements per op** are queries, that is round trips, counted on the client by a pgx tracer on every pool (BEGIN and COMMIT included). gormlease's fenced commit on PostgreSQL sends BEGIN and its locking UPDATE as one query, and ends with one query that checks the transaction was not aborted and commits (SELECT 1; COMMIT): its full job is 4 queries holding 6 statements, the saver's included. pg_stat_statements is installed but not in shared_preload_libraries on the shared server, which must not be restarted. † lib/pq has no tracer; pglock sends the same statements on both drivers (see its pgx row), and each heartbeat is two statements (nextval and UPDATE).
 - **WAL flushes and records** are pg_stat_wal deltas (wal_sync, wal_records) over each point divided by its operations. They are server-wide: other sessions' writes add to them, and group commit lowers them when workers commit together; the 1-worker full job is the clean figure.
 - **Client CPU** is getrusage(RUSAGE_SELF) over each point: the whole benchmark process.
-- **Reading the ratios.** *seed SQL, raw pgx* runs on pgx's native pool, with neither database/sql nor GORM. gormlease sends its own statements straight to the pool under the *gorm.DB (docs/design.md says why), so GORM costs it client CPU only for the saver's statement, and its client CPU per operation is close to the seed's or below. The machine's 2 cores are shared by the client, the server and other sessions: with 8 workers a full job is bound by CPU, and group commit folds the workers' WAL flushes together, so the seed's third write and two extra round trips cost it less there than with 1 worker, where flushes and round trips set the pace. The reference row, *gormlease SQL, raw pgx*, separates the design from its stack: what it cannot reach, GORM and database/sql cannot either, and where gormlease's ratio is below the seed's, compare it with that row first. Its acquire costs the server more than the seed's plain upsert (it re-checks the row under its lock, and a takeover locks then updates the row), and its release is an UPDATE where the seed's is a DELETE. The seed's refused upserts each lock the row and wait for a WAL flush, so its contended rate follows the disk's flush latency, while a refused gormlease acquire writes nothing and is bound by CPU.
+- **Reading the ratios.** *plain-SQL lease, raw pgx* runs on pgx's native pool, with neither database/sql nor GORM. gormlease sends its own statements straight to the pool under the *gorm.DB (docs/design.md says why), so GORM costs it client CPU only for the saver's statement, and its client CPU per operation is close to the plain-SQL lease's or below. The machine's 2 cores are shared by the client, the server and other sessions: with 8 workers a full job is bound by CPU, and group commit folds the workers' WAL flushes together, so the plain-SQL lease's third write and two extra round trips cost it less there than with 1 worker, where flushes and round trips set the pace. The reference row, *gormlease SQL, raw pgx*, separates the design from its stack: what it cannot reach, GORM and database/sql cannot either, and where gormlease's ratio is below the plain-SQL lease's, compare it with that row first. Its acquire costs the server more than the plain-SQL lease's bare upsert (it re-checks the row under its lock, and a takeover locks then updates the row), and its release is an UPDATE where the plain-SQL lease's is a DELETE. The plain-SQL lease's refused upserts each lock the row and wait for a WAL flush, so its contended rate follows the disk's flush latency, while a refused gormlease acquire writes nothing and is bound by CPU.
 - **pglock's release errors** ("lock is already released", pglock.ErrLockAlreadyReleased) come from its default heartbeats on pgx, not from the lease settings (30 s lease, 5 s heartbeat: pglock asks for at most half the lease) nor from a cancelled context of the benchmark's. The lock's heartbeat goroutine sends its first beat (SELECT nextval, then UPDATE ... SET record_version_number = the new number WHERE record_version_number = the lock's) as soon as the lock is taken, and ReleaseContext cancels that goroutine's context before it deletes the row WHERE record_version_number = the lock's. A job of a few milliseconds is released while that first beat is often still waiting for a connection or in flight. On cancellation pgx (a driver pglock.New refuses: these rows use UnsafeNew) stops reading the reply and closes the connection, even when the server has already committed the UPDATE; pglock then keeps the old number, the DELETE matches no row, ReleaseContext returns the error, and the row stays behind under a number that no client knows. A FailIfLocked acquire never takes such a row over (only a waiting Acquire does, after the lease duration), so every later attempt on that target in the run is refused: the notes count those attempts, which ops/s leaves out. A check with a tracer on the beats found, for each failed release, the row holding the number of a heartbeat UPDATE that the client had seen fail with "context canceled". lib/pq, on a cancelled context, sends the server a cancel request over a connection of its own and still reads the reply, so pglock learns whether the UPDATE ran and its releases do not fail; but it marks the connection bad, so each beat cancelled in flight costs it two new connections. The beats a job sends before its release vary with that race, hence pglock's statements per op with its defaults. With WithHeartbeatFrequency(0) pglock starts no heartbeat goroutine, and none of this happens.
 - **Saturated pool.** Each job's work keeps the 4-connection main pool busy with 250 ms queries once all 16 jobs hold their lease; a heartbeat on that pool waits behind them for longer than the 900 ms the lease is trusted without one.
 - **Heartbeats**: after all leases are held and one and a quarter intervals have passed, a window measures the heartbeat statements (tracer), the rows they renewed (command tags; for pglock, the advance of its record-version sequence, one per beat), the oldest heartbeat time in the table every 50 ms, and the pool's connections in use every 50 ms. *missed* is 1 - renewals / (leases / interval).

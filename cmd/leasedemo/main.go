@@ -7,9 +7,10 @@
 // then freezes before it can save: its process stalls, so its heartbeats
 // stop. Once the lease times out, a reload takes it over. The frozen tab
 // wakes up, tries to save its now stale result, and is fenced off by the
-// database. The last line is a verdict read from the database: one saved
-// result, written under the current generation, none by a stale holder. A
-// failed verdict exits with status 1.
+// database. The timeline is in true time order; a heartbeat shows at the
+// time the database stamped it. The last line is a verdict read from the
+// database: one saved result, written under the current generation, none
+// by a stale holder. A failed verdict exits with status 1.
 //
 // Usage:
 //

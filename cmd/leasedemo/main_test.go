@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +47,7 @@ func TestDemo_VerdictHolds(t *testing.T) {
 			assert.Contains(t, text, "FENCED OFF by the database")
 			assert.Contains(t, text, "lease lost")
 			assert.Contains(t, text, "VERDICT OK (read from the database): 1 saved result")
+			t.Run("TimelineInDatabaseTime", func(t *testing.T) { checkTimeline(t, text, cfg) })
 		})
 	}
 }
@@ -93,4 +96,69 @@ func TestDemo_BadSettings(t *testing.T) {
 			assert.Empty(t, out.String(), "the story began")
 		})
 	}
+}
+
+// line is a line of the demo's timeline.
+type line struct {
+	at   float64 // seconds since the start, as printed
+	who  string
+	what string
+}
+
+var lineRE = regexp.MustCompile(`^ *(\d+\.\d\d)s  (.{6})  (.*)$`)
+
+// timelineOf returns the timeline lines of the demo's output.
+func timelineOf(t *testing.T, text string) []line {
+	var lines []line
+	for _, l := range strings.Split(text, "\n") {
+		m := lineRE.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		at, err := strconv.ParseFloat(m[1], 64)
+		require.NoError(t, err)
+		lines = append(lines, line{at: at, who: strings.TrimSpace(m[2]), what: m[3]})
+	}
+	return lines
+}
+
+// checkTimeline checks that the timeline in text tells the story in true
+// time order, with the database's times for heartbeats: none of the frozen
+// tab's after its freeze, and the takeover no sooner than the lease timeout
+// after its last one, as the database judged it.
+func checkTimeline(t *testing.T, text string, cfg config) {
+	const rounding = 0.005 // the times are printed to 10 ms
+	lines := timelineOf(t, text)
+	require.NotEmpty(t, lines)
+	freeze, takeover := -1, -1
+	for i, l := range lines {
+		if i > 0 {
+			assert.GreaterOrEqual(t, l.at, lines[i-1].at, "line %d is out of time order: %+v after %+v", i, l, lines[i-1])
+		}
+		switch {
+		case strings.Contains(l.what, "FREEZES"):
+			require.Equal(t, -1, freeze, "two tabs froze")
+			freeze = i
+		case strings.Contains(l.what, "TAKES OVER"):
+			takeover = i
+		}
+	}
+	require.NotEqual(t, -1, freeze, "no tab froze")
+	require.NotEqual(t, -1, takeover, "no tab took over")
+	frozen := lines[freeze]
+	beats := 0
+	last := -1.0
+	for i, l := range lines {
+		if l.who != "db" || !strings.HasPrefix(l.what, "heartbeat from "+frozen.who+" renews") {
+			continue
+		}
+		beats++
+		last = l.at
+		assert.Less(t, i, freeze, "a heartbeat of the frozen %s is printed after its freeze: %+v", frozen.who, l)
+		assert.LessOrEqual(t, l.at, frozen.at, "a heartbeat of the frozen %s is timed after its freeze at %.2fs: %+v",
+			frozen.who, frozen.at, l)
+	}
+	require.Positive(t, beats, "no heartbeat of the frozen %s printed", frozen.who)
+	assert.GreaterOrEqual(t, lines[takeover].at, last+cfg.timeout.Seconds()-rounding,
+		"the takeover is printed sooner than the lease timeout after the frozen tab's last heartbeat")
 }

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,10 +109,19 @@ func (s *story) play(ctx context.Context) error {
 	fmt.Fprintf(s.tl.out, "  database  %s\n", s.d.about)
 	fmt.Fprintf(s.tl.out, "  lease     heartbeat every %v; taken over after %v without one\n", c.interval, c.timeout)
 	fmt.Fprintf(s.tl.out, "  API       answers in %v\n", c.latency)
-	fmt.Fprintf(s.tl.out, "  target    %s\n\n", s.target)
+	fmt.Fprintf(s.tl.out, "  target    %s\n", s.target)
+	fmt.Fprintf(s.tl.out, "  times     seconds since the start; a heartbeat's is the database's own (job_lease.updated_at)\n\n")
 
+	// The start on both clocks: the demo's, for what the tabs do, and the
+	// database's, for the heartbeats it records. Read in this order, a
+	// heartbeat's time since the start on the database's clock is never
+	// later than on the demo's.
 	s.tl.start = time.Now()
-	stopWatch := s.watch(ctx)
+	dbStart, err := s.d.now(ctx)
+	if err != nil {
+		return err
+	}
+	stopWatch := s.watch(ctx, dbStart)
 	start := make(chan struct{})
 	var rush, reload sync.WaitGroup
 	for i := 1; i <= c.tabs; i++ {
@@ -135,7 +147,12 @@ func tabName(tab int) string { return fmt.Sprintf("tab %d", tab) }
 // whether the lease was held by another tab.
 func (s *story) request(ctx context.Context, tab int, reload bool) (held bool) {
 	who := tabName(tab)
-	conn := newStallable(s.d.pool)
+	conn, err := newStallable(s.d)
+	if err != nil {
+		s.fail(who, err)
+		return false
+	}
+	defer conn.close()
 	db, err := s.d.gorm(conn)
 	if err != nil {
 		s.fail(who, err)
@@ -199,8 +216,8 @@ func (s *story) work(ctx context.Context, who string, l gormlease.Lease, conn *s
 	report := fmt.Sprintf("report for user 42, made by %s under generation %d", who, l.Generation)
 	s.freezeOnce.Do(func() {
 		s.frozenWho = fmt.Sprintf("%s (generation %d)", who, l.Generation)
+		conn.freeze() // after a heartbeat on its way has landed
 		s.tl.log(who, "gets the API answer, then FREEZES before saving (simulated stall: no heartbeats, no database calls)")
-		conn.freeze()
 		close(s.frozen)
 		s.bg.Go(func() { s.thawLater(ctx, who, conn) })
 	})
@@ -262,11 +279,16 @@ func (s *story) save(who string) func(tx *gorm.DB, report string) error {
 	}
 }
 
-// watch prints each heartbeat that the database records, until the
-// returned function is called.
-func (s *story) watch(ctx context.Context) (stop func()) {
+// watch prints each heartbeat that the database records, at the time the
+// database recorded it (dbStart is the story's start on the database's
+// clock), until the returned function is called. After each look at the
+// database, it lets the timeline print its lines up to lag before the look:
+// a heartbeat stamped that long before has committed, so it was seen, and
+// takes its place among them.
+func (s *story) watch(ctx context.Context, dbStart time.Time) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
+	lag := max(s.cfg.interval/2, 250*time.Millisecond)
 	go func() {
 		defer close(done)
 		var last gormlease.JobLease
@@ -278,17 +300,25 @@ func (s *story) watch(ctx context.Context) (stop func()) {
 				return
 			case <-tick.C:
 			}
+			looked := s.tl.now()
 			row, ok, err := s.repo.Get(ctx, s.target)
-			if err != nil || !ok {
+			if err != nil {
 				continue
 			}
-			if row.Generation == last.Generation && row.ReleasedAt == nil && row.UpdatedAt.After(last.UpdatedAt) {
-				s.tl.log("db", "heartbeat from %s renews generation %d", row.Holder, row.Generation)
+			if ok && row.Generation == last.Generation && row.ReleasedAt == nil && row.UpdatedAt.After(last.UpdatedAt) {
+				s.tl.logAt(row.UpdatedAt.Sub(dbStart), "db", "heartbeat from %s renews generation %d", row.Holder, row.Generation)
 			}
-			last = row
+			if ok {
+				last = row
+			}
+			s.tl.release(looked - lag)
 		}
 	}()
-	return func() { cancel(); <-done }
+	return func() {
+		cancel()
+		<-done
+		s.tl.release(math.MaxInt64)
+	}
 }
 
 func (s *story) fail(who string, err error) {
@@ -360,15 +390,52 @@ func (s *story) judge(problems []string, summary string) error {
 	return nil
 }
 
-// timeline prints events with the time elapsed since start.
+// timeline prints events in the order they happened, each with its time
+// since start. It holds the lines back until release, since the
+// database's heartbeats are seen a while after they happen.
 type timeline struct {
-	mu    sync.Mutex
-	out   io.Writer
-	start time.Time
+	mu      sync.Mutex
+	out     io.Writer
+	start   time.Time
+	pending []event // sorted by at
 }
 
+// event is a line of the timeline.
+type event struct {
+	at   time.Duration // since the start
+	who  string
+	what string
+}
+
+// now is the time since the start.
+func (t *timeline) now() time.Duration { return time.Since(t.start) }
+
+// log adds an event that happens now.
 func (t *timeline) log(who, format string, args ...any) {
+	t.logAt(t.now(), who, format, args...)
+}
+
+// logAt adds an event that happened at.
+func (t *timeline) logAt(at time.Duration, who, format string, args ...any) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	fmt.Fprintf(t.out, "%6.2fs  %-6s  %s\n", time.Since(t.start).Seconds(), who, fmt.Sprintf(format, args...))
+	t.add(event{at: at, who: who, what: fmt.Sprintf(format, args...)})
+}
+
+// add inserts e after the events that happened no later than it.
+func (t *timeline) add(e event) {
+	i := sort.Search(len(t.pending), func(i int) bool { return t.pending[i].at > e.at })
+	t.pending = slices.Insert(t.pending, i, e)
+}
+
+// release prints the events that happened no later than until.
+func (t *timeline) release(until time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for ; n < len(t.pending) && t.pending[n].at <= until; n++ {
+		e := t.pending[n]
+		fmt.Fprintf(t.out, "%6.2fs  %-6s  %s\n", e.at.Seconds(), e.who, e.what)
+	}
+	t.pending = slices.Delete(t.pending, 0, n)
 }
