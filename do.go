@@ -236,7 +236,7 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 		w.poke()
 		for {
 			if err := w.next(ctx, changed); err != nil {
-				return zero, fmt.Errorf("gormlease: run %q: waiting: %w", targetID, errors.Join(err, ErrLeaseHeld))
+				return zero, fmt.Errorf("%w: target %q: stopped waiting: %w", ErrLeaseHeld, targetID, err)
 			}
 			var st leaseState
 			st, _, changed = w.current()

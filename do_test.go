@@ -311,3 +311,40 @@ func TestDo_BadInput(t *testing.T) {
 	_, err = gormlease.NewRunner[string](db, gormlease.WithReuseFor(-time.Second))
 	assert.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 }
+
+// On PostgreSQL a waiter on another pool (so not woken in-process) is woken
+// by the notification that the holder's commit sends, long before its
+// first poll would come.
+func TestDo_PostgresWaiterWokenByNotification(t *testing.T) {
+	t.Parallel()
+	s := testdb.Postgres(t)
+	holderDB, waiterDB := s.Open(t, nil), s.Open(t, nil)
+	opts := fast(40*time.Second, 2*time.Minute) // polls 5 s apart at the least
+	holder, waiter := newRunner(t, holderDB, opts...), newRunner(t, waiterDB, opts...)
+	target := newTarget(t)
+	release := make(chan struct{})
+	held := goDo(context.Background(), holder, target, func(ctx context.Context) (string, error) {
+		<-release
+		return "report", nil
+	})
+	waitFor(t, 10*time.Second, "the lease held", func() bool { return countRows(t, holderDB, &gormlease.JobLease{}, target) == 1 })
+	waiting := goDo(context.Background(), waiter, target, func(context.Context) (string, error) {
+		t.Error("the waiter ran the work")
+		return "", nil
+	})
+	waitWatched(t, target)
+	waitFor(t, 10*time.Second, "the listener", func() bool { return gormlease.Listening(waiterDB) })
+	waitFor(t, 10*time.Second, "the row marked as waited on", func() bool {
+		var waited bool
+		require.NoError(t, holderDB.Table("job_lease").Select("waiting").Where("target_id = ?", target).Scan(&waited).Error)
+		return waited
+	})
+	close(release)
+	require.NoError(t, recv(t, held, 10*time.Second, "the holder").err)
+	committed := time.Now()
+	res := recv(t, waiting, 4*time.Second, "the waiter, woken by notification")
+	require.NoError(t, res.err)
+	assert.True(t, res.shared)
+	assert.Equal(t, "report", res.value)
+	t.Logf("woken %v after the holder returned", time.Since(committed))
+}

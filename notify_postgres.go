@@ -2,7 +2,6 @@ package gormlease
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
 	"math/rand/v2"
 	"strings"
@@ -33,12 +32,13 @@ const (
 var errNoListen = errors.New("the driver cannot listen: not pgx")
 
 // pgListener receives, on PostgreSQL with pgx, the notifications that wake
-// one hub's watches. It has one connection, taken from the pool while
-// somebody in the process waits on the pool and closed when the last stops
-// waiting, so that it never goes back to the pool while it listens. When
-// the connection fails it connects again, with backoff; each time it has
-// started listening it wakes every watch, since it may have missed
-// notifications meanwhile. The watches poll in any case.
+// one hub's watches. It has one connection of its own, outside the pool:
+// it opens it, with the settings of the pool's connections, when somebody
+// in the process starts waiting on the pool, and closes it when the last
+// one stops. So waiting takes no connection from the application's pool,
+// however small. When the connection fails it connects again, with
+// backoff; each time it has started listening it wakes every watch, since
+// it may have missed notifications meanwhile. The watches poll in any case.
 type pgListener struct {
 	hub   *hub
 	ready atomic.Bool
@@ -46,6 +46,7 @@ type pgListener struct {
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
+	config *pgx.ConnConfig // the pool's connection settings, once read
 }
 
 // newPGListener returns the listener for h, or nil when h's pool is not
@@ -99,28 +100,58 @@ func (l *pgListener) run(ctx context.Context) {
 	}
 }
 
-// listen takes a connection, listens on it and dispatches notifications
-// until ctx is cancelled or the connection fails. The connection is then
-// closed, never returned to the pool.
+// listen opens the listener's connection, listens on it and dispatches
+// notifications until ctx is cancelled or the connection fails; then it
+// closes the connection.
 func (l *pgListener) listen(ctx context.Context) error {
-	sqlDB, err := l.hub.repo.db.DB()
-	if err != nil {
-		return errNoListen
-	}
-	conn, err := sqlDB.Conn(ctx)
+	cfg, err := l.connConfig(ctx)
 	if err != nil {
 		return err
 	}
+	pc, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pc.Close(context.WithoutCancel(ctx))
+	return l.receive(ctx, pc)
+}
+
+// connConfig returns the settings of the pool's connections, borrowing one
+// of them, for a moment, the first time.
+func (l *pgListener) connConfig(ctx context.Context) (*pgx.ConnConfig, error) {
+	l.mu.Lock()
+	cfg := l.config
+	l.mu.Unlock()
+	if cfg != nil {
+		return cfg.Copy(), nil
+	}
+	sqlDB, err := l.hub.repo.db.DB()
+	if err != nil {
+		return nil, errNoListen
+	}
+	conn, err := sqlDB.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
 	defer conn.Close()
-	return conn.Raw(func(dc any) error {
+	err = conn.Raw(func(dc any) error {
 		c, ok := dc.(interface{ Conn() *pgx.Conn })
 		if !ok {
 			return errNoListen
 		}
-		err := l.receive(ctx, c.Conn())
-		// Close the connection rather than return it to the pool listening.
-		return errors.Join(err, driver.ErrBadConn)
+		cfg = c.Conn().Config().Copy()
+		// The copy would hand notifications to the pool connection's buffer:
+		// the listener's connection must keep its own.
+		cfg.OnNotification = nil
+		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	l.config = cfg
+	l.mu.Unlock()
+	return cfg.Copy(), nil
 }
 
 // receive listens on pc and wakes the hub's watches as notifications come.
@@ -133,17 +164,20 @@ func (l *pgListener) receive(ctx context.Context, pc *pgx.Conn) error {
 	for {
 		wctx, cancel := context.WithTimeout(ctx, listenerPing)
 		n, err := pc.WaitForNotification(wctx)
+		quiet := wctx.Err() != nil
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case err != nil && wctx.Err() != nil:
+		case err != nil && quiet:
 			// Nothing came for a while: check that the connection is alive.
 			if err := pc.Ping(ctx); err != nil {
 				return err
 			}
 		case err != nil:
 			return err
+		case n == nil:
+			return errors.New("notification lost by the driver")
 		default:
 			if table, target, ok := strings.Cut(n.Payload, " "); ok {
 				l.hub.wakeTarget(table, target)

@@ -237,7 +237,9 @@ func (w *watch) loop(ctx context.Context) {
 	pause := maxPause / 4
 	var last leaseState
 	for {
-		st, err := w.repo.readState(ctx, w.key.target)
+		rctx, cancel := context.WithTimeout(ctx, DefaultOperationTimeout)
+		st, err := w.repo.readState(rctx, w.key.target)
+		cancel()
 		if ctx.Err() != nil {
 			return
 		}
