@@ -134,7 +134,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	if err != nil {
 		return zero, false, fmt.Errorf("gormlease: do %q: read lease: %w", targetID, err)
 	}
-	w := subscribe(r.repo, targetID, r.cfg.heartbeatInterval)
+	w := subscribe(r.repo, targetID, r.cfg.heartbeatInterval, &st)
 	defer w.unsubscribe()
 	_, _, changed := w.current()
 	var waitFor int64 // the generation whose end Do waits for; 0 before it waits
@@ -228,7 +228,7 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 			return v, err
 		}
 		if w == nil {
-			w = subscribe(r.repo, targetID, r.cfg.heartbeatInterval)
+			w = subscribe(r.repo, targetID, r.cfg.heartbeatInterval, nil)
 		}
 		// Wait for a read made after the refusal that shows the lease
 		// released or expired.

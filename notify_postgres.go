@@ -160,7 +160,7 @@ func (l *pgListener) receive(ctx context.Context, pc *pgx.Conn) error {
 		return err
 	}
 	l.ready.Store(true)
-	l.hub.wakeAll()
+	l.hub.listenerReady()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, listenerPing)
 		n, err := pc.WaitForNotification(wctx)

@@ -135,6 +135,9 @@ type watch struct {
 	// interval of the subscribers.
 	maxPause time.Duration
 	wake     chan struct{} // buffered: a wake-up is never lost, never blocks
+	// listening is signalled, like wake, when the hub's listener starts
+	// listening.
+	listening chan struct{}
 
 	mu      sync.Mutex
 	state   leaseState
@@ -146,9 +149,10 @@ type watch struct {
 }
 
 // subscribe joins the watch on targetID's row of repo, starting it when
-// there is none, with polls at most interval apart. Call unsubscribe when
-// done waiting.
-func subscribe(repo *Repository, targetID string, interval time.Duration) *watch {
+// there is none, with polls at most interval apart. A new watch starts from
+// initial, the row as the caller just read it, when given, rather than read
+// it again. Call unsubscribe when done waiting.
+func subscribe(repo *Repository, targetID string, interval time.Duration, initial *leaseState) *watch {
 	hubs.Lock()
 	defer hubs.Unlock()
 	pk := poolKey(repo)
@@ -162,14 +166,18 @@ func subscribe(repo *Repository, targetID string, interval time.Duration) *watch
 	w := h.watches[k]
 	if w == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		w = &watch{hub: h, key: k, repo: repo, maxPause: interval, wake: make(chan struct{}, 1),
+		w = &watch{hub: h, key: k, repo: repo, maxPause: interval,
+			wake: make(chan struct{}, 1), listening: make(chan struct{}, 1),
 			changed: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
 		h.watches[k] = w
 		watching.Add(1)
 		if len(h.watches) == 1 && h.listener != nil {
 			h.listener.start()
 		}
-		go w.loop(ctx)
+		if initial != nil {
+			w.state, w.read = *initial, true
+		}
+		go w.loop(ctx, initial)
 	}
 	w.subs++
 	w.maxPause = min(w.maxPause, interval)
@@ -227,39 +235,68 @@ func (w *watch) next(ctx context.Context, changed <-chan struct{}) error {
 	}
 }
 
-// loop reads the row until ctx is cancelled: at once, then whenever it is
-// woken or its poll comes due.
-func (w *watch) loop(ctx context.Context) {
+// notifiedPolls is how many heartbeat intervals apart a watch polls a row
+// that is marked as waited on while the listener listens: the notification
+// will wake it, and the poll only covers a notification that is lost.
+const notifiedPolls = 4
+
+// loop reads the row until ctx is cancelled: at once (unless initial,
+// read by the first subscriber, is given), then whenever it is woken or its
+// poll comes due. When the listener (re)starts listening it marks the row
+// as waited on instead of reading it: a mark that finds the generation
+// still live guarantees a notification when it ends.
+func (w *watch) loop(ctx context.Context, initial *leaseState) {
 	defer close(w.done)
 	hubs.Lock()
 	maxPause := w.maxPause
 	hubs.Unlock()
 	pause := maxPause / 4
 	var last leaseState
+	read := true
+	if initial != nil {
+		last, read = *initial, false // subscribe published it
+	}
 	for {
-		rctx, cancel := context.WithTimeout(ctx, DefaultOperationTimeout)
-		st, err := w.repo.readState(rctx, w.key.target)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		if err == nil {
-			if st.generation != last.generation || st.released != last.released ||
-				st.savedGeneration != last.savedGeneration {
-				pause = maxPause / 4
+		if read {
+			rctx, cancel := context.WithTimeout(ctx, DefaultOperationTimeout)
+			st, err := w.repo.readState(rctx, w.key.target)
+			cancel()
+			if ctx.Err() != nil {
+				return
 			}
-			last = st
-			w.publish(st)
-			w.hub.markWaiting(ctx, w, st)
+			if err == nil {
+				if st.generation != last.generation || st.released != last.released ||
+					st.savedGeneration != last.savedGeneration {
+					pause = maxPause / 4
+				}
+				last = st
+				w.publish(st)
+			}
 		}
-		t := time.NewTimer(pause/2 + rand.N(pause/2+1))
+		if ended := w.hub.markWaiting(ctx, w, &last); ended {
+			read = true // the generation ended since the row was read
+			continue
+		}
+		wait := pause
+		if last.waiting && w.hub.listener.listening() {
+			wait = notifiedPolls * maxPause
+		}
+		t := time.NewTimer(wait/2 + rand.N(wait/2+1))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-w.wake:
 			t.Stop()
+			read = true
+		case <-w.listening:
+			// The listener listens again: notifications may have been lost
+			// meanwhile, on a row marked before; an unmarked row gets the
+			// mark, which checks it.
+			t.Stop()
+			read = last.waiting
 		case <-t.C:
+			read = true
 		}
 		hubs.Lock()
 		maxPause = w.maxPause
@@ -293,13 +330,16 @@ func wakeWaiters(repo *Repository, targetID string) {
 	}
 }
 
-// wakeAll wakes every watch of h: its listener just started listening, and
-// notifications sent before may have been missed.
-func (h *hub) wakeAll() {
+// listenerReady tells every watch of h that its listener has just started
+// listening, and notifications sent before may have been missed.
+func (h *hub) listenerReady() {
 	hubs.Lock()
 	defer hubs.Unlock()
 	for _, w := range h.watches {
-		w.poke()
+		select {
+		case w.listening <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -312,20 +352,22 @@ func (h *hub) wakeTarget(table, target string) {
 	}
 }
 
-// markWaiting marks the row that w read as st as waited on, when it shows
+// markWaiting marks the row that w read as *st as waited on, when it shows
 // a live generation not marked yet and h's listener listens, so that the
-// statement that ends the generation notifies (PostgreSQL only). When the
-// mark finds the generation ended, the watch reads the row again.
-func (h *hub) markWaiting(ctx context.Context, w *watch, st leaseState) {
+// statement that ends the generation notifies (PostgreSQL only). It
+// reports whether the mark found that generation ended.
+func (h *hub) markWaiting(ctx context.Context, w *watch, st *leaseState) (ended bool) {
 	if h.listener == nil || !st.found || st.released || st.waiting || !h.listener.listening() {
-		return
+		return false
 	}
 	d, ok := w.repo.dialect.(postgresDialect)
 	if !ok {
-		return
+		return false
 	}
 	_, n, err := execSQL(ctx, w.repo.db, d.markWaitingSQL(), w.key.target, st.generation)
-	if err == nil && n == 0 {
-		w.poke()
+	if err != nil {
+		return false // the polls go on
 	}
+	st.waiting = n == 1
+	return n == 0
 }
