@@ -134,11 +134,20 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	if err != nil {
 		return zero, false, fmt.Errorf("gormlease: do %q: read lease: %w", targetID, err)
 	}
-	w := subscribe(r.repo, targetID, r.cfg.heartbeatInterval, &st)
-	defer w.unsubscribe()
-	_, _, changed := w.current()
+	// The watch is held only while this call waits, never while it runs the
+	// work: a watch polls, and on PostgreSQL takes a listener connection and
+	// marks the row as waited on, which a job that nobody waits for must not
+	// cost.
+	var w *watch
+	defer func() {
+		if w != nil {
+			w.unsubscribe()
+		}
+	}()
+	var changed <-chan struct{}
 	var waitFor int64 // the generation whose end Do waits for; 0 before it waits
 	for {
+		refused := false
 		switch {
 		case r.cfg.reuseFor > 0 && st.savedGeneration > 0 && st.savedAge >= 0 && st.savedAge < r.cfg.reuseFor,
 			waitFor > 0 && st.savedGeneration >= waitFor:
@@ -154,7 +163,11 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			waitFor = st.generation
 		default:
 			// No one holds the target: run the work, unless another caller
-			// took the target over since the watch read the row.
+			// took the target over since the row was read.
+			if w != nil {
+				w.unsubscribe()
+				w = nil
+			}
 			v, err := r.run(ctx, targetID, work, save, st.generation)
 			if !errors.Is(err, ErrLeaseHeld) {
 				return v, true, err
@@ -163,7 +176,19 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			// generation (or a later one): wait for the end of that one, as
 			// read after the refusal.
 			waitFor = st.generation + 1
+			refused = true
+		}
+		if w == nil {
+			// A new watch starts from this call's read, unless that read
+			// is older than the refusal.
+			initial := &st
+			if refused {
+				initial = nil
+			}
+			w = subscribe(r.repo, targetID, r.cfg.heartbeatInterval, initial)
 			_, _, changed = w.current()
+		}
+		if refused {
 			w.poke()
 		}
 		if err := w.next(ctx, changed); err != nil {
@@ -216,33 +241,33 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 		return zero, fmt.Errorf("gormlease: run %q: waiting in the process: %w", targetID, err)
 	}
 	defer leave()
-	var w *watch
-	defer func() {
-		if w != nil {
-			w.unsubscribe()
-		}
-	}()
 	for {
 		v, err := r.Run(ctx, targetID, work, save)
 		if !errors.Is(err, ErrLeaseHeld) {
 			return v, err
 		}
-		if w == nil {
-			w = subscribe(r.repo, targetID, r.cfg.heartbeatInterval, nil)
+		if err := r.waitEnded(ctx, targetID); err != nil {
+			return zero, fmt.Errorf("%w: target %q: stopped waiting: %w", ErrLeaseHeld, targetID, err)
 		}
-		// Wait for a read made after the refusal that shows the lease
-		// released or expired.
-		_, _, changed := w.current()
-		w.poke()
-		for {
-			if err := w.next(ctx, changed); err != nil {
-				return zero, fmt.Errorf("%w: target %q: stopped waiting: %w", ErrLeaseHeld, targetID, err)
-			}
-			var st leaseState
-			st, _, changed = w.current()
-			if !st.live(r.cfg.leaseTimeout) {
-				break
-			}
+	}
+}
+
+// waitEnded waits until a read of targetID's row, made after it was
+// called, shows the lease released or expired, or until ctx is done. It
+// holds the watch only while it waits, not while the next Run works.
+func (r *Runner[T]) waitEnded(ctx context.Context, targetID string) error {
+	w := subscribe(r.repo, targetID, r.cfg.heartbeatInterval, nil)
+	defer w.unsubscribe()
+	_, _, changed := w.current()
+	w.poke()
+	for {
+		if err := w.next(ctx, changed); err != nil {
+			return err
+		}
+		var st leaseState
+		st, _, changed = w.current()
+		if !st.live(r.cfg.leaseTimeout) {
+			return nil
 		}
 	}
 }

@@ -1,8 +1,9 @@
 // Package gormlease runs slow work once per target at a time, across
 // requests, processes and machines, with a heartbeat lease kept in one
 // database row, for GORM applications. While one Run holds the lease on a
-// target, the others on that target are refused at once with ErrLeaseHeld;
-// a Run that starts after it finished runs the work again.
+// target, the others on that target are refused at once with ErrLeaseHeld
+// (Runner.Do and Runner.RunWait wait instead); a Run that starts after it
+// finished runs the work again.
 //
 // The work is typically an external call that takes seconds to minutes,
 // followed by a database save. A PostgreSQL advisory lock would pin a
@@ -71,6 +72,21 @@
 // Whether a lease has expired is decided by the database, in SQL, on its own
 // clock. The application's clock only measures durations (monotonic time) to
 // decide when to stop trusting a lease that it could not confirm.
+//
+// # Waiting and sharing results
+//
+// Runner.RunWait waits while the target is held, then runs its own work;
+// Runner.Do waits for the job in progress and returns its saved result,
+// read back by a load function, so that callers who come while one job
+// runs share it. Waiters hold no connection: the callers of one process on
+// one pool share a watch of the row, woken by this process's own releases
+// and commits, on PostgreSQL by LISTEN/NOTIFY (only rows marked as waited
+// on notify), and otherwise by polling at most a heartbeat interval apart.
+// The row records how each generation ended (saved_generation, saved_at,
+// failure) in the statement that ends it. Waiters do not rerun a job that
+// failed: they get ErrSharedJobFailed. When the holder dies, exactly one
+// waiter takes the expired lease over. A caller that comes just after a
+// job ended runs it again, unless WithReuseFor lets it reuse the result.
 //
 // # What is not guaranteed
 //

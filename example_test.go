@@ -5,8 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
@@ -186,4 +190,113 @@ func ExampleRepository() {
 	fmt.Println("saved and released")
 	// Output:
 	// saved and released
+}
+
+// Do runs the work once for all the callers that ask for a target at the
+// same time, in this process or others: the first caller runs it, the
+// others wait and get its saved result, read back by load.
+func ExampleRunner_Do() {
+	db := exampleDB()
+	// WithReuseFor also gives the saved report to a caller that comes just
+	// after the job ended, rather than run it again.
+	runner, err := gormlease.NewRunner[Report](db, gormlease.WithReuseFor(time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	id := "report:user-7:" + uuid.NewString() // a new target each time the example runs
+	load := func(tx *gorm.DB) (Report, error) {
+		r, _, err := gormlease.LoadJSON[Report](tx.Statement.Context, tx, id)
+		return r, err
+	}
+
+	const callers = 5
+	var asked sync.WaitGroup // every caller has asked
+	asked.Add(callers)
+	var apiCalls, sharedReports atomic.Int32
+	var mu sync.Mutex
+	reports := map[Report]int{} // how many callers got each report
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			asked.Done()
+			report, shared, err := runner.Do(context.Background(), id,
+				func(ctx context.Context) (Report, error) {
+					apiCalls.Add(1)
+					asked.Wait() // the slow external call: the others ask meanwhile
+					return Report{User: "user-7", Score: 88}, nil
+				},
+				gormlease.SaveJSON[Report], load)
+			switch {
+			case errors.Is(err, gormlease.ErrSharedJobFailed):
+				log.Fatal("the job this caller waited for failed: ", err)
+			case err != nil:
+				log.Fatal(err)
+			case shared:
+				sharedReports.Add(1)
+			}
+			mu.Lock()
+			reports[report]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	fmt.Println("API calls:", apiCalls.Load())
+	fmt.Printf("reports: %+v\n", reports)
+	fmt.Println("callers that got the report of another's call:", sharedReports.Load())
+	// Output:
+	// API calls: 1
+	// reports: map[{User:user-7 Score:88}:5]
+	// callers that got the report of another's call: 4
+}
+
+// RunWait runs every caller's own work, one at a time: a caller that finds
+// the lease held waits until it is released (or expires), then runs its
+// work under a generation of its own.
+func ExampleRunner_RunWait() {
+	db := exampleDB()
+	// Two Runners, as two processes would have.
+	var runners []*gormlease.Runner[string]
+	for range 2 {
+		r, err := gormlease.NewRunner[string](db)
+		if err != nil {
+			log.Fatal(err)
+		}
+		runners = append(runners, r)
+	}
+	var (
+		mu          sync.Mutex
+		generations []int64
+		inside      atomic.Int32
+		overlapped  atomic.Bool
+	)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			_, err := runners[i%2].RunWait(context.Background(), "export:nightly",
+				func(ctx context.Context) (string, error) {
+					if inside.Add(1) > 1 {
+						overlapped.Store(true)
+					}
+					defer inside.Add(-1)
+					lease, _ := gormlease.LeaseFromContext(ctx)
+					mu.Lock()
+					generations = append(generations, lease.Generation)
+					mu.Unlock()
+					return "exported", nil
+				},
+				gormlease.SaveJSON[string])
+			if err != nil {
+				log.Fatal(err)
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(generations)
+	fmt.Println("runs:", len(generations))
+	fmt.Println("two at once:", overlapped.Load())
+	fmt.Println("each under its own generation:", len(slices.Compact(generations)) == 4)
+	// Output:
+	// runs: 4
+	// two at once: false
+	// each under its own generation: true
 }

@@ -1,16 +1,20 @@
 // Command leasedemo acts out the problem gormlease solves, on a real
 // database, and checks the outcome in that database.
 //
-// Several requests ("tabs") ask at once for the same slow report, which
-// takes a call to an external API. One wins the lease and works, with
-// heartbeats; the others are refused at once. The winner gets its answer and
+// Several requests ("tabs"), each in a process of its own, ask at once for
+// the same slow report, which takes a call to an external API. They call
+// Runner.Do: one wins the lease and works, with heartbeats; the others wait
+// for its report, holding no connection. The winner gets its answer and
 // then freezes before it can save: its process stalls, so its heartbeats
-// stop. Once the lease times out, a reload takes it over. The frozen tab
-// wakes up, tries to save its now stale result, and is fenced off by the
-// database. The timeline is in true time order; a heartbeat shows at the
-// time the database stamped it. The last line is a verdict read from the
-// database: one saved result, written under the current generation, none
-// by a stale holder. A failed verdict exits with status 1.
+// stop. A reload comes, and waits too. Once the lease times out, one of the
+// waiting tabs takes it over and calls the API again; when it saves, every
+// waiting tab gets that report. The frozen tab wakes up, tries to save its
+// now stale result, and is fenced off by the database. The timeline is in
+// true time order; a heartbeat shows at the time the database stamped it.
+// The last line is a verdict read from the database: one saved result,
+// written under the current generation, none by a stale holder; every tab
+// that got a report got that one; one API call per generation. A failed
+// verdict exits with status 1.
 //
 // Usage:
 //

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -40,13 +41,21 @@ func TestDemo_VerdictHolds(t *testing.T) {
 			text := out.String()
 			header := map[string]string{"postgres": "PostgreSQL", "mysql": "MySQL", "sqlite": "SQLite"}[s.Name]
 			assert.Contains(t, text, "database  "+header, "the story ran on another database")
-			assert.Equal(t, cfg.tabs-1, strings.Count(text, "refused at once"), "refused tabs")
+			assert.NotContains(t, text, "ErrLeaseHeld", "a tab was refused rather than wait")
+			assert.Equal(t, cfg.tabs-1, strings.Count(text, "waits for the report in progress"), "tabs that waited in the rush")
+			assert.Equal(t, 1, strings.Count(text, "waits too: the frozen tab's lease has not timed out yet"), "the reload waited")
 			assert.Equal(t, 1, strings.Count(text, "wins the lease: generation 1"))
 			assert.Contains(t, text, "db      heartbeat from tab")
-			assert.Contains(t, text, "TAKES OVER the expired lease: generation 2")
+			assert.Equal(t, 1, strings.Count(text, "TAKES OVER the expired lease: generation 2"))
 			assert.Contains(t, text, "FENCED OFF by the database")
 			assert.Contains(t, text, "lease lost")
+			// Every tab but the frozen one and the one that took over (the
+			// reload included) gets the report of generation 2.
+			assert.Equal(t, cfg.tabs-1, strings.Count(text, "gets the shared report"), "tabs that got the shared report")
+			assert.Equal(t, cfg.tabs-1, strings.Count(text, "under generation 2\"\n"), "shared reports of generation 2")
 			assert.Contains(t, text, "VERDICT OK (read from the database): 1 saved result")
+			assert.Contains(t, text, fmt.Sprintf("all %d other tabs got that same report", cfg.tabs))
+			assert.Contains(t, text, "the API was called once per generation (2 calls)")
 			t.Run("TimelineInDatabaseTime", func(t *testing.T) { checkTimeline(t, text, cfg) })
 		})
 	}
@@ -56,22 +65,46 @@ func TestDemo_VerdictHolds(t *testing.T) {
 // behind the story's back, makes it fail.
 func TestDemo_VerdictCatchesStaleSave(t *testing.T) {
 	t.Parallel()
-	s := testdb.SQLite(t)
-	d, err := openDatabase(s.DSN)
-	require.NoError(t, err)
-	defer d.close()
-	var out bytes.Buffer
-	st, err := newStory(context.Background(), &out, short, d)
-	require.NoError(t, err)
-	require.NoError(t, st.play(context.Background()))
+	st, out := playedStory(t)
 
 	stale := savedReport{ID: uuid.NewString(), TargetID: st.target, Generation: 1, Tab: "tab 9", Body: "stale"}
 	require.NoError(t, st.db.Create(&stale).Error)
-	err = st.verdict(context.Background())
+	err := st.verdict(context.Background())
 	require.ErrorIs(t, err, errVerdict)
 	assert.ErrorContains(t, err, "2 saved results, want 1")
 	assert.ErrorContains(t, err, "a stale holder saved: tab 9 under generation 1")
 	assert.Contains(t, out.String(), "VERDICT FAILED")
+}
+
+// The verdict checks what the tabs got against the database, and the fake
+// API's calls per generation: a tab shown another report, or a second call
+// under one generation, makes it fail.
+func TestDemo_VerdictCatchesOtherReportAndSecondCall(t *testing.T) {
+	t.Parallel()
+	st, out := playedStory(t)
+
+	st.reports["tab 9"] = tabReport{body: "a report the database never saw", shared: true}
+	st.apiCalls[2]++
+	err := st.verdict(context.Background())
+	require.ErrorIs(t, err, errVerdict)
+	assert.ErrorContains(t, err, fmt.Sprintf("%d tabs got a report, want %d", short.tabs+1, short.tabs))
+	assert.ErrorContains(t, err, `tab 9 got "a report the database never saw", but the database holds "report for user 42`)
+	assert.ErrorContains(t, err, "generation 2 called the API 2 times, want once")
+	assert.Contains(t, out.String(), "VERDICT FAILED")
+}
+
+// playedStory plays the story with short settings on SQLite, and returns
+// it, for a test to tamper with what it saw before its verdict.
+func playedStory(t *testing.T) (*story, *bytes.Buffer) {
+	t.Helper()
+	d, err := openDatabase(testdb.SQLite(t).DSN)
+	require.NoError(t, err)
+	t.Cleanup(d.close)
+	out := new(bytes.Buffer)
+	st, err := newStory(context.Background(), out, short, d)
+	require.NoError(t, err)
+	require.NoError(t, st.play(context.Background()))
+	return st, out
 }
 
 // Bad settings are refused before anything runs.

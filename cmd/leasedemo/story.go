@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -64,15 +65,28 @@ type story struct {
 	target string
 	tl     *timeline
 
+	winOnce    sync.Once
+	won        chan struct{} // closed when the first tab wins the lease
 	freezeOnce sync.Once
 	frozenWho  string        // the frozen tab and its generation; set before frozen is closed
 	frozen     chan struct{} // closed when the first holder freezes
-	takenOver  chan struct{} // closed when a reload takes the lease over
+	takenOver  chan struct{} // closed when a tab takes the expired lease over
 	takeOnce   sync.Once
-	refused    atomic.Int32 // tabs refused in the first rush
+	waited     atomic.Int32 // tabs that waited for the report in the first rush
 	fenced     atomic.Int32 // holders fenced off at their save
 	failures   atomic.Int32 // unexpected errors
 	bg         sync.WaitGroup
+
+	mu       sync.Mutex
+	reports  map[string]tabReport // the report each tab got, by tab
+	apiCalls map[int64]int        // the fake API's calls, by the generation that made them
+}
+
+// tabReport is the report a tab got from Do, and whether it was shared:
+// made by another tab's job.
+type tabReport struct {
+	body   string
+	shared bool
 }
 
 func newStory(ctx context.Context, out io.Writer, cfg config, d *database) (*story, error) {
@@ -97,8 +111,11 @@ func newStory(ctx context.Context, out io.Writer, cfg config, d *database) (*sto
 		repo:      repo,
 		target:    "report/user-42/" + uuid.NewString()[:8],
 		tl:        &timeline{out: out},
+		won:       make(chan struct{}),
 		frozen:    make(chan struct{}),
 		takenOver: make(chan struct{}),
+		reports:   map[string]tabReport{},
+		apiCalls:  map[int64]int{},
 	}, nil
 }
 
@@ -108,6 +125,7 @@ func (s *story) play(ctx context.Context) error {
 	fmt.Fprintf(s.tl.out, "leasedemo: %d browser tabs ask at once for the same slow report\n", c.tabs)
 	fmt.Fprintf(s.tl.out, "  database  %s\n", s.d.about)
 	fmt.Fprintf(s.tl.out, "  lease     heartbeat every %v; taken over after %v without one\n", c.interval, c.timeout)
+	fmt.Fprintf(s.tl.out, "  tabs      each in a process of its own, calling gormlease's Runner.Do\n")
 	fmt.Fprintf(s.tl.out, "  API       answers in %v\n", c.latency)
 	fmt.Fprintf(s.tl.out, "  target    %s\n", s.target)
 	fmt.Fprintf(s.tl.out, "  times     seconds since the start; a heartbeat's is the database's own (job_lease.updated_at)\n\n")
@@ -143,20 +161,21 @@ func (s *story) play(ctx context.Context) error {
 
 func tabName(tab int) string { return fmt.Sprintf("tab %d", tab) }
 
-// request is one tab's request: Run the report under the lease. It returns
-// whether the lease was held by another tab.
-func (s *story) request(ctx context.Context, tab int, reload bool) (held bool) {
+// request is one tab's request: Do the report. The tab that wins the
+// lease makes it; the others wait for it and get the saved report. A
+// reload comes after the holder froze.
+func (s *story) request(ctx context.Context, tab int, reload bool) {
 	who := tabName(tab)
 	conn, err := newStallable(s.d)
 	if err != nil {
 		s.fail(who, err)
-		return false
+		return
 	}
 	defer conn.close()
 	db, err := s.d.gorm(conn)
 	if err != nil {
 		s.fail(who, err)
-		return false
+		return
 	}
 	r, err := gormlease.NewRunner[string](db,
 		gormlease.WithHeartbeatInterval(s.cfg.interval),
@@ -167,47 +186,92 @@ func (s *story) request(ctx context.Context, tab int, reload bool) (held bool) {
 		gormlease.WithOperationTimeout(time.Minute+2*s.cfg.timeout))
 	if err != nil {
 		s.fail(who, err)
-		return false
+		return
 	}
 	if !reload {
 		s.tl.log(who, "asks for the report")
 	}
+	asked := time.Now()
 	var generation int64
-	_, err = r.Run(ctx, s.target, func(ctx context.Context) (string, error) {
-		l, _ := gormlease.LeaseFromContext(ctx)
-		generation = l.Generation
-		return s.work(ctx, who, l, conn, reload)
-	}, s.save(who))
-	switch {
-	case err == nil:
-		s.tl.log(who, "saved its report and released the lease (generation %d)", generation)
-	case errors.Is(err, gormlease.ErrLeaseHeld):
-		if reload {
-			s.tl.log(who, "refused: the frozen tab's lease has not timed out yet (ErrLeaseHeld)")
-		} else {
-			s.refused.Add(1)
-			s.tl.log(who, "refused at once: another tab holds the lease (ErrLeaseHeld); shows \"in progress\"")
+	var worked atomic.Bool
+	type outcome struct {
+		report string
+		shared bool
+		err    error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		report, shared, err := r.Do(ctx, s.target, func(ctx context.Context) (string, error) {
+			worked.Store(true)
+			l, _ := gormlease.LeaseFromContext(ctx)
+			generation = l.Generation
+			return s.work(ctx, who, l, conn)
+		}, s.save(who), s.load)
+		done <- outcome{report, shared, err}
+	}()
+	// Another tab holds the lease: in the rush once one has won it; for a
+	// reload, the frozen tab, whose lease has not timed out yet.
+	held := s.won
+	if reload {
+		held = s.frozen
+	}
+	var o outcome
+	select {
+	case o = <-done:
+	case <-held:
+		select {
+		case o = <-done:
+		default:
+			if !worked.Load() {
+				if reload {
+					s.tl.log(who, "waits too: the frozen tab's lease has not timed out yet")
+				} else {
+					s.waited.Add(1)
+					s.tl.log(who, "waits for the report in progress, holding no connection; shows \"in progress\"")
+				}
+			}
+			o = <-done
 		}
-		return true
-	case errors.Is(err, gormlease.ErrLeaseLost):
+	}
+	switch {
+	case o.err == nil && o.shared:
+		s.got(who, o.report, true)
+		s.tl.log(who, "gets the shared report after %.1fs: %q", time.Since(asked).Seconds(), o.report)
+	case o.err == nil:
+		s.got(who, o.report, false)
+		s.tl.log(who, "saved its report and released the lease (generation %d)", generation)
+	case errors.Is(o.err, gormlease.ErrLeaseLost):
 		s.fenced.Add(1)
-		s.tl.log(who, "FENCED OFF by the database: %v", err)
+		s.tl.log(who, "FENCED OFF by the database: %v", o.err)
 		s.tl.log(who, "its stale result is discarded; nothing was written")
 	default:
-		s.fail(who, err)
+		s.fail(who, o.err)
 	}
-	return false
+}
+
+// got records the report that who got.
+func (s *story) got(who, report string, shared bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reports[who] = tabReport{body: report, shared: shared}
 }
 
 // work is the slow part of a request: the external API call. The first
 // holder to get its answer then freezes, before it can save.
-func (s *story) work(ctx context.Context, who string, l gormlease.Lease, conn *stallable, reload bool) (string, error) {
-	if reload {
+func (s *story) work(ctx context.Context, who string, l gormlease.Lease, conn *stallable) (string, error) {
+	select {
+	case <-s.frozen:
+		// Only an expired lease can be acquired while the first holder is
+		// frozen.
 		s.tl.log(who, "TAKES OVER the expired lease: generation %d; calls the API, %v", l.Generation, s.cfg.latency)
 		s.takeOnce.Do(func() { close(s.takenOver) })
-	} else {
+	default:
 		s.tl.log(who, "wins the lease: generation %d; calls the API, %v", l.Generation, s.cfg.latency)
+		s.winOnce.Do(func() { close(s.won) })
 	}
+	s.mu.Lock()
+	s.apiCalls[l.Generation]++
+	s.mu.Unlock()
 	select {
 	case <-time.After(s.cfg.latency):
 	case <-ctx.Done():
@@ -239,9 +303,9 @@ func (s *story) thawLater(ctx context.Context, who string, conn *stallable) {
 }
 
 // reload is the request that comes once the holder is frozen: the user
-// reloads the page, every interval, until the lease can be taken over. When
-// the first requests are all over (rushDone) and none froze, the story went
-// wrong, and there is nothing to reload for.
+// reloads the page, half an interval later, while the frozen tab's lease
+// is still live. When the first requests are all over (rushDone) and none
+// froze, the story went wrong, and there is nothing to reload for.
 func (s *story) reload(ctx context.Context, tab int, rushDone <-chan struct{}) {
 	who := tabName(tab)
 	select {
@@ -252,18 +316,13 @@ func (s *story) reload(ctx context.Context, tab int, rushDone <-chan struct{}) {
 	case <-ctx.Done():
 		return
 	}
-	for attempt := 0; attempt < 4*int(s.cfg.timeout/s.cfg.interval)+4; attempt++ {
-		select {
-		case <-time.After(s.cfg.interval):
-		case <-ctx.Done():
-			return
-		}
-		s.tl.log(who, "the user reloads the page")
-		if !s.request(ctx, tab, true) {
-			return
-		}
+	select {
+	case <-time.After(s.cfg.interval / 2):
+	case <-ctx.Done():
+		return
 	}
-	s.fail(who, errors.New("the lease was never taken over"))
+	s.tl.log(who, "the user reloads the page: one more request for the report")
+	s.request(ctx, tab, true)
 }
 
 // save is the saver of a tab: it appends to leasedemo_saves and stores the
@@ -277,6 +336,13 @@ func (s *story) save(who string) func(tx *gorm.DB, report string) error {
 		}
 		return gormlease.SaveJSON(tx, report)
 	}
+}
+
+// load is the loader of the tabs that waited: it reads back what SaveJSON
+// stored, in the transaction that Do gives it.
+func (s *story) load(tx *gorm.DB) (string, error) {
+	report, _, err := gormlease.LoadJSON[string](tx.Statement.Context, tx, s.target)
+	return report, err
 }
 
 // watch prints each heartbeat that the database records, at the time the
@@ -328,7 +394,9 @@ func (s *story) fail(who string, err error) {
 
 // verdict reads the outcome from the database and checks the invariant:
 // exactly one saved result, written by the holder of the current (last)
-// generation, and nothing saved by a stale holder.
+// generation, and nothing saved by a stale holder; every tab that got a
+// report got that saved one; and the external API was called once per
+// generation, as the fake API counted its calls.
 func (s *story) verdict(ctx context.Context) error {
 	lease, ok, err := s.repo.Get(ctx, s.target)
 	if err != nil {
@@ -355,7 +423,8 @@ func (s *story) verdict(ctx context.Context) error {
 				sv.Tab, lease.Generation, lease.Holder))
 		}
 	}
-	if _, res, err := gormlease.LoadJSON[string](ctx, s.db, s.target); err != nil {
+	saved, res, err := gormlease.LoadJSON[string](ctx, s.db, s.target)
+	if err != nil {
 		problems = append(problems, fmt.Sprintf("job_result: %v", err))
 	} else if res.Generation != lease.Generation {
 		problems = append(problems, fmt.Sprintf("job_result holds generation %d, the current is %d",
@@ -364,18 +433,62 @@ func (s *story) verdict(ctx context.Context) error {
 	if lease.ReleasedAt == nil {
 		problems = append(problems, "the lease is still held")
 	}
-	if n := s.refused.Load(); int(n) != s.cfg.tabs-1 {
-		problems = append(problems, fmt.Sprintf("%d of %d tabs refused in the rush, want %d", n, s.cfg.tabs, s.cfg.tabs-1))
+	if n := s.waited.Load(); int(n) != s.cfg.tabs-1 {
+		problems = append(problems, fmt.Sprintf("%d of %d tabs waited in the rush, want %d", n, s.cfg.tabs, s.cfg.tabs-1))
 	}
 	if s.fenced.Load() != 1 {
 		problems = append(problems, "the frozen tab was not fenced off")
 	}
+	s.mu.Lock()
+	problems = append(problems, s.checkReports(saved, lease.Holder)...)
+	problems = append(problems, s.checkAPICalls(lease.Generation)...)
+	nReports := len(s.reports)
+	s.mu.Unlock()
 	if n := s.failures.Load(); n > 0 {
 		problems = append(problems, fmt.Sprintf("%d unexpected errors (above)", n))
 	}
 	summary := fmt.Sprintf("1 saved result, by %s under generation %d, the current one; "+
-		"nothing saved by the stale holder %s", lease.Holder, lease.Generation, s.frozenWho)
+		"nothing saved by the stale holder %s; all %d other tabs got that same report; "+
+		"the API was called once per generation (%d calls)",
+		lease.Holder, lease.Generation, s.frozenWho, nReports, lease.Generation)
 	return s.judge(problems, summary)
+}
+
+// checkReports says what is wrong with the reports that the tabs got: each
+// tab but the frozen one, the reload included, must have got the saved
+// report, and only its maker, holder, as its own. The caller holds s.mu.
+func (s *story) checkReports(saved, holder string) []string {
+	var problems []string
+	if want := s.cfg.tabs; len(s.reports) != want {
+		problems = append(problems, fmt.Sprintf("%d tabs got a report, want %d (all but the frozen one)", len(s.reports), want))
+	}
+	for _, who := range slices.Sorted(maps.Keys(s.reports)) {
+		r := s.reports[who]
+		switch {
+		case r.body != saved:
+			problems = append(problems, fmt.Sprintf("%s got %q, but the database holds %q", who, r.body, saved))
+		case r.shared == (who == holder):
+			problems = append(problems, fmt.Sprintf("%s got the report with shared %v, but %s made it", who, r.shared, holder))
+		}
+	}
+	return problems
+}
+
+// checkAPICalls says what is wrong with the fake API's calls: one by each
+// generation up to current, none by another. The caller holds s.mu.
+func (s *story) checkAPICalls(current int64) []string {
+	var problems []string
+	for _, g := range slices.Sorted(maps.Keys(s.apiCalls)) {
+		if g < 1 || g > current {
+			problems = append(problems, fmt.Sprintf("the API was called under generation %d, which the lease row never had", g))
+		}
+	}
+	for g := int64(1); g <= current; g++ {
+		if n := s.apiCalls[g]; n != 1 {
+			problems = append(problems, fmt.Sprintf("generation %d called the API %d times, want once", g, n))
+		}
+	}
+	return problems
 }
 
 // judge prints the verdict line, and returns an error wrapping errVerdict
