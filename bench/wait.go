@@ -708,3 +708,54 @@ func waitChild(o options) error {
 	fmt.Println(string(data))
 	return nil
 }
+
+// waitReport writes the waiting section of the report with p.
+func (b *bench) waitReport(p func(format string, args ...any)) {
+	p("\n## Waiting for a job in progress (Runner.Do; heartbeat every %v, so waiters poll at most %v apart; lease timeout %v)\n\n", waitInterval, waitInterval, waitTimeout)
+	p("| measure | goal | measured | met |\n|---|---|---|---|\n")
+	row := func(name, want, got string, met bool) {
+		p("| %s | %s | %s | %s |\n", name, want, got, map[bool]string{true: "yes", false: "**no**"}[met])
+	}
+	cap := fmt.Sprintf("%.0f ms", ms(waitInterval))
+	for _, w := range b.wake {
+		ok := w.Samples > 0 && w.Failed == 0
+		if strings.HasPrefix(w.Mode, "notifications") {
+			row("wake-up latency with notifications (pgx), p50", "≤ 20 ms", fmt.Sprintf("%.1f ms", w.P50), ok && w.P50 <= 20)
+			row("wake-up latency with notifications (pgx), p99", "≤ 100 ms", fmt.Sprintf("%.1f ms", w.P99), ok && w.P99 <= 100)
+			continue
+		}
+		row("wake-up latency, polling only (lib/pq), p50", "≤ "+cap+" (the poll cap)", fmt.Sprintf("%.0f ms", w.P50), ok && w.P50 <= ms(waitInterval))
+		row("wake-up latency, polling only (lib/pq), p99", "≤ "+cap+" (the poll cap)", fmt.Sprintf("%.0f ms", w.P99), ok && w.P99 <= ms(waitInterval))
+	}
+	if f := b.fan; f != nil {
+		row(fmt.Sprintf("statements while %d waiters on one target wait for a %v job, per poll interval (%v)", f.Waiters, fanJob, waitInterval),
+			"≤ 2", fmt.Sprintf("%.2f (%d in %.2f s)", f.PerPoll, f.total(), f.Wait), f.PerPoll <= 2)
+		row(fmt.Sprintf("calls of load for those %d waiters", f.Waiters), "1", fmt.Sprint(f.Loads), f.Loads == 1)
+		row(fmt.Sprintf("of those %d waiters, those given the job's result", f.Waiters), fmt.Sprint(f.Waiters), fmt.Sprint(f.Got), f.Got == f.Waiters)
+	}
+	if s := b.spreadR; s != nil {
+		row(fmt.Sprintf("waiters given their target's result, %d over %d targets and %d processes", s.Waiters, spreadTargets, s.Processes),
+			fmt.Sprint(s.Waiters), fmt.Sprint(s.Got), s.Got == s.Waiters)
+		row("listener connections per process while they wait (pg_stat_activity, most seen)", "≤ 1", fmt.Sprint(s.Listeners), s.Listeners <= 1 && s.Samples > 0)
+	}
+	if len(b.wake) > 0 {
+		p("\n| waiters' pool | samples | p50 ms | p99 ms | max ms | failed | notes |\n|---|---|---|---|---|---|---|\n")
+		for _, w := range b.wake {
+			p("| %s | %d | %.1f | %.1f | %.1f | %d | %s |\n", w.Mode, w.Samples, w.P50, w.P99, w.Max, w.Failed, w.Note)
+		}
+	}
+	if f := b.fan; f != nil {
+		p("\n%d waiters on one target: from the first call of Do to the holder's COMMIT (%.2f s), their pool sent %d statements: ", f.Waiters, f.Wait, f.total())
+		var parts []string
+		for _, k := range []string{kindRead, kindMark, kindListen, kindLoad, kindOther} {
+			if n := f.Statements[k]; n > 0 {
+				parts = append(parts, fmt.Sprintf("%s × %d", k, n))
+			}
+		}
+		p("%s. They called load %d %s in all. %s\n", strings.Join(parts, ", "), f.Loads, map[bool]string{true: "time", false: "times"}[f.Loads == 1], f.Note)
+	}
+	if s := b.spreadR; s != nil {
+		p("\n%d waiters over %d targets and %d processes: %d got their target's result; load was called %d times in all (one per target and process is %d); at most %d listener connections per process and %d in all over %d samples of pg_stat_activity. %s\n",
+			s.Waiters, spreadTargets, s.Processes, s.Got, s.Loads, spreadTargets*s.Processes, s.Listeners, s.ListenersAll, s.Samples, s.Note)
+	}
+}
