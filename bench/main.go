@@ -59,7 +59,7 @@ func main() {
 	flag.DurationVar(&o.hbWindow, "hb-window", 4*time.Second, "measuring window of the heartbeat scenario")
 	flag.IntVar(&o.rounds, "rounds", 15, "slices of each lock and job point; ratios are the median of the slices' ratios")
 	flag.IntVar(&o.maxOps, "max-ops", 200000, "bound on operations per point")
-	flag.StringVar(&o.sections, "sections", "lock,heartbeat,saturation,wait", "sections to run, comma-separated: -sections wait runs only the waiting section (about a minute)")
+	flag.StringVar(&o.sections, "sections", "lock,heartbeat,saturation,wait", "sections to run, comma-separated: -sections wait runs only the waiting section (about 2 minutes; with -wait-samples 16, 20 s)")
 	flag.IntVar(&o.waitSamples, "wait-samples", 160, "wake-up latency samples of the waiting section, with notifications and with polling each")
 	flag.IntVar(&o.waitChild, "wait-child", -1, "run as child process `n` of the waiting section (internal)")
 	flag.StringVar(&o.waitTargets, "wait-targets", "", "targets of a child process of the waiting section (internal)")

@@ -554,8 +554,16 @@ func (b *bench) spread(ctx context.Context) (spreadResult, error) {
 		lines  *bufio.Scanner
 		report spreadChild
 	}
-	children := make([]*child, spreadProcs)
-	for k := range children {
+	children := make([]*child, 0, spreadProcs)
+	// On an error, end the jobs and the children before reaping them.
+	defer func() {
+		releaseAll()
+		cancel()
+		for _, c := range children {
+			_ = c.cmd.Wait() // already waited for, unless there was an error
+		}
+	}()
+	for k := range spreadProcs {
 		cmd := exec.CommandContext(ctx, exe, "-wait-child", fmt.Sprint(k),
 			"-dsn", b.childDSN(fmt.Sprintf("%s%d", spreadApp, k)),
 			"-wait-targets", strings.Join(targets, ","),
@@ -570,8 +578,7 @@ func (b *bench) spread(ctx context.Context) (spreadResult, error) {
 		}
 		c := &child{cmd: cmd, lines: bufio.NewScanner(out)}
 		c.lines.Buffer(nil, 1<<20)
-		children[k] = c
-		defer cmd.Wait() //nolint:errcheck // waited for below; this only reaps a child left on an error
+		children = append(children, c)
 	}
 	for k, c := range children {
 		if !c.lines.Scan() || c.lines.Text() != "ready" {
@@ -730,6 +737,9 @@ func (b *bench) waitReport(p func(format string, args ...any)) {
 	if f := b.fan; f != nil {
 		row(fmt.Sprintf("statements while %d waiters on one target wait for a %v job, per poll interval (%v)", f.Waiters, fanJob, waitInterval),
 			"≤ 2", fmt.Sprintf("%.2f (%d in %.2f s)", f.PerPoll, f.total(), f.Wait), f.PerPoll <= 2)
+		if reads := f.Statements[kindRead]; reads > 0 {
+			p("| statements per poll of their shared watch (per read of the row) | (reference) | %.2f (%d reads) |  |\n", float64(f.total())/float64(reads), reads)
+		}
 		row(fmt.Sprintf("calls of load for those %d waiters", f.Waiters), "1", fmt.Sprint(f.Loads), f.Loads == 1)
 		row(fmt.Sprintf("of those %d waiters, those given the job's result", f.Waiters), fmt.Sprint(f.Waiters), fmt.Sprint(f.Got), f.Got == f.Waiters)
 	}
