@@ -86,8 +86,8 @@ func warmPool(pool *pgxpool.Pool) func(context.Context, int) error {
 	}
 }
 
-// pgxConfig parses dsn with a statement counter as its tracer.
-func pgxConfig(dsn string, c *counter) (*pgx.ConnConfig, error) {
+// pgxConfig parses dsn with c, a statement counter, as its tracer.
+func pgxConfig(dsn string, c pgx.QueryTracer) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
@@ -97,7 +97,7 @@ func pgxConfig(dsn string, c *counter) (*pgx.ConnConfig, error) {
 }
 
 // openGorm opens gorm on pgx, through database/sql, as an application would.
-func openGorm(dsn string, conns int, c *counter) (*gorm.DB, *sql.DB, error) {
+func openGorm(dsn string, conns int, c pgx.QueryTracer) (*gorm.DB, *sql.DB, error) {
 	cfg, err := pgxConfig(dsn, c)
 	if err != nil {
 		return nil, nil, err

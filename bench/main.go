@@ -40,6 +40,12 @@ type options struct {
 	impls       *regexp.Regexp
 	out         string
 	jsonOut     string
+	waitSamples int
+	// waitChild, waitTargets and waitWaiters run this command as a child
+	// process of the waiting section (see spread).
+	waitChild   int
+	waitTargets string
+	waitWaiters int
 }
 
 func main() {
@@ -53,7 +59,11 @@ func main() {
 	flag.DurationVar(&o.hbWindow, "hb-window", 4*time.Second, "measuring window of the heartbeat scenario")
 	flag.IntVar(&o.rounds, "rounds", 15, "slices of each lock and job point; ratios are the median of the slices' ratios")
 	flag.IntVar(&o.maxOps, "max-ops", 200000, "bound on operations per point")
-	flag.StringVar(&o.sections, "sections", "lock,heartbeat,saturation", "sections to run, comma-separated")
+	flag.StringVar(&o.sections, "sections", "lock,heartbeat,saturation,wait", "sections to run, comma-separated: -sections wait runs only the waiting section (about 2 minutes; with -wait-samples 16, 20 s)")
+	flag.IntVar(&o.waitSamples, "wait-samples", 160, "wake-up latency samples of the waiting section, with notifications and with polling each")
+	flag.IntVar(&o.waitChild, "wait-child", -1, "run as child process `n` of the waiting section (internal)")
+	flag.StringVar(&o.waitTargets, "wait-targets", "", "targets of a child process of the waiting section (internal)")
+	flag.IntVar(&o.waitWaiters, "wait-waiters", 0, "waiters of a child process of the waiting section (internal)")
 	impls := flag.String("impls", "", "run only the implementations whose names match this `regexp` in the lock and job points, as in -impls 'gormlease$|pglock' for a short check")
 	flag.StringVar(&o.out, "out", "", "write the Markdown report to this file")
 	flag.StringVar(&o.jsonOut, "json", "", "write the raw results as JSON to this file")
@@ -61,6 +71,12 @@ func main() {
 	var err error
 	if o.impls, err = regexp.Compile(*impls); err != nil {
 		log.Fatalf("-impls: %v", err)
+	}
+	if o.waitChild >= 0 {
+		if err := waitChild(o); err != nil {
+			log.Fatalf("wait child %d: %v", o.waitChild, err)
+		}
+		return
 	}
 	if err := run(o); err != nil {
 		log.Fatal(err)
@@ -106,6 +122,7 @@ func run(o options) error {
 		{"lock", b.lockScenarios},
 		{"heartbeat", b.heartbeatScenarios},
 		{"saturation", b.saturationScenarios},
+		{"wait", b.waitScenarios},
 	} {
 		if !slices.Contains(strings.Split(o.sections, ","), section.name) {
 			continue
@@ -183,6 +200,10 @@ type bench struct {
 	overlapCount map[string]int64
 	sat          []satResult
 	checks       []string
+	// wake, fan and spreadR are the waiting section's results.
+	wake    []wakeResult
+	fan     *fanResult
+	spreadR *spreadResult
 }
 
 func (b *bench) add(r result) {
