@@ -24,12 +24,14 @@ import (
 //   - by notification, on PostgreSQL: one listener per pool (see
 //     pgListener) receives the notifications that ending a waited-for
 //     generation sends, and wakes the target's watch;
-//   - by poll: after each read it sleeps for a jittered pause that doubles
-//     from a quarter of the heartbeat interval up to the interval, and
-//     starts again from a quarter after every change. So a lost
-//     notification, or none at all (MySQL, SQLite, PgBouncer in
-//     transaction pooling, lib/pq), delays a waiter by one interval at
-//     most; it never strands it.
+//   - by poll: after each read it sleeps for a jittered pause (0.4 to 0.9
+//     of a base that doubles from a quarter of the heartbeat interval up to
+//     the interval, and starts again from a quarter after every change; four
+//     intervals once the row is marked for notifications and the listener
+//     listens). Without notifications (MySQL, SQLite, PgBouncer in
+//     transaction pooling, lib/pq) a waiter so learns of the end within
+//     one interval; a notification lost on a marked row delays it by four
+//     at most. Nothing strands it.
 
 // leaseState is a lease row as a waiter reads it, with ages on the
 // database's clock.
@@ -281,7 +283,9 @@ func (w *watch) loop(ctx context.Context, initial *leaseState) {
 		if last.waiting && w.hub.listener.listening() {
 			wait = notifiedPolls * maxPause
 		}
-		t := time.NewTimer(wait/2 + rand.N(wait/2+1))
+		// Jittered between 0.4 and 0.9 of wait, so that a waiter woken by
+		// a poll has read the row, and loaded its result, within wait.
+		t := time.NewTimer(wait*2/5 + rand.N(wait/2+1))
 		select {
 		case <-ctx.Done():
 			t.Stop()
