@@ -163,9 +163,10 @@ FROM job_lease_floor`
 // has no WHERE (gorm's OnConflict{Where} drops it silently), and its
 // RowsAffected means different things under clientFoundRows. So it is a
 // conditional UPDATE and, only when that took nothing, an INSERT. Every
-// acquire of a target whose row exists is the one UPDATE. When the INSERT meets a row, another acquire created it after
-// the UPDATE looked: the lease was held during this call, and refusing is
-// right. Only Prune deletes rows, and only rows not held.
+// acquire of a target whose row exists is the one UPDATE. When the INSERT
+// meets a row, another acquire created it after the UPDATE looked: the
+// lease was held during this call, and refusing is right. (Only Prune
+// deletes rows, and only rows not held.)
 func (d mysqlDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
 	ms := timeoutMillis(a.timeout)
 	res, n, err := execSQL(ctx, db, d.takeOverSQL, a.token.String(), a.holder, ms, a.targetID, a.timeout.Microseconds(), a.from, a.from)
