@@ -45,6 +45,14 @@ type dialect interface {
 	// stateSQL is the statement that reads a lease row for a waiter: see
 	// readState. Its one argument is the target.
 	stateSQL() string
+	// secondsSince is an SQL expression for the time, in seconds, from
+	// col, a timestamp column, to the database's time when the statement
+	// started.
+	secondsSince(col string) string
+	// raiseFloorSQL is the statement that raises the generation floor,
+	// the table floor, to its one argument when that is higher (see
+	// prune.go).
+	raiseFloorSQL(floor string) string
 }
 
 // column is a column that a later version added to the lease table.
@@ -119,6 +127,12 @@ type acquireArgs struct {
 	// caller that waited for a generation to end takes over from that one
 	// only, never from one that began and ended since it looked.
 	from int64
+}
+
+// timeoutMillis is d in whole milliseconds, rounded up, as the timeout_ms
+// column records a lease's timeout.
+func timeoutMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 // anyGeneration is acquireArgs.from when any generation may be taken over.

@@ -15,6 +15,7 @@ import (
 // (the driver's default); AutoMigrate checks both.
 type mysqlDialect struct {
 	leaseDDL, resultDDL, takeOverSQL, insertSQL string
+	floorDDL, floorRow                          string
 	lease                                       string
 }
 
@@ -24,6 +25,8 @@ func newMySQLDialect(t tableNames) mysqlDialect {
 		resultDDL:   t.expand(mysqlResultTable),
 		takeOverSQL: t.expand(mysqlTakeOver),
 		insertSQL:   t.expand(mysqlInsert),
+		floorDDL:    t.expand(mysqlFloorTable),
+		floorRow:    t.expand(mysqlFloorRow),
 		lease:       t.lease,
 	}
 }
@@ -49,8 +52,17 @@ const (
 	saved_generation bigint NULL,
 	saved_at    datetime(6) NULL,
 	failure     varchar(255) NULL,
+	timeout_ms  bigint NULL,
 	PRIMARY KEY (target_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
+
+	mysqlFloorTable = `CREATE TABLE IF NOT EXISTS job_lease_floor (
+	id         smallint NOT NULL,
+	generation bigint NOT NULL,
+	PRIMARY KEY (id)
+) ENGINE=InnoDB`
+
+	mysqlFloorRow = `INSERT IGNORE INTO job_lease_floor (id, generation) VALUES (1, 0)`
 
 	mysqlResultTable = `CREATE TABLE IF NOT EXISTS job_result (
 	target_id  varbinary(255) NOT NULL,
@@ -69,7 +81,7 @@ func (d mysqlDialect) migrate(ctx context.Context, db *gorm.DB) error {
 	if err := mysqlCheckTimes(db); err != nil {
 		return err
 	}
-	for _, ddl := range []string{d.leaseDDL, d.resultDDL} {
+	for _, ddl := range []string{d.leaseDDL, d.resultDDL, d.floorDDL, d.floorRow} {
 		if err := db.Exec(ddl).Error; err != nil {
 			return err
 		}
@@ -84,6 +96,7 @@ var mysqlAddedColumns = []column{
 	{"saved_generation", "bigint NULL"},
 	{"saved_at", "datetime(6) NULL"},
 	{"failure", "varchar(255) NULL"},
+	{"timeout_ms", "bigint NULL"},
 }
 
 // mysqlCheckTimes makes sure that the DSN lets the lease rows be read: a
@@ -127,31 +140,36 @@ const mysqlTakeOver = `UPDATE job_lease SET
 	holder      = ?,
 	updated_at  = UTC_TIMESTAMP(6),
 	released_at = NULL,
-	failure     = NULL
+	failure     = NULL,
+	timeout_ms  = ?
 WHERE target_id = ?
   AND (released_at IS NOT NULL OR updated_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)
   AND (? < 0 OR generation = ?)`
 
-// mysqlInsert creates the row of a target never acquired before. IGNORE
+// mysqlInsert creates the row of a target never acquired before, or whose
+// row Prune deleted, above the generation floor (see prune.go); as in
+// mysqlTakeOver, LAST_INSERT_ID(expr) returns the generation. IGNORE
 // turns a duplicate key into a warning and zero rows: no error to translate
 // (gorm's TranslateError setting does not matter) and nothing in the
 // application's log for an acquire that is simply refused. IGNORE would
 // also let through values that do not fit, but Acquire has checked them
 // against the columns' sizes.
 const mysqlInsert = `INSERT IGNORE INTO job_lease
-	(target_id, lease_token, generation, holder, updated_at, released_at)
-VALUES (?, ?, 1, ?, UTC_TIMESTAMP(6), NULL)`
+	(target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT ?, ?, LAST_INSERT_ID(COALESCE(MAX(generation), 0) + 1), ?, UTC_TIMESTAMP(6), NULL, ?
+FROM job_lease_floor`
 
 // acquire cannot be one statement here: INSERT ... ON DUPLICATE KEY UPDATE
 // has no WHERE (gorm's OnConflict{Where} drops it silently), and its
 // RowsAffected means different things under clientFoundRows. So it is a
-// conditional UPDATE and, only when that took nothing, an INSERT. Rows are
-// never deleted, so every acquire of a target after its first is the one
-// UPDATE. When the INSERT meets a row, another acquire created it after
-// the UPDATE looked: the lease was held during this call, and refusing is
-// right.
+// conditional UPDATE and, only when that took nothing, an INSERT. Every
+// acquire of a target whose row exists is the one UPDATE. When the INSERT
+// meets a row, another acquire created it after the UPDATE looked: the
+// lease was held during this call, and refusing is right. (Only Prune
+// deletes rows, and only rows not held.)
 func (d mysqlDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
-	res, n, err := execSQL(ctx, db, d.takeOverSQL, a.token.String(), a.holder, a.targetID, a.timeout.Microseconds(), a.from, a.from)
+	ms := timeoutMillis(a.timeout)
+	res, n, err := execSQL(ctx, db, d.takeOverSQL, a.token.String(), a.holder, ms, a.targetID, a.timeout.Microseconds(), a.from, a.from)
 	if err != nil {
 		return 0, false, fmt.Errorf("take over: %w", err)
 	}
@@ -165,11 +183,18 @@ func (d mysqlDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (
 	if a.from > 0 {
 		return 0, false, nil // a row exists, or did: it is not a target never acquired
 	}
-	_, n, err = execSQL(ctx, db, d.insertSQL, a.targetID, a.token.String(), a.holder)
+	res, n, err = execSQL(ctx, db, d.insertSQL, a.targetID, a.token.String(), a.holder, ms)
 	if err != nil {
 		return 0, false, fmt.Errorf("insert: %w", err)
 	}
-	return 1, n == 1, nil
+	if n != 1 {
+		return 0, false, nil
+	}
+	gen, err := res.LastInsertId()
+	if err != nil || gen <= 0 {
+		return 0, false, fmt.Errorf("insert: read generation (insert ID %d): %v", gen, err)
+	}
+	return gen, true, nil
 }
 
 // rebind keeps the placeholders: MySQL takes ?.
@@ -220,4 +245,16 @@ func (d mysqlDialect) stateSQL() string {
 	TIMESTAMPDIFF(MICROSECOND, updated_at, UTC_TIMESTAMP(6)) / 1e6,
 	TIMESTAMPDIFF(MICROSECOND, saved_at, UTC_TIMESTAMP(6)) / 1e6, false
 FROM ` + d.lease + ` WHERE target_id = ?`
+}
+
+// secondsSince counts from UTC_TIMESTAMP(6), read once per statement.
+func (mysqlDialect) secondsSince(col string) string {
+	return "(TIMESTAMPDIFF(MICROSECOND, " + col + ", UTC_TIMESTAMP(6)) / 1e6)"
+}
+
+// raiseFloorSQL raises the generation floor to its argument, when that is
+// higher, creating the row if it is missing.
+func (mysqlDialect) raiseFloorSQL(floor string) string {
+	return "INSERT INTO " + floor + " (id, generation) VALUES (1, ?)" +
+		" ON DUPLICATE KEY UPDATE generation = GREATEST(generation, VALUES(generation))"
 }

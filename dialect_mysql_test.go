@@ -93,10 +93,10 @@ func TestAutoMigrate_MySQLMatchesDocsSchema(t *testing.T) {
 			statements++
 		}
 	}
-	require.Equal(t, 2, statements, "statements in docs/schema-mysql.sql")
+	require.Equal(t, 4, statements, "statements in docs/schema-mysql.sql")
 	fromCode := s.OpenEmpty(t, nil)
 	require.NoError(t, gormlease.AutoMigrate(fromCode))
-	for _, table := range []string{"job_lease", "job_result"} {
+	for _, table := range []string{"job_lease", "job_result", "job_lease_floor"} {
 		assert.Equal(t, showCreateTable(t, fromCode, table), showCreateTable(t, fromDocs, table), table)
 	}
 }

@@ -41,7 +41,13 @@ ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS saved_generation bigint,
 	ADD COLUMN IF NOT EXISTS saved_at         timestamptz,
 	ADD COLUMN IF NOT EXISTS failure          varchar(255),
-	ADD COLUMN IF NOT EXISTS waiting          boolean NOT NULL DEFAULT false;
+	ADD COLUMN IF NOT EXISTS waiting          boolean NOT NULL DEFAULT false,
+	ADD COLUMN IF NOT EXISTS timeout_ms       bigint;
+CREATE TABLE IF NOT EXISTS job_lease_floor (
+	id         smallint PRIMARY KEY CHECK (id = 1),
+	generation bigint   NOT NULL
+);
+INSERT INTO job_lease_floor (id, generation) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
 CREATE TABLE IF NOT EXISTS job_result (
 	target_id  varchar(255) PRIMARY KEY,
 	data       jsonb        NOT NULL,
@@ -73,11 +79,21 @@ func (postgresDialect) now() string { return "clock_timestamp()" }
 // inserted or locked, so a refused acquire writes nothing. Otherwise the
 // insert goes ahead, and on a conflict the ON CONFLICT ... WHERE re-checks
 // the latest row under its lock before taking it over. Its arguments are
-// the target, the token, the holder and the timeout in seconds; the casts
-// give each the one type that all its uses agree on.
+// the target, the token, the holder, the timeout in seconds, the generation
+// to take over from (see acquireArgs) and the timeout in milliseconds; the
+// casts give each the one type that all its uses agree on.
+//
+// A target without a row starts above the generation floor, the highest
+// generation that Prune ever deleted, and above the row that the
+// statement's snapshot shows: a Prune that deletes the row while the
+// statement runs has not committed its raise of the floor yet (see
+// prune.go).
 const postgresAcquire = `
-INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at)
-SELECT CAST($1 AS varchar), CAST($2 AS uuid), 1, CAST($3 AS varchar), clock_timestamp(), NULL
+INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+	GREATEST((SELECT generation FROM job_lease WHERE target_id = $1),
+	         (SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1,
+	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
 WHERE NOT EXISTS (
 	SELECT 1 FROM job_lease
 	WHERE target_id = $1 AND released_at IS NULL
@@ -89,7 +105,8 @@ ON CONFLICT (target_id) DO UPDATE SET
 	updated_at  = excluded.updated_at,
 	released_at = NULL,
 	failure     = NULL,
-	waiting     = false
+	waiting     = false,
+	timeout_ms  = excluded.timeout_ms
 WHERE (l.released_at IS NOT NULL
     OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision)))
   AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
@@ -98,7 +115,7 @@ RETURNING l.generation`
 func (d postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
 	var generation int64
 	ok, err := queryRowSQL(ctx, db, d.acquireSQL,
-		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds(), a.from}, &generation)
+		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds(), a.from, timeoutMillis(a.timeout)}, &generation)
 	return generation, ok, err
 }
 
@@ -223,4 +240,17 @@ func postgresArray(values []string) string {
 	}
 	b.WriteByte('}')
 	return b.String()
+}
+
+// secondsSince counts from statement_timestamp(), the same for every row of
+// a statement, so that a row's state and age agree.
+func (postgresDialect) secondsSince(col string) string {
+	return "CAST(EXTRACT(EPOCH FROM statement_timestamp() - " + col + ") AS double precision)"
+}
+
+// raiseFloorSQL raises the generation floor to its argument, when that is
+// higher, creating the row if it is missing.
+func (postgresDialect) raiseFloorSQL(floor string) string {
+	return "INSERT INTO " + floor + " AS f (id, generation) VALUES (1, ?)" +
+		" ON CONFLICT (id) DO UPDATE SET generation = GREATEST(f.generation, excluded.generation)"
 }

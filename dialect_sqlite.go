@@ -33,6 +33,7 @@ var sqliteAddedColumns = []column{
 	{"saved_generation", "integer"},
 	{"saved_at", "datetime"},
 	{"failure", "text"},
+	{"timeout_ms", "integer"},
 }
 
 func newSQLiteDialect(t tableNames) sqliteDialect {
@@ -56,8 +57,14 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	released_at datetime,
 	saved_generation integer,
 	saved_at    datetime,
-	failure     text
+	failure     text,
+	timeout_ms  integer
 );
+CREATE TABLE IF NOT EXISTS job_lease_floor (
+	id         integer NOT NULL PRIMARY KEY CHECK (id = 1),
+	generation integer NOT NULL
+);
+INSERT INTO job_lease_floor (id, generation) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
 CREATE TABLE IF NOT EXISTS job_result (
 	target_id  varchar(255) NOT NULL PRIMARY KEY,
 	data       text         NOT NULL,
@@ -84,10 +91,12 @@ func (sqliteDialect) now() string { return sqliteNow }
 // sqliteAcquire takes the lease in one statement, as postgresAcquire does:
 // the NOT EXISTS guard makes a refused acquire write nothing, and the
 // ON CONFLICT ... WHERE re-checks the row under the write lock. Ages are
-// compared in seconds through julianday().
+// compared in seconds through julianday(). A target without a row starts
+// above the generation floor (see prune.go); the statement holds the write
+// lock from its start, so no Prune can commit while it runs.
 const sqliteAcquire = `
-INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at)
-SELECT ?1, ?2, 1, ?3, ` + sqliteNow + `, NULL
+INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT ?1, ?2, COALESCE((SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1, ?3, ` + sqliteNow + `, NULL, ?6
 WHERE NOT EXISTS (
 	SELECT 1 FROM job_lease
 	WHERE target_id = ?1 AND released_at IS NULL
@@ -98,7 +107,8 @@ ON CONFLICT (target_id) DO UPDATE SET
 	holder      = excluded.holder,
 	updated_at  = excluded.updated_at,
 	released_at = NULL,
-	failure     = NULL
+	failure     = NULL,
+	timeout_ms  = excluded.timeout_ms
 WHERE (l.released_at IS NOT NULL
     OR (julianday('now') - julianday(l.updated_at)) * 86400.0 > ?4)
   AND (?5 < 0 OR l.generation = ?5)
@@ -107,7 +117,7 @@ RETURNING generation`
 func (d sqliteDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
 	var generation int64
 	ok, err := queryRowSQL(ctx, db, d.acquireSQL,
-		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds(), a.from}, &generation) // the token as text
+		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds(), a.from, timeoutMillis(a.timeout)}, &generation) // the token as text
 	return generation, ok, err
 }
 
@@ -184,4 +194,16 @@ func (d sqliteDialect) stateSQL() string {
 	(julianday('now') - julianday(updated_at)) * 86400.0,
 	(julianday('now') - julianday(saved_at)) * 86400.0, 0
 FROM ` + d.lease + ` WHERE target_id = ?`
+}
+
+// secondsSince counts from julianday('now'), read once per statement.
+func (sqliteDialect) secondsSince(col string) string {
+	return "((julianday('now') - julianday(" + col + ")) * 86400.0)"
+}
+
+// raiseFloorSQL raises the generation floor to its argument, when that is
+// higher, creating the row if it is missing.
+func (sqliteDialect) raiseFloorSQL(floor string) string {
+	return "INSERT INTO " + floor + " (id, generation) VALUES (1, ?)" +
+		" ON CONFLICT (id) DO UPDATE SET generation = max(generation, excluded.generation)"
 }

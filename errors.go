@@ -30,6 +30,11 @@ var (
 	// running the work again.
 	ErrCommitUnknown = errors.New("gormlease: commit outcome unknown")
 
+	// ErrNotHeld is returned by Repository.ForceRelease when the target
+	// has no lease to end: it was never acquired, its row was pruned, or
+	// its lease is released already.
+	ErrNotHeld = errors.New("gormlease: no lease held")
+
 	// ErrInvalidArgument is wrapped by every error about bad input: an empty,
 	// oversized or unstorable target ID, a nil function or database, or an
 	// option value that is out of range or contradicts another. Nothing is

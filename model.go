@@ -33,8 +33,10 @@ type JobLease struct {
 	// lease (heartbeat, commit, release) matches it, so a holder whose lease was
 	// taken over can change nothing.
 	LeaseToken uuid.UUID `gorm:"column:lease_token"`
-	// Generation is 1 at the first acquisition of the target and grows by one
-	// at every acquisition after it, released or taken over.
+	// Generation grows by one at every acquisition of the target, released
+	// or taken over. It is 1 at the first acquisition, unless Prune has
+	// deleted rows: a target without a row then starts above the highest
+	// generation that Prune deleted (see Repository.Prune).
 	Generation int64 `gorm:"column:generation"`
 	// Holder names the process that holds the lease (see WithHolder).
 	Holder string `gorm:"column:holder"`
@@ -52,6 +54,12 @@ type JobLease struct {
 	// job failed, the start of the job's error message (see Runner.Do); nil
 	// otherwise. An acquisition clears it.
 	Failure *string `gorm:"column:failure"`
+	// TimeoutMS is the lease timeout, in milliseconds, that the last
+	// acquisition asked for: how long the lease lives after UpdatedAt
+	// without a heartbeat. It is nil in a row that no acquisition has
+	// written since AutoMigrate added the column; such a row counts as
+	// expired since UpdatedAt (see Repository.List).
+	TimeoutMS *int64 `gorm:"column:timeout_ms"`
 }
 
 // TableName returns "job_lease".

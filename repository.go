@@ -55,6 +55,9 @@ type Repository struct {
 	// oneTripRefused is set once the driver refused to begin the fenced
 	// transaction and lock the row in one query (see lockingBeginner).
 	oneTripRefused atomic.Bool
+	// bytewise is, on PostgreSQL, 1 once List found that target_id orders
+	// byte for byte, -1 once it found not, 0 before it looked.
+	bytewise atomic.Int32
 }
 
 // NewRepository returns a Repository on db, which must be a *gorm.DB from
@@ -369,9 +372,19 @@ func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, stm
 	return n, err
 }
 
+// leaseColumns are the columns of a lease row that Get, List and
+// ForceRelease read, in the order of JobLease.columns.
+const leaseColumns = "target_id, lease_token, generation, holder, updated_at, released_at," +
+	" saved_generation, saved_at, failure, timeout_ms"
+
+// columns returns where to scan leaseColumns into row.
+func (row *JobLease) columns() []any {
+	return []any{&row.TargetID, &row.LeaseToken, &row.Generation, &row.Holder, &row.UpdatedAt, &row.ReleasedAt,
+		&row.SavedGeneration, &row.SavedAt, &row.Failure, &row.TimeoutMS}
+}
+
 // getSQL reads a lease row, in Get.
-const getSQL = "SELECT target_id, lease_token, generation, holder, updated_at, released_at," +
-	" saved_generation, saved_at, failure FROM job_lease WHERE target_id = ?"
+const getSQL = "SELECT " + leaseColumns + " FROM job_lease WHERE target_id = ?"
 
 // Get returns the lease row of targetID, and false when the target has never
 // been acquired. It is for inspection: the row may change right after. It
@@ -383,9 +396,7 @@ func (r *Repository) Get(ctx context.Context, targetID string) (JobLease, bool, 
 		return JobLease{}, false, err
 	}
 	var row JobLease
-	found, err := queryRowSQL(ctx, r.db, r.getSQL, []any{targetID},
-		&row.TargetID, &row.LeaseToken, &row.Generation, &row.Holder, &row.UpdatedAt, &row.ReleasedAt,
-		&row.SavedGeneration, &row.SavedAt, &row.Failure)
+	found, err := queryRowSQL(ctx, r.db, r.getSQL, []any{targetID}, row.columns()...)
 	if err != nil {
 		return JobLease{}, false, fmt.Errorf("gormlease: get %q: %w", targetID, err)
 	}

@@ -277,7 +277,10 @@ func (b *bench) createTables(ctx context.Context, name string) error {
 		if err := autoMigrate(ctx, db); err != nil {
 			return err
 		}
-		return db.Exec(rawTable).Error
+		if err := db.Exec(rawTable).Error; err != nil {
+			return err
+		}
+		return db.Exec(rawFloorTable).Error
 	case "pglock":
 		return createPglockTables(b.dsn)
 	}

@@ -16,8 +16,11 @@ import (
 // keeps them in step with its own.
 const (
 	rawAcquire = `
-INSERT INTO raw_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at)
-SELECT CAST($1 AS varchar), CAST($2 AS uuid), 1, CAST($3 AS varchar), clock_timestamp(), NULL
+INSERT INTO raw_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+	GREATEST((SELECT generation FROM raw_lease WHERE target_id = $1),
+	         (SELECT generation FROM raw_lease_floor WHERE id = 1), 0) + 1,
+	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
 WHERE NOT EXISTS (
 	SELECT 1 FROM raw_lease
 	WHERE target_id = $1 AND released_at IS NULL
@@ -29,7 +32,8 @@ ON CONFLICT (target_id) DO UPDATE SET
 	updated_at  = excluded.updated_at,
 	released_at = NULL,
 	failure     = NULL,
-	waiting     = false
+	waiting     = false,
+	timeout_ms  = excluded.timeout_ms
 WHERE (l.released_at IS NOT NULL
     OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision)))
   AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
@@ -37,6 +41,7 @@ RETURNING l.generation`
 	rawRelease     = `UPDATE raw_lease SET released_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
 	rawSaveRelease = `UPDATE raw_lease SET released_at = clock_timestamp(), saved_generation = generation, saved_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
 	rawTable       = `CREATE TABLE raw_lease (LIKE job_lease INCLUDING ALL) WITH (fillfactor = 80)`
+	rawFloorTable  = `CREATE TABLE raw_lease_floor (LIKE job_lease_floor INCLUDING ALL)`
 )
 
 // newRawLease is gormlease's SQL on raw pgx: acquire; BEGIN, the release
@@ -52,7 +57,7 @@ func newRawLease(ctx context.Context, dsn string, conns int) (*impl, error) {
 		acquire: func(ctx context.Context, target string) (uuid.UUID, bool, error) {
 			token := uuid.New()
 			var gen int64
-			err := pool.QueryRow(ctx, rawAcquire, target, token, "bench", leaseTimeout.Seconds(), -1).Scan(&gen)
+			err := pool.QueryRow(ctx, rawAcquire, target, token, "bench", leaseTimeout.Seconds(), -1, leaseTimeout.Milliseconds()).Scan(&gen)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return token, false, nil
 			}

@@ -17,10 +17,19 @@
 --
 -- saved_generation and saved_at record the last generation that saved a
 -- result, in the fenced commit's own transaction; failure keeps the start of
--- the error of a generation that ended without saving. A job_lease table
--- made by an earlier version lacks them; AutoMigrate adds them, or run:
+-- the error of a generation that ended without saving; timeout_ms is the
+-- lease timeout that the last acquisition asked for (NULL in rows written
+-- before it existed, which count as expired since updated_at). A job_lease
+-- table made by an earlier version lacks them; AutoMigrate adds them, or run
+-- (leaving out those it has):
 --   ALTER TABLE job_lease ADD COLUMN saved_generation bigint NULL,
---     ADD COLUMN saved_at datetime(6) NULL, ADD COLUMN failure varchar(255) NULL;
+--     ADD COLUMN saved_at datetime(6) NULL, ADD COLUMN failure varchar(255) NULL,
+--     ADD COLUMN timeout_ms bigint NULL;
+--
+-- job_lease_floor holds one row: the highest generation that Prune ever
+-- deleted. A target without a row starts above it, so that its generation
+-- still increases after its row was pruned. Its name is the lease table's
+-- with _floor appended. Delete lease rows with Prune, not by hand.
 
 CREATE TABLE IF NOT EXISTS job_lease (
 	target_id   varbinary(255) NOT NULL,
@@ -32,8 +41,17 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	saved_generation bigint NULL,
 	saved_at    datetime(6) NULL,
 	failure     varchar(255) NULL,
+	timeout_ms  bigint NULL,
 	PRIMARY KEY (target_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+CREATE TABLE IF NOT EXISTS job_lease_floor (
+	id         smallint NOT NULL,
+	generation bigint NOT NULL,
+	PRIMARY KEY (id)
+) ENGINE=InnoDB;
+
+INSERT IGNORE INTO job_lease_floor (id, generation) VALUES (1, 0);
 
 CREATE TABLE IF NOT EXISTS job_result (
 	target_id  varbinary(255) NOT NULL,

@@ -3,7 +3,9 @@
 --
 -- job_lease keeps one row per target. The row stays after a release
 -- (released_at is set), so that generation keeps increasing across
--- acquisitions: deleting a row restarts its target's generation at 1.
+-- acquisitions. Delete rows with gormlease's Prune (or `gormlease prune`),
+-- not by hand: Prune records the highest generation it deleted in
+-- job_lease_floor, where a new row's generation starts.
 --
 -- Leave updated_at and released_at unindexed: heartbeats and releases then
 -- stay HOT updates that touch no index. The fill factor leaves room on each
@@ -22,12 +24,25 @@ CREATE TABLE IF NOT EXISTS job_lease (
 -- result, in the fenced commit's own transaction; failure keeps the start of
 -- the error of a generation that ended without saving; waiting marks a live
 -- generation that a caller of Runner.Do or RunWait waits for, so that the
--- statement ending it sends a notification.
+-- statement ending it sends a notification; timeout_ms is the lease timeout
+-- that the last acquisition asked for (NULL in rows written before it
+-- existed, which count as expired since updated_at).
 ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS saved_generation bigint,
 	ADD COLUMN IF NOT EXISTS saved_at         timestamptz,
 	ADD COLUMN IF NOT EXISTS failure          varchar(255),
-	ADD COLUMN IF NOT EXISTS waiting          boolean NOT NULL DEFAULT false;
+	ADD COLUMN IF NOT EXISTS waiting          boolean NOT NULL DEFAULT false,
+	ADD COLUMN IF NOT EXISTS timeout_ms       bigint;
+
+-- job_lease_floor holds one row: the highest generation that Prune ever
+-- deleted. A target without a row starts above it, so that its generation
+-- still increases after its row was pruned. Its name is the lease table's
+-- with _floor appended.
+CREATE TABLE IF NOT EXISTS job_lease_floor (
+	id         smallint PRIMARY KEY CHECK (id = 1),
+	generation bigint   NOT NULL
+);
+INSERT INTO job_lease_floor (id, generation) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
 
 -- job_result is where gormlease.SaveJSON stores a target's result. Your own
 -- saver may write anywhere else instead, in the same transaction.

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// TestMain runs the tests; goroutine leaks fail the run (see testdb.Main).
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// result is what one run of the command did.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// gl runs the command with args, dsnEnv set to envDSN and stdin as input.
+func gl(t *testing.T, envDSN, stdin string, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, env{
+		getenv: func(k string) string {
+			if k == dsnEnv {
+				return envDSN
+			}
+			return ""
+		},
+		stdin: strings.NewReader(stdin), stdout: &out, stderr: &errOut,
+	})
+	return result{code, out.String(), errOut.String()}
+}
+
+// The command lists, shows, prunes and releases by force on every
+// database, through tables of other names: list filters by prefix and
+// state, as a table or JSON; prune deletes only what ended long ago;
+// release says what it will do and asks first, changes nothing unless
+// told yes, and then fences the holder off: its heartbeat and its save get
+// ErrLeaseLost.
+func TestCommand_OnEveryDatabase(t *testing.T) {
+	t.Parallel()
+	for _, s := range testdb.All(t) {
+		t.Run(s.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := s.DB(t)
+			names := gormlease.WithTableNames("cli_lease", "cli_result")
+			require.NoError(t, gormlease.AutoMigrate(db, names))
+			repo, err := gormlease.NewRepository(db, names)
+			require.NoError(t, err)
+			live, err := repo.Acquire(ctx, "a/live", time.Hour)
+			require.NoError(t, err)
+			rel, err := repo.Acquire(ctx, "a/old", time.Hour)
+			require.NoError(t, err)
+			require.NoError(t, repo.Release(ctx, rel))
+			require.NoError(t, db.Table("cli_lease").Where("target_id = ?", "a/old").Update("released_at", s.Ago(2*time.Hour)).Error)
+			other, err := repo.Acquire(ctx, "b/x", time.Hour)
+			require.NoError(t, err)
+			flags := []string{"-dsn", s.DSN, "-lease-table", "cli_lease", "-result-table", "cli_result"}
+			cmd := func(stdin, name string, args ...string) result {
+				return gl(t, "", stdin, append(append([]string{name}, flags...), args...)...)
+			}
+
+			r := cmd("", "list", "-prefix", "a/")
+			require.Equal(t, 0, r.code, r.stderr)
+			assert.Contains(t, r.stdout, "TARGET")
+			assert.Regexp(t, `a/live\s+live\s+1\s`, r.stdout)
+			assert.Regexp(t, `a/old\s+released\s+1\s`, r.stdout)
+			assert.NotContains(t, r.stdout, "b/x")
+
+			r = cmd("", "list", "-json", "-state", "live", "-prefix", "a/")
+			require.Equal(t, 0, r.code, r.stderr)
+			var j leaseJSON
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &j), r.stdout)
+			assert.Equal(t, "a/live", j.Target)
+			assert.Equal(t, "live", j.State)
+			if assert.NotNil(t, j.TimeoutSeconds) {
+				assert.InDelta(t, 3600, *j.TimeoutSeconds, 0.001)
+			}
+
+			r = cmd("", "show", "a/live")
+			require.Equal(t, 0, r.code, r.stderr)
+			assert.Regexp(t, `state:\s+live`, r.stdout)
+			assert.Contains(t, r.stdout, live.Token.String())
+			r = cmd("", "show", "a/none")
+			assert.Equal(t, 1, r.code)
+			assert.Contains(t, r.stderr, "no lease row")
+
+			r = cmd("", "prune", "-older-than", "1h")
+			require.Equal(t, 0, r.code, r.stderr)
+			assert.Contains(t, r.stdout, "pruned 1 lease rows")
+			_, found, err := repo.Get(ctx, "a/old")
+			require.NoError(t, err)
+			assert.False(t, found, "a/old was not pruned")
+
+			r = cmd("n\n", "release", "a/live")
+			assert.Equal(t, 1, r.code)
+			assert.Contains(t, r.stdout, `This ends the live lease on "a/live"`)
+			assert.Contains(t, r.stdout, "generation 2")
+			assert.Contains(t, r.stdout, "Release it? [y/N]")
+			assert.Contains(t, r.stderr, "not confirmed")
+			require.NoError(t, repo.Heartbeat(ctx, live), "a release not confirmed changed the lease")
+
+			r = cmd("y\n", "release", "a/live")
+			require.Equal(t, 0, r.code, r.stderr)
+			assert.Contains(t, r.stdout, `Released "a/live": generation 2`)
+			require.ErrorIs(t, repo.Heartbeat(ctx, live), gormlease.ErrLeaseLost)
+			require.ErrorIs(t, repo.CommitIfOwner(ctx, live, func(*gorm.DB) error { return nil }), gormlease.ErrLeaseLost)
+
+			r = cmd("", "release", "-yes", "b/x")
+			require.Equal(t, 0, r.code, r.stderr)
+			assert.NotContains(t, r.stdout, "[y/N]")
+			require.ErrorIs(t, repo.Heartbeat(ctx, other), gormlease.ErrLeaseLost)
+			r = cmd("", "release", "-yes", "b/x")
+			assert.Equal(t, 1, r.code)
+			assert.Contains(t, r.stderr, "released already")
+
+			// The DSN from the environment.
+			r = gl(t, s.DSN, "", "show", "-lease-table", "cli_lease", "-result-table", "cli_result", "b/x")
+			require.Equal(t, 0, r.code, r.stderr)
+			assert.Regexp(t, `state:\s+released`, r.stdout)
+		})
+	}
+}
+
+// Bad usage exits 2 with an error that says what to do.
+func TestCommand_BadUsage(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.SQLite(t).DSN
+	for _, tc := range []struct {
+		name string
+		env  string
+		args []string
+		want string
+	}{
+		{"NoCommand", dsn, nil, "usage: gormlease COMMAND"},
+		{"UnknownCommand", dsn, []string{"drop"}, `unknown command "drop"`},
+		{"UnknownFlag", dsn, []string{"list", "-colour"}, "flag provided but not defined: -colour"},
+		{"NoDSN", "", []string{"list"}, "give -dsn or set GORMLEASE_DSN"},
+		{"UnknownDSN", "", []string{"list", "-dsn", "oracle://scott:tiger@db/orcl"}, `unsupported DSN "oracle://scott:***@db/orcl"`},
+		{"BadMySQLDSN", "", []string{"list", "-dsn", "mysql://root@127.0.0.1/test"}, "mysql://USER:PASSWORD@tcp(HOST:3306)/DB"},
+		{"NoTarget", dsn, []string{"release"}, "give one target"},
+		{"NoOlderThan", dsn, []string{"prune"}, "give -older-than"},
+		{"TooYoung", dsn, []string{"prune", "-older-than", "1s"}, "MinPruneAge"},
+		{"BadState", dsn, []string{"list", "-state", "held"}, `state "held"`},
+		{"BadTableName", dsn, []string{"list", "-lease-table", "Job-Lease"}, "lease table name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := gl(t, tc.env, "", tc.args...)
+			assert.Equal(t, 2, r.code, r.stderr)
+			assert.Contains(t, r.stderr, tc.want)
+		})
+	}
+}

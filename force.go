@@ -1,0 +1,60 @@
+package gormlease
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+)
+
+// ForcedReleaseFailure is the failure that ForceRelease records in the
+// lease row: what callers of Runner.Do that waited for the job read in
+// their SharedJobError.
+const ForcedReleaseFailure = "released by force by an operator"
+
+// ForceRelease ends the lease on targetID, whoever holds it, live or
+// expired: for an operator, when a holder is known to be gone and its
+// lease should not wait out its timeout. It is fenced, as a takeover is:
+// in one statement the row gets a fresh token that no one holds, the next
+// generation and its release time, and records ForcedReleaseFailure. The
+// holder's later heartbeats, fenced commit and release all fail with
+// ErrLeaseLost, and the next acquisition gets a generation above the
+// holder's. The row is kept. ForceRelease returns the row as it left it,
+// or an error wrapping ErrNotHeld when there was no lease to end.
+//
+// The holder's work is not stopped at once: it learns of the loss at its
+// next heartbeat, or when it tries to save.
+func (r *Repository) ForceRelease(ctx context.Context, targetID string) (JobLease, error) {
+	if err := checkTargetID(targetID); err != nil {
+		return JobLease{}, err
+	}
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return JobLease{}, fmt.Errorf("gormlease: force release %q: mint token: %w", targetID, err)
+	}
+	stmt := r.dialect.rebind("UPDATE " + r.tables.lease + " SET lease_token = ?, generation = generation + 1," +
+		" released_at = " + r.dialect.now() + ", failure = ? WHERE target_id = ? AND released_at IS NULL" +
+		r.dialect.notifyWaiters())
+	var row JobLease
+	var found bool
+	err = retryStatement(ctx, func() error {
+		return r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			_, n, err := execSQL(ctx, tx, stmt, token.String(), ForcedReleaseFailure, targetID)
+			if err != nil || n == 0 {
+				found = false
+				return err
+			}
+			found, err = queryRowSQL(ctx, tx, r.getSQL, []any{targetID}, row.columns()...)
+			return err
+		}, r.dialect.fenceTxOptions())
+	})
+	switch {
+	case err != nil:
+		return JobLease{}, fmt.Errorf("gormlease: force release %q: %w", targetID, err)
+	case !found:
+		return JobLease{}, fmt.Errorf("gormlease: force release %q: %w", targetID, ErrNotHeld)
+	}
+	wakeWaiters(r, targetID)
+	return row, nil
+}

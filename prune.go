@@ -1,0 +1,200 @@
+package gormlease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Retention. Lease rows are kept on release, so that a target's generation
+// keeps increasing; Prune deletes the rows that have been released, or
+// expired, for long enough. A deleted row would restart its target's
+// generation, so each batch of deletions also raises the generation floor:
+// a one-row table, named after the lease table with "_floor" appended,
+// holding the highest generation ever deleted. An acquire that finds no
+// row for its target starts above the floor; one that finds a row goes on
+// from the row's generation, as before, so the floor costs the acquire
+// nothing but on a target's first acquisition (and one subquery that the
+// statement evaluates only when it takes the lease, on PostgreSQL).
+//
+// On PostgreSQL an acquire's insert may have read the floor before a Prune
+// that deletes its target's row committed, and insert after it, once the
+// row is gone: that is why the insert also starts above the row it saw.
+// What remains is an acquire statement that stalls, between reading and
+// inserting, for longer than another acquire, a release and olderThan
+// together: MinPruneAge keeps olderThan far beyond any statement's life.
+
+const (
+	// DefaultPruneBatchSize is the number of rows that Prune deletes in
+	// one transaction when PruneOptions.BatchSize is 0.
+	DefaultPruneBatchSize = 1000
+	// MaxPruneBatchSize is the largest PruneOptions.BatchSize accepted.
+	MaxPruneBatchSize = 10000
+	// MinPruneAge is the shortest olderThan that Prune accepts: a row is
+	// deleted only when it was released, or expired, at least this long
+	// ago on the database's clock, far longer than any statement of a
+	// lease step runs.
+	MinPruneAge = time.Minute
+)
+
+// PruneOptions are the settings of Repository.PruneWith.
+type PruneOptions struct {
+	// OlderThan is how long ago, at least, a row must have been released,
+	// or have expired, to be deleted; at least MinPruneAge.
+	OlderThan time.Duration
+	// KeepResults keeps the result table's rows (SaveJSON's) of the
+	// targets whose lease rows are deleted; by default they are deleted
+	// with them, in the same transaction.
+	KeepResults bool
+	// BatchSize is the most rows deleted per transaction: 0 means
+	// DefaultPruneBatchSize.
+	BatchSize int
+	// Progress, when set, is called after each batch with the number of
+	// rows deleted so far.
+	Progress func(deleted int64)
+}
+
+// Prune deletes the lease rows that were released, or whose lease
+// expired, more than olderThan ago on the database's clock, with the
+// result rows of their targets: PruneWith with the default options. It
+// returns the number of lease rows deleted.
+func (r *Repository) Prune(ctx context.Context, olderThan time.Duration) (deleted int64, err error) {
+	return r.PruneWith(ctx, PruneOptions{OlderThan: olderThan})
+}
+
+// PruneWith deletes the lease rows that were released, or whose lease
+// expired (by the timeout its acquisition recorded; a row without one
+// counts as expired since its last heartbeat), more than o.OlderThan ago
+// on the database's clock. It never deletes a live lease. It works in
+// batches of o.BatchSize rows, each a short transaction of its own that
+// also deletes the batch's result rows (unless o.KeepResults) and raises
+// the generation floor, so that a target acquired again later gets a
+// generation above every one it had. It returns the number of lease rows
+// deleted, also when it stops early: when ctx is done, with an error
+// wrapping ctx.Err(), or on a database error.
+//
+// It is safe to run at any time, from several processes at once, with
+// leases being acquired, renewed and released: each batch locks the rows
+// it deletes (skipping those that others hold locked) and checks them
+// again under the lock, so a row acquired meanwhile stays.
+func (r *Repository) PruneWith(ctx context.Context, o PruneOptions) (deleted int64, err error) {
+	switch {
+	case o.OlderThan < MinPruneAge:
+		return 0, invalidf("prune: older than %v is less than %v (MinPruneAge)", o.OlderThan, MinPruneAge)
+	case o.BatchSize < 0 || o.BatchSize > MaxPruneBatchSize:
+		return 0, invalidf("prune: batch size %d is not between 0 and %d", o.BatchSize, MaxPruneBatchSize)
+	case o.BatchSize == 0:
+		o.BatchSize = DefaultPruneBatchSize
+	}
+	after := ""
+	for {
+		if err := ctx.Err(); err != nil {
+			return deleted, fmt.Errorf("gormlease: prune: %w", err)
+		}
+		n, last, err := r.pruneBatch(ctx, o, after)
+		deleted += n
+		if err != nil {
+			return deleted, fmt.Errorf("gormlease: prune: %w", err)
+		}
+		if n > 0 && o.Progress != nil {
+			o.Progress(deleted)
+		}
+		if last == "" {
+			return deleted, nil
+		}
+		after = last
+	}
+}
+
+// prunableSQL is the condition on a lease row that Prune deletes it by,
+// with age the dialect's secondsSince. Its two arguments are olderThan in
+// seconds.
+func prunableSQL(age func(col string) string) string {
+	return "((released_at IS NOT NULL AND " + age("released_at") + " > ?)" +
+		" OR (released_at IS NULL AND " + age("updated_at") + " > COALESCE(timeout_ms, 0) / 1000.0 + ?))"
+}
+
+// pruneBatch deletes, in one transaction, up to o.BatchSize prunable rows
+// whose target IDs come after after. It returns the number deleted and the
+// last target ID it looked at, "" when there are no more.
+func (r *Repository) pruneBatch(ctx context.Context, o PruneOptions, after string) (deleted int64, last string, err error) {
+	d := r.dialect
+	lock := " FOR UPDATE SKIP LOCKED"
+	floorLock := " FOR UPDATE"
+	if _, ok := d.(sqliteDialect); ok {
+		lock, floorLock = "", "" // the transaction holds the database's write lock
+	}
+	prunable := prunableSQL(d.secondsSince)
+	secs := o.OlderThan.Seconds()
+	floor := r.tables.lease + "_floor"
+	err = retryStatement(ctx, func() error {
+		deleted, last = 0, ""
+		return r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			// The floor first: concurrent Prunes, and MySQL's inserts that
+			// read it, take their locks in one order.
+			if _, err := queryRowSQL(ctx, tx, "SELECT generation FROM "+floor+" WHERE id = 1"+floorLock, nil, new(int64)); err != nil {
+				return fmt.Errorf("lock the generation floor: %w", err)
+			}
+			rows, err := querySQL(ctx, tx, d.rebind("SELECT target_id, generation FROM "+r.tables.lease+
+				" WHERE target_id > ? AND "+prunable+" ORDER BY target_id LIMIT "+strconv.Itoa(o.BatchSize)+lock),
+				after, secs, secs)
+			if err != nil {
+				return fmt.Errorf("select rows: %w", err)
+			}
+			var targets []any
+			var top int64
+			for rows.Next() {
+				var id string
+				var gen int64
+				if err := rows.Scan(&id, &gen); err != nil {
+					rows.Close()
+					return fmt.Errorf("select rows: %w", err)
+				}
+				targets, top = append(targets, id), max(top, gen)
+			}
+			if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+				return fmt.Errorf("select rows: %w", err)
+			}
+			if len(targets) == 0 {
+				return nil
+			}
+			if _, _, err := execSQL(ctx, tx, d.rebind(d.raiseFloorSQL(floor)), top); err != nil {
+				return fmt.Errorf("raise the generation floor: %w", err)
+			}
+			in := "target_id IN (" + strings.TrimSuffix(strings.Repeat("?, ", len(targets)), ", ") + ")"
+			_, n, err := execSQL(ctx, tx, d.rebind("DELETE FROM "+r.tables.lease+" WHERE "+in+" AND "+prunable),
+				append(append([]any{}, targets...), secs, secs)...)
+			if err != nil {
+				return fmt.Errorf("delete rows: %w", err)
+			}
+			if n != int64(len(targets)) {
+				// The rows were locked, so this should not happen. Roll
+				// back: the result rows below are those of all the rows.
+				return fmt.Errorf("deleted %d of the %d rows it locked", n, len(targets))
+			}
+			if !o.KeepResults {
+				if _, _, err := execSQL(ctx, tx, d.rebind("DELETE FROM "+r.tables.result+" WHERE "+in), targets...); err != nil {
+					return fmt.Errorf("delete results: %w", err)
+				}
+			}
+			deleted = n
+			last = targets[len(targets)-1].(string)
+			if len(targets) < o.BatchSize {
+				last = "" // the last batch
+			}
+			return nil
+		}, d.fenceTxOptions())
+	})
+	if err != nil {
+		return 0, "", err
+	}
+	if deleted == 0 {
+		last = ""
+	}
+	return deleted, last, nil
+}
