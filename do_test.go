@@ -275,7 +275,7 @@ func TestDo_ContextEndsWhileWaiting(t *testing.T) {
 		sqlDB, err := db.DB()
 		require.NoError(t, err)
 
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, _, err = r.Do(ctx, target, func(context.Context) (string, error) {
 			t.Error("work ran while the lease was held")
@@ -283,7 +283,7 @@ func TestDo_ContextEndsWhileWaiting(t *testing.T) {
 		}, gormlease.SaveJSON[string], loadJSON(target))
 		assert.ErrorIs(t, err, context.DeadlineExceeded)
 
-		ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+		ctx, cancel = context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err = r.RunWait(ctx, target, func(context.Context) (string, error) {
 			t.Error("work ran while the lease was held")
