@@ -92,7 +92,7 @@ func dialectFor(db *gorm.DB) (dialect, error) {
 	case "sqlite":
 		return sqliteDialect{}, nil
 	default:
-		return nil, fmt.Errorf("gormlease: unsupported database %q: supported are postgres, mysql and sqlite", name)
+		return nil, fmt.Errorf(prefix+"unsupported database %q: supported are postgres, mysql and sqlite", name)
 	}
 }
 

@@ -24,3 +24,13 @@ const PostgresAcquire = postgresAcquire
 
 // ReleaseSQL returns r's release statement.
 func ReleaseSQL(r *Repository) string { return r.releaseSQL }
+
+// SetStatementAttempts makes r try each retried statement n times in all.
+func SetStatementAttempts(r *Repository, n int) { r.attempts = n }
+
+// IsSerializationFailure and AnsweredByServer are the classifiers of
+// database errors.
+var (
+	IsSerializationFailure = isSerializationFailure
+	AnsweredByServer       = answeredByServer
+)

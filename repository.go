@@ -52,6 +52,9 @@ type Repository struct {
 	// oneTripRefused is set once the driver refused to begin the fenced
 	// transaction and lock the row in one query (see lockingBeginner).
 	oneTripRefused atomic.Bool
+	// attempts is how often a statement is tried after serialization
+	// failures: statementAttempts, but in tests.
+	attempts int
 }
 
 // NewRepository returns a Repository on db, which must be a *gorm.DB from
@@ -88,7 +91,10 @@ func newRepository(db *gorm.DB, holder string) (*Repository, error) {
 		return d.rebind("UPDATE job_lease SET " + column + " = " + d.now() +
 			" WHERE target_id = ? AND lease_token = ? AND released_at IS NULL")
 	}
-	return &Repository{db: db, dialect: d, holder: holder, renewSQL: own("updated_at"), releaseSQL: own("released_at")}, nil
+	return &Repository{
+		db: db, dialect: d, holder: holder, attempts: statementAttempts,
+		renewSQL: own("updated_at"), releaseSQL: own("released_at"),
+	}, nil
 }
 
 // Acquire takes the lease on targetID in one statement (on MySQL, two for a
@@ -123,26 +129,34 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout, clea
 	}
 	token, err := uuid.NewRandom()
 	if err != nil {
-		return Lease{}, fmt.Errorf("gormlease: acquire %q: mint token: %w", targetID, err)
+		return Lease{}, wrapf(err, "acquire %q: mint token", targetID)
 	}
 	var gen int64
 	var ok bool
-	err = retryStatement(ctx, func() (err error) {
+	err = r.retry(ctx, func(ctx context.Context) (err error) {
 		gen, ok, err = r.dialect.acquire(ctx, r.db, acquireArgs{
 			targetID: targetID, token: token, holder: r.holder, timeout: timeout,
 		})
 		return err
 	})
-	if err != nil {
+	switch {
+	case isSerializationFailure(err):
+		// Every attempt was rolled back, having changed nothing, because
+		// another session changed the target's row (or, on MySQL, locked
+		// it) at the same time: another acquire taking it, or the holder's
+		// heartbeat, release or fenced commit. For the caller this is a
+		// lease held: the work must not run now, and a later Run may.
+		return Lease{}, wrapf(fmt.Errorf("%w: concurrent steps on the target kept conflicting with the acquire (%d attempts, the last: %w)",
+			ErrLeaseHeld, r.attempts, err), "acquire %q", targetID)
+	case err != nil:
 		if !answeredByServer(err) {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanup)
 			_ = r.release(cctx, r.db, Lease{TargetID: targetID, Token: token})
 			cancel()
 		}
-		return Lease{}, fmt.Errorf("gormlease: acquire %q: %w", targetID, err)
-	}
-	if !ok {
-		return Lease{}, fmt.Errorf("%w: target %q", ErrLeaseHeld, targetID)
+		return Lease{}, wrapf(err, "acquire %q", targetID)
+	case !ok:
+		return Lease{}, wrapf(ErrLeaseHeld, "acquire %q", targetID)
 	}
 	return Lease{TargetID: targetID, Token: token, Generation: gen}, nil
 }
@@ -157,10 +171,10 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 	}
 	n, err := r.updateOwnRow(ctx, r.db, l, r.renewSQL)
 	if err != nil {
-		return fmt.Errorf("gormlease: heartbeat %q: %w", l.TargetID, err)
+		return wrapf(err, "heartbeat %q", l.TargetID)
 	}
 	if n == 0 {
-		return fmt.Errorf("gormlease: heartbeat %q: %w", l.TargetID, ErrLeaseLost)
+		return wrapf(ErrLeaseLost, "heartbeat %q", l.TargetID)
 	}
 	return nil
 }
@@ -204,9 +218,13 @@ func (r *Repository) heartbeatMany(ctx context.Context, leases []Lease) (map[Lea
 	for len(leases) > 0 {
 		chunk := leases[:min(len(leases), heartbeatBatchSize)]
 		leases = leases[len(chunk):]
-		renewed, err := batcher.heartbeatBatch(ctx, r.db, chunk)
+		var renewed map[Lease]bool
+		err := r.retry(ctx, func(ctx context.Context) (err error) {
+			renewed, err = batcher.heartbeatBatch(ctx, r.db, chunk)
+			return err
+		})
 		if err != nil {
-			return nil, fmt.Errorf("gormlease: heartbeat %d leases: %w", len(chunk), err)
+			return nil, wrapf(err, "heartbeat %d leases", len(chunk))
 		}
 		for _, l := range chunk {
 			if !renewed[l] {
@@ -249,6 +267,7 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 		}
 	}
 	committing := false
+	var saveErr error
 	err := r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Releasing first locks the row and checks the token just as the
 		// locking read does, in one statement instead of two; until the
@@ -267,7 +286,8 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 			return err
 		}
 		if err := fn(saverSession(ctx, tx, tx.Statement.ConnPool)); err != nil {
-			return fmt.Errorf("gormlease: save %q: %w", l.TargetID, err)
+			saveErr = saveFailed(l, err)
+			return saveErr
 		}
 		committing = true // gorm sends COMMIT next
 		return nil
@@ -275,18 +295,13 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 	switch {
 	case err == nil:
 		return nil
+	case err == saveErr:
+		return err // it says which step failed
 	case committing && !answeredByServer(err):
 		// COMMIT was sent, or about to be, and no answer came back.
 		return &commitUnknownError{targetID: l.TargetID, cause: err}
 	}
-	return fmt.Errorf("gormlease: commit %q: %w", l.TargetID, err)
-}
-
-// answeredByServer reports whether err is the database's own answer (it
-// carries an SQLSTATE), as opposed to a lost connection or a timeout.
-func answeredByServer(err error) bool {
-	var st sqlStater
-	return errors.As(err, &st)
+	return wrapf(err, "commit %q", l.TargetID)
 }
 
 // lockOwn locks l's row for the rest of tx and checks that it is still l's.
@@ -321,10 +336,10 @@ func (r *Repository) Release(ctx context.Context, l Lease) error {
 func (r *Repository) release(ctx context.Context, db *gorm.DB, l Lease) error {
 	n, err := r.updateOwnRow(ctx, db, l, r.releaseSQL)
 	if err != nil {
-		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, err)
+		return wrapf(err, "release %q", l.TargetID)
 	}
 	if n == 0 {
-		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, ErrLeaseLost)
+		return wrapf(ErrLeaseLost, "release %q", l.TargetID)
 	}
 	return nil
 }
@@ -332,17 +347,33 @@ func (r *Repository) release(ctx context.Context, db *gorm.DB, l Lease) error {
 // updateOwnRow runs stmt, r.renewSQL or r.releaseSQL, on l's row: it stamps the
 // row with the database's time while l holds it under l's token, and
 // returns the number of rows it changed. Outside a transaction the
-// statement is retried after a serialization failure (see retryStatement);
+// statement is retried after a serialization failure (see Repository.retry);
 // inside one, the failure is the transaction's to handle.
+//
+// When every attempt failed so, another session kept changing (or, on
+// MySQL, locking) the row meanwhile: a takeover, most likely. updateOwnRow
+// then reads the row as last committed: when it no longer holds l (another
+// token, or released), the lease is gone and it reports zero rows changed,
+// which the step returns as ErrLeaseLost. When the row still holds l, the
+// lease was not lost but not stamped either, and the error is returned: a
+// heartbeat is tried again soon, and the lease timeout covers a release.
 func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, stmt string) (n int64, err error) {
-	run := func() error {
+	run := func(ctx context.Context) error {
 		_, n, err = execSQL(ctx, db, stmt, l.TargetID, l.Token.String())
 		return err
 	}
 	if _, inTx := db.Statement.ConnPool.(gorm.TxCommitter); inTx {
-		return n, run()
+		return n, run(ctx)
 	}
-	err = retryStatement(ctx, run)
+	err = r.retry(ctx, run)
+	if isSerializationFailure(err) {
+		row, found, getErr := r.Get(ctx, l.TargetID)
+		if getErr == nil && (!found || row.LeaseToken != l.Token || row.ReleasedAt != nil) {
+			return 0, nil
+		}
+		err = fmt.Errorf("the row still holds the lease, but concurrent steps on it kept conflicting with this one (%d attempts, the last: %w)",
+			r.attempts, err)
+	}
 	return n, err
 }
 
@@ -354,7 +385,7 @@ func (r *Repository) Get(ctx context.Context, targetID string) (JobLease, bool, 
 	}
 	var rows []JobLease
 	if err := r.db.WithContext(ctx).Where("target_id = ?", targetID).Limit(1).Find(&rows).Error; err != nil {
-		return JobLease{}, false, fmt.Errorf("gormlease: get %q: %w", targetID, err)
+		return JobLease{}, false, wrapf(err, "get %q", targetID)
 	}
 	if len(rows) == 0 {
 		return JobLease{}, false, nil

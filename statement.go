@@ -118,10 +118,16 @@ func querySQL(ctx context.Context, db *gorm.DB, query string, args ...any) (*sql
 
 // trace reports a statement to db's logger, as gorm's callbacks do: the
 // logger decides, by its level and slow threshold, whether to build the
-// statement's text and write it.
+// statement's text and write it. A failure that is a normal outcome (see
+// expectedFailure) is reported as the statement alone, without the error,
+// so that the logger does not write it as an error: the step returns it, or
+// retries it, or turns it into its outcome.
 func trace(ctx context.Context, db *gorm.DB, begin time.Time, query string, args []any, rows int64, err error) {
 	if db.Logger == nil {
 		return
+	}
+	if err != nil && expectedFailure(ctx, err) {
+		err = nil
 	}
 	db.Logger.Trace(ctx, begin, func() (string, int64) {
 		if db.Dialector == nil {
