@@ -13,6 +13,9 @@ var (
 	// another holder's lease on the target is live: it was acquired or
 	// renewed within the lease timeout and has not been released. Run returns
 	// it at once, without waiting for the holder and without running the work.
+	// They also return it when the acquire met a concurrent change of the
+	// target's row (a serialization failure or deadlock) at every attempt:
+	// another session was taking, renewing or releasing the lease.
 	ErrLeaseHeld = errors.New("gormlease: lease held by another holder")
 
 	// ErrLeaseLost is returned by Repository.Heartbeat, CommitIfOwner and

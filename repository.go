@@ -164,7 +164,9 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout, clea
 // Heartbeat renews l: one statement stamps the row with the database's time
 // where both the target and the token match. When no row matches, the lease
 // was taken over or released, and Heartbeat returns an error wrapping
-// ErrLeaseLost: stop the work.
+// ErrLeaseLost: stop the work. A serialization failure or deadlock is
+// retried a few times; when it persists and the row still holds l,
+// Heartbeat returns an error that wraps it: l was not renewed, nor lost.
 func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 	if err := l.check(); err != nil {
 		return err
@@ -326,6 +328,7 @@ func (r *Repository) lockOwn(tx *gorm.DB, l Lease) error {
 // (taken over, or already released) nothing changes and Release returns an
 // error wrapping ErrLeaseLost. Call it on a context that survives the
 // caller's cancellation, such as context.WithoutCancel with a timeout.
+// Serialization failures are handled as by Heartbeat.
 func (r *Repository) Release(ctx context.Context, l Lease) error {
 	if err := l.check(); err != nil {
 		return err
