@@ -12,7 +12,7 @@ import (
 // ErrNoResult is returned by LoadJSON when no result was saved for the target.
 var ErrNoResult = errors.New("gormlease: no result saved")
 
-// SaveJSON is a saver for Runner.Run, the seed design's own: it stores result
+// SaveJSON is a ready-made saver for Runner.Run: it stores result
 // as JSON in the job_result row of the lease's target, with the lease's
 // generation, replacing what an earlier generation saved. It takes the lease
 // from the context of tx, which Run and CommitIfOwner set; outside them it
