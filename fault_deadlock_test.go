@@ -59,8 +59,9 @@ func TestFault_MySQLDeadlockIsRetried(t *testing.T) {
 		{"HeartbeatNotRenewedAfterLastAttempt", "SET updated_at", steal, heartbeat, errNotRenewed, true},
 	}
 	for _, tc := range cases {
+		// One at a time: InnoDB refreshes its information_schema lock
+		// tables only after 100ms without a read of them.
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
 			rec, st := recording(direct)
 			repo := newRepository(t, rec)
 			tries := 2 // at least: the deadlock, and the retry
@@ -73,7 +74,10 @@ func TestFault_MySQLDeadlockIsRetried(t *testing.T) {
 				age(t, s, direct, target, time.Hour) // so that the acquire takes it over
 			}
 			before := leaseRow(t, direct, target)
-			err := deadlockStep(t, s, direct, target, "%"+tc.stmt+"%", tc.write, tc.once, func() error { return tc.step(repo, l) })
+			// The transaction runs on a pool of its own: connection IDs are
+			// never reused, so a stale snapshot of the lock tables from an
+			// earlier case cannot match it.
+			err := deadlockStep(t, s.Open(t, nil), target, "%"+tc.stmt+"%", tc.write, tc.once, func() error { return tc.step(repo, l) })
 			switch tc.want {
 			case nil:
 				require.NoError(t, err)
@@ -133,7 +137,7 @@ func release(repo *gormlease.Repository, l gormlease.Lease) error {
 // The transaction then commits write, and deadlockStep returns step's error;
 // with once, step's statement is not retried, and the transaction commits
 // only after step returned.
-func deadlockStep(t *testing.T, s *testdb.Server, db *gorm.DB, target, like, write string, once bool, step func() error) error {
+func deadlockStep(t *testing.T, db *gorm.DB, target, like, write string, once bool, step func() error) error {
 	t.Helper()
 	tx := db.Begin()
 	require.NoError(t, tx.Error)
@@ -145,9 +149,11 @@ func deadlockStep(t *testing.T, s *testdb.Server, db *gorm.DB, target, like, wri
 	var n int
 	require.NoError(t, tx.Raw("SELECT count(*) FROM job_lease WHERE target_id = ? LOCK IN SHARE MODE", target).Scan(&n).Error)
 	require.Equal(t, 1, n)
+	var conn int64
+	require.NoError(t, tx.Raw("SELECT CONNECTION_ID()").Scan(&conn).Error)
 	done := make(chan error, 1)
 	go func() { done <- step() }()
-	waitLockWait(t, s, "the step", like)
+	waitBlockedBy(t, db, conn, like)
 	require.NoError(t, tx.Exec(write, target).Error, "the deadlock's victim was the transaction, not the step")
 	var err error
 	if once {
@@ -158,4 +164,41 @@ func deadlockStep(t *testing.T, s *testdb.Server, db *gorm.DB, target, like, wri
 		err = recv(t, done, 10*time.Second, "the step")
 	}
 	return err
+}
+
+// waitBlockedBy waits until a statement that matches the SQL LIKE pattern
+// like waits for a lock held by the transaction of connection conn: MariaDB
+// tells in information_schema.INNODB_LOCK_WAITS, MySQL 8 in
+// performance_schema.data_lock_waits. It polls every 200ms, as
+// waitLockWait does, for the same reason.
+func waitBlockedBy(t *testing.T, db *gorm.DB, conn int64, like string) {
+	t.Helper()
+	const (
+		mariadb = `SELECT count(*) FROM information_schema.INNODB_LOCK_WAITS w
+			JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id
+			JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id
+			WHERE b.trx_mysql_thread_id = ? AND r.trx_query LIKE ?`
+		mysql8 = `SELECT count(*) FROM performance_schema.data_lock_waits w
+			JOIN information_schema.INNODB_TRX r ON r.trx_id = w.REQUESTING_ENGINE_TRANSACTION_ID
+			JOIN information_schema.INNODB_TRX b ON b.trx_id = w.BLOCKING_ENGINE_TRANSACTION_ID
+			WHERE b.trx_mysql_thread_id = ? AND r.trx_query LIKE ?`
+	)
+	query := mariadb
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int64
+		err := db.Raw(query, conn, like).Scan(&n).Error
+		if err != nil && query == mariadb {
+			query = mysql8
+			continue
+		}
+		require.NoError(t, err)
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s to wait on the transaction's lock", like)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
