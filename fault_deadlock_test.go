@@ -169,8 +169,7 @@ func deadlockStep(t *testing.T, db *gorm.DB, target, like, write string, once bo
 // waitBlockedBy waits until a statement that matches the SQL LIKE pattern
 // like waits for a lock held by the transaction of connection conn: MariaDB
 // tells in information_schema.INNODB_LOCK_WAITS, MySQL 8 in
-// performance_schema.data_lock_waits. It polls every 200ms, as
-// waitLockWait does, for the same reason.
+// performance_schema.data_lock_waits.
 func waitBlockedBy(t *testing.T, db *gorm.DB, conn int64, like string) {
 	t.Helper()
 	const (
@@ -184,21 +183,14 @@ func waitBlockedBy(t *testing.T, db *gorm.DB, conn int64, like string) {
 			WHERE b.trx_mysql_thread_id = ? AND r.trx_query LIKE ?`
 	)
 	query := mariadb
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	pollLockTables(t, like+" to wait on the transaction's lock", func() bool {
 		var n int64
 		err := db.Raw(query, conn, like).Scan(&n).Error
 		if err != nil && query == mariadb {
 			query = mysql8
-			continue
+			err = db.Raw(query, conn, like).Scan(&n).Error
 		}
 		require.NoError(t, err)
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s to wait on the transaction's lock", like)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return n > 0
+	})
 }
