@@ -152,7 +152,7 @@ func dialectFor(db *gorm.DB, t tableNames) (dialect, error) {
 	case "sqlite":
 		return newSQLiteDialect(t), nil
 	default:
-		return nil, fmt.Errorf("gormlease: unsupported database %q: supported are postgres, mysql and sqlite", name)
+		return nil, fmt.Errorf(prefix+"unsupported database %q: supported are postgres, mysql and sqlite", name)
 	}
 }
 

@@ -78,7 +78,7 @@ const (
 // looks, so concurrent calls wait for each other and then find the table.
 // TestAutoMigrate_ConcurrentCallsSucceed checks it on an empty database.
 func (d mysqlDialect) migrate(ctx context.Context, db *gorm.DB) error {
-	if err := mysqlCheckTimes(db); err != nil {
+	if err := mysqlCheckTimes(ctx, db); err != nil {
 		return err
 	}
 	for _, ddl := range []string{d.leaseDDL, d.resultDDL, d.floorDDL, d.floorRow} {
@@ -102,11 +102,13 @@ var mysqlAddedColumns = []column{
 // mysqlCheckTimes makes sure that the DSN lets the lease rows be read: a
 // datetime scans into a time.Time only with parseTime=true, and reads as
 // the right instant only when loc is UTC, as UTC_TIMESTAMP wrote it. It
-// compares the database's UTC time, as read back, with its Unix time.
-func mysqlCheckTimes(db *gorm.DB) error {
+// compares the database's UTC time, as read back, with its Unix time. It
+// reads them as the lease statements run (see queryRowSQL), not with gorm's
+// Row, whose empty *sql.Row under gorm's prepared statements would panic.
+func mysqlCheckTimes(ctx context.Context, db *gorm.DB) error {
 	var now any
 	var unix int64
-	if err := db.Raw("SELECT UTC_TIMESTAMP(6), UNIX_TIMESTAMP()").Row().Scan(&now, &unix); err != nil {
+	if _, err := queryRowSQL(ctx, db, "SELECT UTC_TIMESTAMP(6), UNIX_TIMESTAMP()", nil, &now, &unix); err != nil {
 		return fmt.Errorf("read the database's time: %w", err)
 	}
 	t, ok := now.(time.Time)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"fmt"
 	"time"
 
 	"gorm.io/gorm"
@@ -148,7 +147,7 @@ func (sqliteDialect) checkSettings(ctx context.Context, db *gorm.DB) error {
 	var ms int64
 	quiet := db.Session(&gorm.Session{Logger: logger.Discard}) // not one of the steps
 	if err := quiet.WithContext(ctx).Raw("PRAGMA busy_timeout").Scan(&ms).Error; err != nil {
-		return fmt.Errorf("gormlease: read sqlite busy_timeout: %w", err)
+		return wrapf(err, "read sqlite busy_timeout")
 	}
 	if timeout := time.Duration(ms) * time.Millisecond; timeout < MinSQLiteBusyTimeout {
 		return invalidf("sqlite busy_timeout is %v, less than %v: concurrent steps would fail with "+

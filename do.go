@@ -105,7 +105,7 @@ func (r *Runner[T]) Do(ctx context.Context, targetID string,
 	case <-f.done:
 	case <-ctx.Done():
 		r.local.leave(targetID, f)
-		return zero, false, fmt.Errorf("gormlease: do %q: %w", targetID, ctx.Err())
+		return zero, false, wrapf(ctx.Err(), "do %q", targetID)
 	}
 	r.local.leave(targetID, f)
 	switch {
@@ -132,7 +132,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	// shared with others, may publish a later state before this call looks.
 	st, err := r.repo.readState(ctx, targetID)
 	if err != nil {
-		return zero, false, fmt.Errorf("gormlease: do %q: read lease: %w", targetID, err)
+		return zero, false, wrapf(err, "do %q: read lease", targetID)
 	}
 	// The watch is held only while this call waits, never while it runs the
 	// work: a watch polls, and on PostgreSQL takes a listener connection and
@@ -192,7 +192,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			w.poke()
 		}
 		if err := w.next(ctx, changed); err != nil {
-			return zero, false, fmt.Errorf("gormlease: do %q: %w", targetID, err)
+			return zero, false, wrapf(err, "do %q", targetID)
 		}
 		st, _, changed = w.current()
 	}
@@ -214,7 +214,7 @@ func (r *Runner[T]) load(ctx context.Context, targetID string, load func(*gorm.D
 	})
 	if err != nil {
 		var zero T
-		return zero, fmt.Errorf("gormlease: load %q: %w", targetID, err)
+		return zero, wrapf(err, "load %q", targetID)
 	}
 	return v, nil
 }
@@ -238,7 +238,7 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 	}
 	leave, err := r.local.enter(ctx, targetID)
 	if err != nil {
-		return zero, fmt.Errorf("gormlease: run %q: waiting in the process: %w", targetID, err)
+		return zero, wrapf(err, "run %q: waiting in the process", targetID)
 	}
 	defer leave()
 	for {

@@ -3,6 +3,7 @@ package gormlease
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors. Match them with errors.Is: the errors that gormlease
@@ -12,6 +13,9 @@ var (
 	// another holder's lease on the target is live: it was acquired or
 	// renewed within the lease timeout and has not been released. Run returns
 	// it at once, without waiting for the holder and without running the work.
+	// They also return it when the acquire met a concurrent change of the
+	// target's row (a serialization failure or deadlock) at every attempt:
+	// another session was taking, renewing or releasing the lease.
 	ErrLeaseHeld = errors.New("gormlease: lease held by another holder")
 
 	// ErrLeaseLost is returned by Repository.Heartbeat, CommitIfOwner and
@@ -42,10 +46,50 @@ var (
 	ErrInvalidArgument = errors.New("gormlease: invalid argument")
 )
 
+// prefix starts every message of gormlease's errors, once.
+const prefix = "gormlease: "
+
 // invalidf returns an error that wraps ErrInvalidArgument and says what is wrong.
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
 }
+
+// stepError is the error of a step: it reads "gormlease: <step>: <cause>",
+// with the cause's own "gormlease: " dropped, so that the prefix reads once
+// however deep the wrapping.
+type stepError struct {
+	step  string
+	cause error
+}
+
+// wrapf returns cause wrapped as a stepError, the step written by format.
+func wrapf(cause error, format string, args ...any) error {
+	return &stepError{step: fmt.Sprintf(format, args...), cause: cause}
+}
+
+func (e *stepError) Error() string { return prefix + e.step + ": " + unprefixed(e.cause) }
+
+func (e *stepError) Unwrap() error { return e.cause }
+
+// unprefixed returns err's message without its leading "gormlease: ".
+func unprefixed(err error) string { return strings.TrimPrefix(err.Error(), prefix) }
+
+// saveFailed wraps err, returned by the saver of l's fenced commit.
+func saveFailed(l Lease, err error) error {
+	if _, panicked := err.(*PanicError); panicked {
+		return wrapf(err, "commit %q", l.TargetID) // the panic says "save panicked"
+	}
+	return wrapf(err, "save %q", l.TargetID)
+}
+
+// cleanupError is an error after which cleaning up (releasing the lease)
+// failed too: it reads "<err>; then <cleanup>", and errors.Is and errors.As
+// see both.
+type cleanupError struct{ err, cleanup error }
+
+func (e *cleanupError) Error() string { return e.err.Error() + "; then " + unprefixed(e.cleanup) }
+
+func (e *cleanupError) Unwrap() []error { return []error{e.err, e.cleanup} }
 
 // commitUnknownError is an error from the fenced commit's COMMIT that the
 // database did not answer: it wraps both ErrCommitUnknown and the cause.

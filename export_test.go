@@ -61,3 +61,13 @@ func Listening(db *gorm.DB) bool {
 	}
 	return false
 }
+
+// SetStatementAttempts makes r try each retried statement n times in all.
+func SetStatementAttempts(r *Repository, n int) { r.attempts = n }
+
+// IsSerializationFailure and AnsweredByServer are the classifiers of
+// database errors.
+var (
+	IsSerializationFailure = isSerializationFailure
+	AnsweredByServer       = answeredByServer
+)

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"fmt"
 
 	"gorm.io/gorm"
 )
@@ -31,7 +30,7 @@ type lockingBeginner interface {
 
 // errSaverEnds is returned to a saver that tries to end the fenced
 // transaction itself.
-var errSaverEnds = errors.New("gormlease: the fenced commit ends its transaction itself; the saver must not commit or roll back")
+var errSaverEnds = errors.New(prefix + "the fenced commit ends its transaction itself; the saver must not commit or roll back")
 
 // saverPool is the fenced transaction as the saver's gorm session sees it:
 // the transaction's statements go through, and it is a gorm.TxCommitter, so
@@ -80,7 +79,7 @@ func (r *Repository) commitOnConn(ctx context.Context, b lockingBeginner, l Leas
 	}
 	conn, err := sqlDB.Conn(ctx)
 	if err != nil {
-		return true, fmt.Errorf("gormlease: commit %q: %w", l.TargetID, err)
+		return true, wrapf(err, "commit %q", l.TargetID)
 	}
 	inTx := false
 	defer func() {
@@ -91,13 +90,13 @@ func (r *Repository) commitOnConn(ctx context.Context, b lockingBeginner, l Leas
 		}
 		_ = conn.Close()
 	}()
-	// abort rolls the transaction back and returns cause. When the ROLLBACK
+	// abort rolls the transaction back and returns err. When the ROLLBACK
 	// fails (ctx is done, or the connection is), inTx stays set.
-	abort := func(cause error) (bool, error) {
+	abort := func(err error) (bool, error) {
 		if _, err := conn.ExecContext(ctx, "ROLLBACK"); err == nil {
 			inTx = false
 		}
-		return true, fmt.Errorf("gormlease: commit %q: %w", l.TargetID, cause)
+		return true, err
 	}
 	_, n, err := execOn(ctx, r.db, conn, b.beginLocked(lockSQL, l))
 	if err != nil {
@@ -106,14 +105,14 @@ func (r *Repository) commitOnConn(ctx context.Context, b lockingBeginner, l Leas
 			return false, nil
 		}
 		inTx = true // BEGIN may have run
-		return true, fmt.Errorf("gormlease: commit %q: lock lease row: %w", l.TargetID, err)
+		return true, wrapf(err, "commit %q: lock lease row", l.TargetID)
 	}
 	inTx = true
 	if n != 1 {
-		return abort(ErrLeaseLost)
+		return abort(wrapf(ErrLeaseLost, "commit %q", l.TargetID))
 	}
 	if err := fn(saverSession(ctx, r.db, conn)); err != nil {
-		return abort(fmt.Errorf("gormlease: save %q: %w", l.TargetID, err))
+		return abort(saveFailed(l, err))
 	}
 	if _, err := conn.ExecContext(ctx, fencedCommitSQL); err != nil {
 		var st sqlStater
@@ -122,9 +121,9 @@ func (r *Repository) commitOnConn(ctx context.Context, b lockingBeginner, l Leas
 			// COMMIT was sent, or about to be, and no answer came back.
 			return true, &commitUnknownError{targetID: l.TargetID, cause: err}
 		case st.SQLState() == "25P02":
-			err = fmt.Errorf("a statement of the saver failed and aborted the transaction, nothing saved: %w", err)
+			return abort(wrapf(err, "save %q: a statement of the saver failed and aborted the transaction, nothing saved", l.TargetID))
 		}
-		return abort(err)
+		return abort(wrapf(err, "commit %q", l.TargetID))
 	}
 	inTx = false
 	return true, nil

@@ -2,7 +2,6 @@ package gormlease
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
@@ -31,14 +30,14 @@ func (r *Repository) ForceRelease(ctx context.Context, targetID string) (JobLeas
 	}
 	token, err := uuid.NewRandom()
 	if err != nil {
-		return JobLease{}, fmt.Errorf("gormlease: force release %q: mint token: %w", targetID, err)
+		return JobLease{}, wrapf(err, "force release %q: mint token", targetID)
 	}
 	stmt := r.dialect.rebind("UPDATE " + r.tables.lease + " SET lease_token = ?, generation = generation + 1," +
 		" released_at = " + r.dialect.now() + ", failure = ? WHERE target_id = ? AND released_at IS NULL" +
 		r.dialect.notifyWaiters())
 	var row JobLease
 	var found bool
-	err = retryStatement(ctx, func() error {
+	err = r.retry(ctx, func(ctx context.Context) error {
 		return r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 			_, n, err := execSQL(ctx, tx, stmt, token.String(), ForcedReleaseFailure, targetID)
 			if err != nil || n == 0 {
@@ -51,9 +50,9 @@ func (r *Repository) ForceRelease(ctx context.Context, targetID string) (JobLeas
 	})
 	switch {
 	case err != nil:
-		return JobLease{}, fmt.Errorf("gormlease: force release %q: %w", targetID, err)
+		return JobLease{}, wrapf(err, "force release %q", targetID)
 	case !found:
-		return JobLease{}, fmt.Errorf("gormlease: force release %q: %w", targetID, ErrNotHeld)
+		return JobLease{}, wrapf(ErrNotHeld, "force release %q", targetID)
 	}
 	wakeWaiters(r, targetID)
 	return row, nil

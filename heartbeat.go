@@ -2,7 +2,6 @@ package gormlease
 
 import (
 	"context"
-	"fmt"
 	"reflect"
 	"sync"
 	"time"
@@ -89,8 +88,7 @@ func startHeartbeat(workCtx context.Context, repo *Repository, cfg config, lease
 	trust := cfg.trustWindow()
 	h := &heartbeat{lease: lease, trust: trust, workCtx: workCtx, cancelWork: cancelWork}
 	h.fence = time.AfterFunc(time.Until(sent.Add(trust)), func() {
-		cancelWork(fmt.Errorf("gormlease: heartbeat %q: no heartbeat confirmed the lease for %v: %w",
-			lease.TargetID, trust, ErrLeaseLost))
+		cancelWork(wrapf(ErrLeaseLost, "heartbeat %q: no heartbeat confirmed the lease for %v", lease.TargetID, trust))
 	})
 
 	key := beatKey{pool: poolKey(repo), interval: cfg.heartbeatInterval, operationTimeout: cfg.operationTimeout}
@@ -244,7 +242,7 @@ func (g *beatGroup) settle(live []*heartbeat, lost map[Lease]bool, sent time.Tim
 			// Stopped, or already cancelled: nothing to renew.
 		case lost[h.lease]:
 			h.fence.Stop()
-			h.cancelWork(fmt.Errorf("gormlease: heartbeat %q: %w", h.lease.TargetID, ErrLeaseLost))
+			h.cancelWork(wrapf(ErrLeaseLost, "heartbeat %q", h.lease.TargetID))
 		default:
 			h.fence.Reset(time.Until(sent.Add(h.trust)))
 		}

@@ -103,22 +103,28 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 }
 
 // waitLockWait waits until a session of s waits for a row lock while
-// running a statement that matches the SQL LIKE pattern like. It polls
-// every 200ms: InnoDB refreshes the lock tables of information_schema only
-// when they were last read more than 100ms ago, so faster polling would
-// read the same stale snapshot for ever.
+// running a statement that matches the SQL LIKE pattern like.
 func waitLockWait(t *testing.T, s *testdb.Server, what, like string) {
 	t.Helper()
 	require.NotEmpty(t, like, "no statement pattern for %s", s.Name)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	pollLockTables(t, what+" to wait on the row lock", func() bool {
 		n, err := s.LockWaits(s.DB(t), like)
 		require.NoError(t, err)
-		if n > 0 {
-			return
-		}
+		return n > 0
+	})
+}
+
+// pollLockTables polls cond, which reads the database's lock tables, until
+// it holds, failing t after 10s. It polls every 200ms: InnoDB refreshes the
+// lock tables of information_schema only when they were last read more
+// than 100ms ago, so faster polling would read the same stale snapshot for
+// ever.
+func pollLockTables(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s to wait on the row lock", what)
+			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

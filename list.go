@@ -125,7 +125,7 @@ func (r *Repository) List(ctx context.Context, o ListOptions) ([]LeaseInfo, erro
 	if o.Prefix != "" {
 		cond, cargs, err := r.prefixCondition(ctx, o.Prefix)
 		if err != nil {
-			return nil, fmt.Errorf("gormlease: list: %w", err)
+			return nil, wrapf(err, "list")
 		}
 		where, args = append(where, cond), append(args, cargs...)
 	}
@@ -139,7 +139,7 @@ func (r *Repository) List(ctx context.Context, o ListOptions) ([]LeaseInfo, erro
 	query += " ORDER BY target_id LIMIT " + strconv.Itoa(o.Limit)
 	rows, err := querySQL(ctx, r.db, r.dialect.rebind(query), args...)
 	if err != nil {
-		return nil, fmt.Errorf("gormlease: list: %w", err)
+		return nil, wrapf(err, "list")
 	}
 	defer rows.Close()
 	var out []LeaseInfo
@@ -150,13 +150,13 @@ func (r *Repository) List(ctx context.Context, o ListOptions) ([]LeaseInfo, erro
 			st   string
 		)
 		if err := rows.Scan(append(li.columns(), &secs, &st)...); err != nil {
-			return nil, fmt.Errorf("gormlease: list: %w", err)
+			return nil, wrapf(err, "list")
 		}
 		li.fill(LeaseState(st), seconds(secs.Float64))
 		out = append(out, li)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("gormlease: list: %w", err)
+		return nil, wrapf(err, "list")
 	}
 	return out, nil
 }

@@ -112,7 +112,7 @@ func AutoMigrateContext(ctx context.Context, db *gorm.DB, opts ...Option) error 
 		return err
 	}
 	if err := d.migrate(ctx, db.WithContext(ctx)); err != nil {
-		return fmt.Errorf("gormlease: migrate: %w", err)
+		return wrapf(err, "migrate")
 	}
 	return nil
 }

@@ -94,12 +94,12 @@ func (r *Repository) PruneWith(ctx context.Context, o PruneOptions) (deleted int
 	after := ""
 	for {
 		if err := ctx.Err(); err != nil {
-			return deleted, fmt.Errorf("gormlease: prune: %w", err)
+			return deleted, wrapf(err, "prune")
 		}
 		n, last, err := r.pruneBatch(ctx, o, after)
 		deleted += n
 		if err != nil {
-			return deleted, fmt.Errorf("gormlease: prune: %w", err)
+			return deleted, wrapf(err, "prune")
 		}
 		if n > 0 && o.Progress != nil {
 			o.Progress(deleted)
@@ -132,7 +132,7 @@ func (r *Repository) pruneBatch(ctx context.Context, o PruneOptions, after strin
 	prunable := prunableSQL(d.secondsSince)
 	secs := o.OlderThan.Seconds()
 	floor := r.tables.lease + "_floor"
-	err = retryStatement(ctx, func() error {
+	err = r.retry(ctx, func(ctx context.Context) error {
 		deleted, last = 0, ""
 		return r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 			// The floor first: concurrent Prunes, and MySQL's inserts that

@@ -58,6 +58,9 @@ type Repository struct {
 	// bytewise is, on PostgreSQL, 1 once List found that target_id orders
 	// byte for byte, -1 once it found not, 0 before it looked.
 	bytewise atomic.Int32
+	// attempts is how often a statement is tried after serialization
+	// failures: statementAttempts, but in tests.
+	attempts int
 }
 
 // NewRepository returns a Repository on db, which must be a *gorm.DB from
@@ -96,7 +99,7 @@ func newRepository(db *gorm.DB, holder string, tables tableNames) (*Repository, 
 	if err := checkSettings(ctx, d, db); err != nil {
 		return nil, err
 	}
-	r := &Repository{db: db, dialect: d, holder: holder, tables: tables}
+	r := &Repository{db: db, dialect: d, holder: holder, tables: tables, attempts: statementAttempts}
 	now, notify := d.now(), d.notifyWaiters()
 	r.renewSQL = r.ownRowSQL("updated_at = "+now, "")
 	r.releaseSQL = r.ownRowSQL("released_at = "+now, notify)
@@ -149,26 +152,34 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout, clea
 	}
 	token, err := uuid.NewRandom()
 	if err != nil {
-		return Lease{}, fmt.Errorf("gormlease: acquire %q: mint token: %w", targetID, err)
+		return Lease{}, wrapf(err, "acquire %q: mint token", targetID)
 	}
 	var gen int64
 	var ok bool
-	err = retryStatement(ctx, func() (err error) {
+	err = r.retry(ctx, func(ctx context.Context) (err error) {
 		gen, ok, err = r.dialect.acquire(ctx, r.db, acquireArgs{
 			targetID: targetID, token: token, holder: r.holder, timeout: timeout, from: from,
 		})
 		return err
 	})
-	if err != nil {
+	switch {
+	case isSerializationFailure(err):
+		// Every attempt was rolled back, having changed nothing, because
+		// another session changed the target's row (or, on MySQL, locked
+		// it) at the same time: another acquire taking it, or the holder's
+		// heartbeat, release or fenced commit. For the caller this is a
+		// lease held: the work must not run now, and a later Run may.
+		return Lease{}, wrapf(fmt.Errorf("%w: concurrent steps on the target kept conflicting with the acquire (%d attempts, the last: %w)",
+			ErrLeaseHeld, r.attempts, err), "acquire %q", targetID)
+	case err != nil:
 		if !answeredByServer(err) {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanup)
 			_ = r.release(cctx, r.db, Lease{TargetID: targetID, Token: token})
 			cancel()
 		}
-		return Lease{}, fmt.Errorf("gormlease: acquire %q: %w", targetID, err)
-	}
-	if !ok {
-		return Lease{}, fmt.Errorf("%w: target %q", ErrLeaseHeld, targetID)
+		return Lease{}, wrapf(err, "acquire %q", targetID)
+	case !ok:
+		return Lease{}, wrapf(ErrLeaseHeld, "acquire %q", targetID)
 	}
 	return Lease{TargetID: targetID, Token: token, Generation: gen}, nil
 }
@@ -176,17 +187,19 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout, clea
 // Heartbeat renews l: one statement stamps the row with the database's time
 // where both the target and the token match. When no row matches, the lease
 // was taken over or released, and Heartbeat returns an error wrapping
-// ErrLeaseLost: stop the work.
+// ErrLeaseLost: stop the work. A serialization failure or deadlock is
+// retried a few times; when it persists and the row still holds l,
+// Heartbeat returns an error that wraps it: l was not renewed, nor lost.
 func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 	if err := l.check(); err != nil {
 		return err
 	}
 	n, err := r.updateOwnRow(ctx, r.db, l, r.renewSQL)
 	if err != nil {
-		return fmt.Errorf("gormlease: heartbeat %q: %w", l.TargetID, err)
+		return wrapf(err, "heartbeat %q", l.TargetID)
 	}
 	if n == 0 {
-		return fmt.Errorf("gormlease: heartbeat %q: %w", l.TargetID, ErrLeaseLost)
+		return wrapf(ErrLeaseLost, "heartbeat %q", l.TargetID)
 	}
 	return nil
 }
@@ -230,9 +243,13 @@ func (r *Repository) heartbeatMany(ctx context.Context, leases []Lease) (map[Lea
 	for len(leases) > 0 {
 		chunk := leases[:min(len(leases), heartbeatBatchSize)]
 		leases = leases[len(chunk):]
-		renewed, err := batcher.heartbeatBatch(ctx, r.db, chunk)
+		var renewed map[Lease]bool
+		err := r.retry(ctx, func(ctx context.Context) (err error) {
+			renewed, err = batcher.heartbeatBatch(ctx, r.db, chunk)
+			return err
+		})
 		if err != nil {
-			return nil, fmt.Errorf("gormlease: heartbeat %d leases: %w", len(chunk), err)
+			return nil, wrapf(err, "heartbeat %d leases", len(chunk))
 		}
 		for _, l := range chunk {
 			if !renewed[l] {
@@ -284,6 +301,7 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 		}
 	}
 	committing := false
+	var saveErr error
 	err = r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Recording the save first locks the row and checks the token, in
 		// one statement; until the commit, others still see the lease as
@@ -295,7 +313,8 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 			return ErrLeaseLost
 		}
 		if err := fn(saverSession(ctx, tx, tx.Statement.ConnPool)); err != nil {
-			return fmt.Errorf("gormlease: save %q: %w", l.TargetID, err)
+			saveErr = saveFailed(l, err)
+			return saveErr
 		}
 		committing = true // gorm sends COMMIT next
 		return nil
@@ -303,18 +322,13 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 	switch {
 	case err == nil:
 		return nil
+	case err == saveErr:
+		return err // it says which step failed
 	case committing && !answeredByServer(err):
 		// COMMIT was sent, or about to be, and no answer came back.
 		return &commitUnknownError{targetID: l.TargetID, cause: err}
 	}
-	return fmt.Errorf("gormlease: commit %q: %w", l.TargetID, err)
-}
-
-// answeredByServer reports whether err is the database's own answer (it
-// carries an SQLSTATE), as opposed to a lost connection or a timeout.
-func answeredByServer(err error) bool {
-	var st sqlStater
-	return errors.As(err, &st)
+	return wrapf(err, "commit %q", l.TargetID)
 }
 
 // Release gives up l: the row is marked released, where both the target and
@@ -323,6 +337,7 @@ func answeredByServer(err error) bool {
 // (taken over, or already released) nothing changes and Release returns an
 // error wrapping ErrLeaseLost. Call it on a context that survives the
 // caller's cancellation, such as context.WithoutCancel with a timeout.
+// Serialization failures are handled as by Heartbeat.
 func (r *Repository) Release(ctx context.Context, l Lease) error {
 	if err := l.check(); err != nil {
 		return err
@@ -345,10 +360,10 @@ func (r *Repository) releaseFailed(ctx context.Context, l Lease, cause error) er
 func (r *Repository) releaseAs(ctx context.Context, db *gorm.DB, l Lease, stmt string, args ...any) error {
 	n, err := r.updateOwnRow(ctx, db, l, stmt, args...)
 	if err != nil {
-		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, err)
+		return wrapf(err, "release %q", l.TargetID)
 	}
 	if n == 0 {
-		return fmt.Errorf("gormlease: release %q: %w", l.TargetID, ErrLeaseLost)
+		return wrapf(ErrLeaseLost, "release %q", l.TargetID)
 	}
 	wakeWaiters(r, l.TargetID)
 	return nil
@@ -356,19 +371,35 @@ func (r *Repository) releaseAs(ctx context.Context, db *gorm.DB, l Lease, stmt s
 
 // updateOwnRow runs stmt, one of r's statements on the caller's own row
 // (see ownRowSQL), with args and then l's target and token, and returns the
-// number of rows it changed. Outside a transaction the
-// statement is retried after a serialization failure (see retryStatement);
-// inside one, the failure is the transaction's to handle.
+// number of rows it changed. Outside a transaction the statement is retried
+// after a serialization failure (see Repository.retry); inside one, the
+// failure is the transaction's to handle.
+//
+// When every attempt failed so, another session kept changing (or, on
+// MySQL, locking) the row meanwhile: a takeover, most likely. updateOwnRow
+// then reads the row as last committed: when it no longer holds l (another
+// token, or released), the lease is gone and it reports zero rows changed,
+// which the step returns as ErrLeaseLost. When the row still holds l, the
+// lease was not lost but not stamped either, and the error is returned: a
+// heartbeat is tried again soon, and the lease timeout covers a release.
 func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, stmt string, args ...any) (n int64, err error) {
 	args = append(args, l.TargetID, l.Token.String())
-	run := func() error {
+	run := func(ctx context.Context) error {
 		_, n, err = execSQL(ctx, db, stmt, args...)
 		return err
 	}
 	if _, inTx := db.Statement.ConnPool.(gorm.TxCommitter); inTx {
-		return n, run()
+		return n, run(ctx)
 	}
-	err = retryStatement(ctx, run)
+	err = r.retry(ctx, run)
+	if isSerializationFailure(err) {
+		row, found, getErr := r.Get(ctx, l.TargetID)
+		if getErr == nil && (!found || row.LeaseToken != l.Token || row.ReleasedAt != nil) {
+			return 0, nil
+		}
+		err = fmt.Errorf("the row still holds the lease, but concurrent steps on it kept conflicting with this one (%d attempts, the last: %w)",
+			r.attempts, err)
+	}
 	return n, err
 }
 
@@ -398,7 +429,7 @@ func (r *Repository) Get(ctx context.Context, targetID string) (JobLease, bool, 
 	var row JobLease
 	found, err := queryRowSQL(ctx, r.db, r.getSQL, []any{targetID}, row.columns()...)
 	if err != nil {
-		return JobLease{}, false, fmt.Errorf("gormlease: get %q: %w", targetID, err)
+		return JobLease{}, false, wrapf(err, "get %q", targetID)
 	}
 	return row, found, nil
 }

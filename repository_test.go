@@ -3,6 +3,7 @@ package gormlease_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -18,18 +19,31 @@ import (
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
-// statements records the SQL that gorm runs through a session.
+// statements records the SQL that gorm runs through a session, and the
+// statements that were reported with an error: those that gorm's loggers
+// write as errors.
 type statements struct {
 	logger.Interface
-	mu  sync.Mutex
-	sql []string
+	mu     sync.Mutex
+	sql    []string
+	failed []string
 }
 
 func (s *statements) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), err error) {
 	sql, _ := fc()
 	s.mu.Lock()
 	s.sql = append(s.sql, sql)
+	if err != nil {
+		s.failed = append(s.failed, fmt.Sprintf("%s: %v", sql, err))
+	}
 	s.mu.Unlock()
+}
+
+// errors returns the statements reported with an error, with the error.
+func (s *statements) errors() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.failed...)
 }
 
 // take returns the statements recorded since the last take.

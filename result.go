@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -33,7 +32,7 @@ func SaveJSON[T any](tx *gorm.DB, result T) error {
 	}
 	data, err := json.Marshal(result)
 	if err != nil {
-		return fmt.Errorf("gormlease: encode result of %q: %w", l.TargetID, err)
+		return wrapf(err, "encode result of %q", l.TargetID)
 	}
 	if at := jsonNUL(data); at >= 0 {
 		return invalidf("SaveJSON: result of %q has a NUL character (\\u0000 at byte %d of its JSON), which PostgreSQL's jsonb cannot store",
@@ -93,13 +92,13 @@ func LoadJSON[T any](ctx context.Context, db *gorm.DB, targetID string, opts ...
 	}
 	var rows []JobResult
 	if err := db.WithContext(ctx).Table(cfg.tables.result).Where("target_id = ?", targetID).Limit(1).Find(&rows).Error; err != nil {
-		return value, JobResult{}, fmt.Errorf("gormlease: load result of %q: %w", targetID, err)
+		return value, JobResult{}, wrapf(err, "load result of %q", targetID)
 	}
 	if len(rows) == 0 {
-		return value, JobResult{}, fmt.Errorf("%w for target %q", ErrNoResult, targetID)
+		return value, JobResult{}, wrapf(ErrNoResult, "load result of %q", targetID)
 	}
 	if err := json.Unmarshal(rows[0].Data, &value); err != nil {
-		return value, rows[0], fmt.Errorf("gormlease: decode result of %q: %w", targetID, err)
+		return value, rows[0], wrapf(err, "decode result of %q", targetID)
 	}
 	return value, rows[0], nil
 }

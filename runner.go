@@ -3,7 +3,6 @@ package gormlease
 import (
 	"context"
 	"errors"
-	"fmt"
 	"runtime/debug"
 	"time"
 
@@ -39,7 +38,7 @@ func NewRunner[T any](db *gorm.DB, opts ...Option) (*Runner[T], error) {
 	if cfg.heartbeatDB != nil {
 		beater, err = newRepository(cfg.heartbeatDB, cfg.holder, cfg.tables)
 		if err != nil {
-			return nil, fmt.Errorf("WithHeartbeatDB: %w", err)
+			return nil, wrapf(err, "WithHeartbeatDB")
 		}
 		if got, want := cfg.heartbeatDB.Dialector.Name(), db.Dialector.Name(); got != want {
 			return nil, invalidf("WithHeartbeatDB: db is %s but the Runner's database is %s", got, want)
@@ -122,9 +121,13 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 	case errors.Is(cause, ErrLeaseLost):
 		return zero, r.releaseAfter(ctx, lease, cause)
 	case cause != nil:
-		return zero, r.releaseAfter(ctx, lease, fmt.Errorf("gormlease: run %q: %w", targetID, cause))
+		return zero, r.releaseAfter(ctx, lease, wrapf(cause, "run %q", targetID))
 	case workErr != nil:
-		return zero, r.releaseAfter(ctx, lease, fmt.Errorf("gormlease: work %q: %w", targetID, workErr))
+		step := "work %q"
+		if _, panicked := workErr.(*PanicError); panicked {
+			step = "run %q" // the panic says "work panicked"
+		}
+		return zero, r.releaseAfter(ctx, lease, wrapf(workErr, step, targetID))
 	}
 
 	commitCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
@@ -142,8 +145,7 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 		case known && committed:
 			return result, nil
 		case known:
-			return zero, fmt.Errorf("gormlease: commit %q: rolled back when the connection failed, nothing saved: %w",
-				targetID, unknown.cause)
+			return zero, wrapf(unknown.cause, "commit %q: rolled back when the connection failed, nothing saved", targetID)
 		}
 		return zero, err
 	}
@@ -169,7 +171,7 @@ func checkCall[T any](ctx context.Context, targetID string,
 }
 
 // releaseAfter releases lease after Run failed with runErr, and returns
-// runErr, joined with the release's own error when that failed for a reason
+// runErr, with the release's own error added when that failed for a reason
 // other than the lease being gone already.
 func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, runErr error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
@@ -178,7 +180,7 @@ func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, runErr error)
 	if err == nil || errors.Is(err, ErrLeaseLost) {
 		return runErr
 	}
-	return errors.Join(runErr, err)
+	return &cleanupError{err: runErr, cleanup: err}
 }
 
 // settleCommit finds out, after a commit whose COMMIT got no answer, whether

@@ -61,23 +61,47 @@ func execOn(ctx context.Context, db *gorm.DB, pool gorm.ConnPool, query string, 
 // queryRowSQL runs query, a statement that returns at most one row, and
 // scans that row into dest. It reports false, and no error, when there is
 // no row.
+//
+// It reads the row through QueryContext rather than QueryRowContext: gorm's
+// prepared-statement pool (gorm.Config{PrepareStmt: true}) answers a
+// QueryRowContext whose statement it could not prepare (a cancelled context,
+// a database out of reach) with an empty *sql.Row, whose Scan panics.
+// QueryContext returns that error.
 func queryRowSQL(ctx context.Context, db *gorm.DB, query string, args []any, dest ...any) (bool, error) {
 	pool, err := connPool(db)
 	if err != nil {
 		return false, err
 	}
 	begin := time.Now()
-	err = pool.QueryRowContext(ctx, query, args...).Scan(dest...)
+	found := false
+	rows, err := pool.QueryContext(ctx, query, args...)
+	if err == nil {
+		found, err = scanFirst(rows, dest...)
+	}
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		trace(ctx, db, begin, query, args, 0, nil)
-		return false, nil
 	case err != nil:
 		trace(ctx, db, begin, query, args, -1, err)
 		return false, err
+	case !found:
+		trace(ctx, db, begin, query, args, 0, nil)
+		return false, nil
 	}
 	trace(ctx, db, begin, query, args, 1, nil)
 	return true, nil
+}
+
+// scanFirst scans the first of rows, if any, into dest and closes rows, as
+// (*sql.Row).Scan does. It reports whether there was a row.
+func scanFirst(rows *sql.Rows, dest ...any) (bool, error) {
+	defer rows.Close()
+	if !rows.Next() {
+		return false, rows.Err()
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return false, err
+	}
+	// Close reports an error that ended the statement after its row.
+	return true, rows.Close()
 }
 
 // querySQL runs query and returns its rows, which the caller must close.
@@ -94,10 +118,16 @@ func querySQL(ctx context.Context, db *gorm.DB, query string, args ...any) (*sql
 
 // trace reports a statement to db's logger, as gorm's callbacks do: the
 // logger decides, by its level and slow threshold, whether to build the
-// statement's text and write it.
+// statement's text and write it. A failure that is a normal outcome (see
+// expectedFailure) is reported as the statement alone, without the error,
+// so that the logger does not write it as an error: the step returns it, or
+// retries it, or turns it into its outcome.
 func trace(ctx context.Context, db *gorm.DB, begin time.Time, query string, args []any, rows int64, err error) {
 	if db.Logger == nil {
 		return
+	}
+	if err != nil && expectedFailure(ctx, err) {
+		err = nil
 	}
 	db.Logger.Trace(ctx, begin, func() (string, int64) {
 		if db.Dialector == nil {
