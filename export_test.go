@@ -61,3 +61,43 @@ func Listening(db *gorm.DB) bool {
 	}
 	return false
 }
+
+// DoCallers returns the number of callers of r.Do in this process that
+// share the job on target now.
+func DoCallers[T any](r *Runner[T], target string) int {
+	r.local.mu.Lock()
+	defer r.local.mu.Unlock()
+	if f := r.local.flights[target]; f != nil {
+		return f.callers
+	}
+	return 0
+}
+
+// WatchSubscribers returns the number of waiters that share the watch on
+// target's row in the default table, on any pool of this process.
+func WatchSubscribers(target string) int {
+	hubs.Lock()
+	defer hubs.Unlock()
+	n := 0
+	for _, h := range hubs.m {
+		if w := h.watches[watchKey{DefaultLeaseTable, target}]; w != nil {
+			n += w.subs
+		}
+	}
+	return n
+}
+
+// WatchReads returns a channel that is closed when the watch on target's
+// row in the default table next reads the row, or nil when no one watches
+// it.
+func WatchReads(target string) <-chan struct{} {
+	hubs.Lock()
+	defer hubs.Unlock()
+	for _, h := range hubs.m {
+		if w := h.watches[watchKey{DefaultLeaseTable, target}]; w != nil {
+			_, _, changed := w.current()
+			return changed
+		}
+	}
+	return nil
+}
