@@ -24,13 +24,15 @@ type doProc struct {
 	savers  int      // "saver" lines
 }
 
-// startDoProcs starts n helper processes on s's database, ready.
-func startDoProcs(t *testing.T, s *testdb.Server, n int) []*doProc {
+// startDoProcs starts n helper processes on s's database, ready, with
+// leases that expire after leaseTimeout without a heartbeat.
+func startDoProcs(t *testing.T, s *testdb.Server, n int, leaseTimeout time.Duration) []*doProc {
 	t.Helper()
 	require.NotEmpty(t, s.DSN, "%s cannot be opened from another process", s.Name)
 	procs := make([]*doProc, n)
 	for i := range procs {
-		procs[i] = &doProc{proc: startProc(t, s.DSN, fmt.Sprintf("p%d", i))}
+		procs[i] = &doProc{proc: startProc(t, s.DSN, fmt.Sprintf("p%d", i),
+			helperLeaseTimeoutEnv+"="+leaseTimeout.String())}
 	}
 	for _, p := range procs {
 		p.expect("ready")
@@ -74,6 +76,10 @@ func (p *doProc) outcomes(n int) []string {
 	return out
 }
 
+// noExpiry is a lease timeout that a heartbeat late on a loaded machine
+// does not reach, for tests where no lease may expire.
+const noExpiry = 30 * time.Second
+
 // requireOneJob checks that every call of Do whose outcome a process
 // printed returned value, and that exactly one got shared false.
 func requireOneJob(t *testing.T, outcomes map[*doProc][]string, value string) {
@@ -101,7 +107,7 @@ func TestDo_ProcessesShareOneJob(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		target := newTarget(t)
-		procs := startDoProcs(t, s, 3)
+		procs := startDoProcs(t, s, 3, noExpiry)
 		callers := []int{17, 17, 16}
 		for i, p := range procs {
 			p.send(fmt.Sprintf("do %s %d from-%s hold", target, callers[i], p.name))
@@ -155,7 +161,7 @@ func TestDo_ProcessFrozenHolderTakenOver(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		target := newTarget(t)
-		procs := startDoProcs(t, s, 3)
+		procs := startDoProcs(t, s, 3, 2*time.Second)
 		frozen, waiters := procs[0], procs[1:]
 		frozen.send(fmt.Sprintf("do %s 1 from-%s hold", target, frozen.name))
 		require.Equal(t, "holding", frozen.status(target, 1))
@@ -207,7 +213,7 @@ func TestDo_WaiterProcessKilled(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		target := newTarget(t)
-		procs := startDoProcs(t, s, 3)
+		procs := startDoProcs(t, s, 3, noExpiry)
 		holder, doomed, survivor := procs[0], procs[1], procs[2]
 		holder.send(fmt.Sprintf("do %s 1 from-%s hold", target, holder.name))
 		require.Equal(t, "holding", holder.status(target, 1))

@@ -156,7 +156,10 @@ func checkUpgraded(t *testing.T, s *testdb.Server, db *gorm.DB, leases []oldLeas
 		assert.Nil(t, row.Failure, "%s: failure", target)
 	}
 
-	r := newRunner(t, db, fast(50*time.Millisecond, 2*time.Second)...)
+	// A lease timeout that a heartbeat late on a loaded machine does not
+	// reach: no waiter may take the holder's place.
+	opts := fast(100*time.Millisecond, 20*time.Second)
+	r := newRunner(t, db, opts...)
 	work := func(context.Context) (string, error) { return "new report", nil }
 	_, err := r.Run(context.Background(), heldTarget, work, gormlease.SaveJSON[string])
 	assert.ErrorIs(t, err, gormlease.ErrLeaseHeld, "the previous version's live lease")
@@ -179,7 +182,7 @@ func checkUpgraded(t *testing.T, s *testdb.Server, db *gorm.DB, leases []oldLeas
 		return "fresh report", nil
 	})
 	recv(t, started, 20*time.Second, "the holder's work to start")
-	waiter := goDo(context.Background(), newRunner(t, db, fast(50*time.Millisecond, 2*time.Second)...), fresh, work)
+	waiter := goDo(context.Background(), newRunner(t, db, opts...), fresh, work)
 	waitWatched(t, fresh)
 	close(release)
 	for _, ch := range []<-chan doResult{holder, waiter} {

@@ -136,12 +136,13 @@ type proc struct {
 }
 
 // startProc starts a helper process on the database dsn (a testdb.Server's
-// DSN). It is ended when t ends: told to by the end of its input, or
+// DSN), with env added to its environment. It is ended when t ends: told to by the end of its input, or
 // killed when it does not exit within 20s.
-func startProc(t *testing.T, dsn, name string) *proc {
+func startProc(t *testing.T, dsn, name string, env ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperDSNEnv+"="+dsn, "GORMLEASE_TEST_HELPER_NAME="+name)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
@@ -277,8 +278,14 @@ func helperProcess(dsn string) int {
 	if err != nil {
 		return fail("repository: %v", err)
 	}
+	leaseTimeout := time.Second
+	if v := os.Getenv(helperLeaseTimeoutEnv); v != "" {
+		if leaseTimeout, err = time.ParseDuration(v); err != nil {
+			return fail("%s: %v", helperLeaseTimeoutEnv, err)
+		}
+	}
 	runner, err := gormlease.NewRunner[string](db, gormlease.WithHolder("proc-"+name),
-		gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(time.Second))
+		gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(leaseTimeout))
 	if err != nil {
 		return fail("runner: %v", err)
 	}
@@ -425,6 +432,10 @@ func heldBy(db *gorm.DB, target, holder string) bool {
 	err := db.Raw("SELECT holder FROM job_lease WHERE target_id = ?", target).Scan(&h).Error
 	return err != nil || h == holder || strings.HasPrefix(h, holder+"/")
 }
+
+// helperLeaseTimeoutEnv sets the lease timeout of a helper's Runner: 1s
+// when it is not set.
+const helperLeaseTimeoutEnv = "GORMLEASE_TEST_HELPER_LEASE_TIMEOUT"
 
 // helperLifetime bounds a helper process's calls of Do.
 const helperLifetime = time.Minute

@@ -54,7 +54,7 @@ func checkNothingLeft(t *testing.T, db *gorm.DB, before goleak.Option) {
 // watch, no listener and no connection in use behind.
 func TestWait_EndsLeaveNothingBehind(t *testing.T) {
 	eachDBAlone(t, func(t *testing.T, s *testdb.Server, db *gorm.DB, before goleak.Option) {
-		opts := fast(50*time.Millisecond, 2*time.Second)
+		opts := fast(100*time.Millisecond, noExpiry)
 		holder, waiter := newRunner(t, db, opts...), newRunner(t, db, opts...)
 		repo := newRepository(t, db)
 		never := func(context.Context) (string, error) {
