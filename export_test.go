@@ -86,18 +86,3 @@ func WatchSubscribers(target string) int {
 	}
 	return n
 }
-
-// WatchReads returns a channel that is closed when the watch on target's
-// row in the default table next reads the row, or nil when no one watches
-// it.
-func WatchReads(target string) <-chan struct{} {
-	hubs.Lock()
-	defer hubs.Unlock()
-	for _, h := range hubs.m {
-		if w := h.watches[watchKey{DefaultLeaseTable, target}]; w != nil {
-			_, _, changed := w.current()
-			return changed
-		}
-	}
-	return nil
-}
