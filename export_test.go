@@ -71,3 +71,28 @@ var (
 	IsSerializationFailure = isSerializationFailure
 	AnsweredByServer       = answeredByServer
 )
+
+// DoCallers returns the number of callers of r.Do in this process that
+// share the job on target now.
+func DoCallers[T any](r *Runner[T], target string) int {
+	r.local.mu.Lock()
+	defer r.local.mu.Unlock()
+	if f := r.local.flights[target]; f != nil {
+		return f.callers
+	}
+	return 0
+}
+
+// WatchSubscribers returns the number of waiters that share the watch on
+// target's row in the default table, on any pool of this process.
+func WatchSubscribers(target string) int {
+	hubs.Lock()
+	defer hubs.Unlock()
+	n := 0
+	for _, h := range hubs.m {
+		if w := h.watches[watchKey{DefaultLeaseTable, target}]; w != nil {
+			n += w.subs
+		}
+	}
+	return n
+}

@@ -10,12 +10,17 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ncruces/go-sqlite3/gormlite"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
@@ -24,7 +29,7 @@ import (
 )
 
 // helperDSNEnv, when set, turns the test binary into a helper process that
-// runs lease steps on the SQLite database it names (see helperProcess).
+// runs lease steps on the database it names (see helperProcess).
 const helperDSNEnv = "GORMLEASE_TEST_HELPER_DSN"
 
 // Several processes on one SQLite file, all starting at once: exactly one
@@ -121,25 +126,30 @@ func TestSQLite_ProcessesTakeoverAndFencedCommit(t *testing.T) {
 
 // proc is a helper process, scripted line by line through its stdin.
 type proc struct {
-	t     *testing.T
-	name  string
-	pid   int
-	stdin io.WriteCloser
-	lines chan string
+	t      *testing.T
+	name   string
+	pid    int
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string
+	killed atomic.Bool
 }
 
-// startProc starts a helper process on the SQLite database dsn.
-func startProc(t *testing.T, dsn, name string) *proc {
+// startProc starts a helper process on the database dsn (a testdb.Server's
+// DSN), with env added to its environment. It is ended when t ends: told to by the end of its input, or
+// killed when it does not exit within 20s.
+func startProc(t *testing.T, dsn, name string, env ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperDSNEnv+"="+dsn, "GORMLEASE_TEST_HELPER_NAME="+name)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	p := &proc{t: t, name: name, pid: cmd.Process.Pid, stdin: stdin, lines: make(chan string, 16)}
+	p := &proc{t: t, name: name, pid: cmd.Process.Pid, cmd: cmd, stdin: stdin, lines: make(chan string, 256)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -150,12 +160,19 @@ func startProc(t *testing.T, dsn, name string) *proc {
 		}
 	}()
 	t.Cleanup(func() {
-		stdin.Close() // the helper exits at the end of its input
+		go func() {
+			for range p.lines { // what the test did not read
+			}
+		}()
+		_ = cmd.Process.Signal(syscall.SIGCONT) // in case the test left it stopped
+		stdin.Close()                           // the helper exits at the end of its input
 		exited := make(chan error, 1)
 		go func() { <-done; exited <- cmd.Wait() }()
 		select {
 		case err := <-exited:
-			assert.NoError(t, err, "helper %s", name)
+			if !p.killed.Load() {
+				assert.NoError(t, err, "helper %s", name)
+			}
 		case <-time.After(20 * time.Second):
 			cmd.Process.Kill()
 			<-exited
@@ -163,6 +180,15 @@ func startProc(t *testing.T, dsn, name string) *proc {
 		}
 	})
 	return p
+}
+
+// signal sends sig to the helper; after SIGKILL its exit is not checked.
+func (p *proc) signal(sig syscall.Signal) {
+	p.t.Helper()
+	if sig == syscall.SIGKILL {
+		p.killed.Store(true)
+	}
+	require.NoError(p.t, p.cmd.Process.Signal(sig), "signal %s", p.name)
 }
 
 func (p *proc) send(line string) {
@@ -203,35 +229,76 @@ func (p *proc) expectNothing(d time.Duration) {
 	}
 }
 
-// helperProcess runs lease steps on the SQLite database dsn, one command a
-// line from stdin, and prints what came of each to stdout:
+// helperProcess runs lease steps on the database dsn (a testdb.Server's
+// DSN: PostgreSQL, MySQL or SQLite), one command a line from stdin, and
+// prints what came of each to stdout:
 //
 //	acquire TARGET TIMEOUT  prints "acquiring", then "acquired GEN" or "held"
 //	commit TARGET VALUE     saves VALUE under the acquired lease: "committed" or "lost"
 //	run TARGET VALUE        Runner.Run: "held", or "working GEN"; then reads
 //	                        "finish", prints "saving", reads "save", saves
 //	                        VALUE, and prints "ok" or "lost"
+//	do TARGET N VALUE MODE  starts N calls of Runner.Do, in the background; a
+//	                        work that runs prints "working GEN", and returns
+//	                        VALUE at once (MODE quick) or at the next "finish"
+//	                        line, whatever its context says (MODE hold); a
+//	                        saver that runs prints "saver"; each call prints
+//	                        "result VALUE shared|unshared" or "error KIND MSG"
+//	                        (KIND: lost, held, sharedfailed, ctx or other)
+//	status TARGET N         waits until N calls of Do share the job on TARGET
+//	                        and it runs here ("holding") or waits for a
+//	                        holder ("waiting")
+//	finish                  lets the works of MODE hold return
 //
-// Anything else prints "error ..." and ends the helper with status 1.
+// Anything else prints "error ..." and ends the helper with status 1. The
+// helper ends when its input does, after its calls of Do have returned; it
+// gives up on them, and on a work that holds, after helperLifetime.
 func helperProcess(dsn string) int {
 	name := os.Getenv("GORMLEASE_TEST_HELPER_NAME")
+	var outMu sync.Mutex
+	say := func(format string, args ...any) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		fmt.Printf(format+"\n", args...)
+	}
 	fail := func(format string, args ...any) int {
-		fmt.Printf("error "+format+"\n", args...)
+		say("error "+format, args...)
 		return 1
 	}
-	db, err := gorm.Open(gormlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	db, err := openHelperDB(dsn)
 	if err != nil {
 		return fail("open: %v", err)
 	}
+	defer func() {
+		if sqlDB, err := db.DB(); err == nil {
+			sqlDB.Close()
+		}
+	}()
 	repo, err := gormlease.NewRepository(db)
 	if err != nil {
 		return fail("repository: %v", err)
 	}
+	leaseTimeout := time.Second
+	if v := os.Getenv(helperLeaseTimeoutEnv); v != "" {
+		if leaseTimeout, err = time.ParseDuration(v); err != nil {
+			return fail("%s: %v", helperLeaseTimeoutEnv, err)
+		}
+	}
 	runner, err := gormlease.NewRunner[string](db, gormlease.WithHolder("proc-"+name),
-		gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(time.Second))
+		gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(leaseTimeout))
 	if err != nil {
 		return fail("runner: %v", err)
 	}
+	// life bounds the helper's calls of Do; it ends early when the input does.
+	life, endLife := context.WithTimeout(context.Background(), helperLifetime)
+	defer endLife()
+	var calls sync.WaitGroup
+	defer calls.Wait()
+	defer endLife() // runs first: the calls of Do end when the input does
+	finish := make(chan struct{})
+	finished := false
+	var working atomic.Bool
+
 	in := bufio.NewScanner(os.Stdin)
 	readLine := func(want string) error {
 		if !in.Scan() || in.Text() != want {
@@ -241,10 +308,11 @@ func helperProcess(dsn string) int {
 	}
 	var lease gormlease.Lease
 	ctx := context.Background()
-	fmt.Println("ready")
+	say("ready")
 	for in.Scan() {
 		f := strings.Fields(in.Text())
-		if len(f) != 3 {
+		arity := map[string]int{"acquire": 3, "commit": 3, "run": 3, "do": 5, "status": 3, "finish": 1}
+		if len(f) == 0 || arity[f[0]] != len(f) {
 			return fail("bad command %q", in.Text())
 		}
 		switch f[0] {
@@ -253,33 +321,33 @@ func helperProcess(dsn string) int {
 			if err != nil {
 				return fail("timeout: %v", err)
 			}
-			fmt.Println("acquiring")
+			say("acquiring")
 			lease, err = repo.Acquire(ctx, f[1], timeout)
 			switch {
 			case errors.Is(err, gormlease.ErrLeaseHeld):
-				fmt.Println("held")
+				say("held")
 			case err != nil:
 				return fail("acquire: %v", err)
 			default:
-				fmt.Println("acquired " + strconv.FormatInt(lease.Generation, 10))
+				say("acquired %d", lease.Generation)
 			}
 		case "commit":
 			err := repo.CommitIfOwner(ctx, lease, func(tx *gorm.DB) error { return gormlease.SaveJSON(tx, f[2]) })
 			switch {
 			case errors.Is(err, gormlease.ErrLeaseLost):
-				fmt.Println("lost")
+				say("lost")
 			case err != nil:
 				return fail("commit: %v", err)
 			default:
-				fmt.Println("committed")
+				say("committed")
 			}
 		case "run":
 			_, err := runner.Run(ctx, f[1], func(ctx context.Context) (string, error) {
 				l, _ := gormlease.LeaseFromContext(ctx)
-				fmt.Println("working " + strconv.FormatInt(l.Generation, 10))
+				say("working %d", l.Generation)
 				return f[2], readLine("finish")
 			}, func(tx *gorm.DB, v string) error {
-				fmt.Println("saving")
+				say("saving")
 				if err := readLine("save"); err != nil {
 					return err
 				}
@@ -287,17 +355,122 @@ func helperProcess(dsn string) int {
 			})
 			switch {
 			case errors.Is(err, gormlease.ErrLeaseHeld):
-				fmt.Println("held")
+				say("held")
 			case errors.Is(err, gormlease.ErrLeaseLost):
-				fmt.Println("lost")
+				say("lost")
 			case err != nil:
 				return fail("run: %v", err)
 			default:
-				fmt.Println("ok")
+				say("ok")
 			}
-		default:
-			return fail("unknown command %q", f[0])
+		case "do":
+			n, err := strconv.Atoi(f[2])
+			if err != nil {
+				return fail("count: %v", err)
+			}
+			target, value, hold := f[1], f[3], f[4] == "hold"
+			work := func(ctx context.Context) (string, error) {
+				l, _ := gormlease.LeaseFromContext(ctx)
+				working.Store(true)
+				say("working %d", l.Generation)
+				if hold {
+					select { // deaf to ctx, as a stalled work would be
+					case <-finish:
+					case <-life.Done():
+						return "", life.Err()
+					}
+				}
+				return value, nil
+			}
+			save := func(tx *gorm.DB, v string) error {
+				say("saver")
+				return gormlease.SaveJSON(tx, v)
+			}
+			for range n {
+				calls.Go(func() {
+					v, shared, err := runner.Do(life, target, work, save, loadJSON(target))
+					say("%s", doOutcome(v, shared, err))
+				})
+			}
+		case "status":
+			n, err := strconv.Atoi(f[2])
+			if err != nil {
+				return fail("count: %v", err)
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				joined := gormlease.DoCallers(runner, f[1]) == n
+				if joined && working.Load() {
+					say("holding")
+					break
+				}
+				// The job's watch reads the row from before it acquires:
+				// it waits only when the row is another process's.
+				if joined && gormlease.Watched(f[1]) && !heldBy(db, f[1], "proc-"+name) {
+					say("waiting")
+					break
+				}
+				if time.Now().After(deadline) {
+					return fail("status: %d calls of Do share the job, want %d; working: %v",
+						gormlease.DoCallers(runner, f[1]), n, working.Load())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		case "finish":
+			if !finished {
+				close(finish)
+				finished = true
+			}
 		}
 	}
 	return 0
+}
+
+// heldBy reports whether the lease on target is holder's, or cannot be read.
+func heldBy(db *gorm.DB, target, holder string) bool {
+	var h string
+	err := db.Raw("SELECT holder FROM job_lease WHERE target_id = ?", target).Scan(&h).Error
+	return err != nil || h == holder || strings.HasPrefix(h, holder+"/")
+}
+
+// helperLeaseTimeoutEnv sets the lease timeout of a helper's Runner: 1s
+// when it is not set.
+const helperLeaseTimeoutEnv = "GORMLEASE_TEST_HELPER_LEASE_TIMEOUT"
+
+// helperLifetime bounds a helper process's calls of Do.
+const helperLifetime = time.Minute
+
+// doOutcome is the line that a helper prints for what Do returned.
+func doOutcome(v string, shared bool, err error) string {
+	var kind string
+	switch {
+	case err == nil && shared:
+		return "result " + v + " shared"
+	case err == nil:
+		return "result " + v + " unshared"
+	case errors.Is(err, gormlease.ErrLeaseLost):
+		kind = "lost"
+	case errors.Is(err, gormlease.ErrLeaseHeld):
+		kind = "held"
+	case errors.Is(err, gormlease.ErrSharedJobFailed):
+		kind = "sharedfailed"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		kind = "ctx"
+	default:
+		kind = "other"
+	}
+	return "error " + kind + " " + strings.ReplaceAll(err.Error(), "\n", " ")
+}
+
+// openHelperDB opens the database of a testdb.Server's DSN.
+func openHelperDB(dsn string) (*gorm.DB, error) {
+	cfg := &gorm.Config{Logger: logger.Discard}
+	switch {
+	case strings.HasPrefix(dsn, "postgres://"):
+		return gorm.Open(postgres.Open(dsn), cfg)
+	case strings.HasPrefix(dsn, "mysql://"):
+		return gorm.Open(mysql.Open(strings.TrimPrefix(dsn, "mysql://")), cfg)
+	default:
+		return gorm.Open(gormlite.Open(dsn), cfg)
+	}
 }
