@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"time"
 
 	"gorm.io/gorm"
 )
@@ -128,6 +129,8 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	work func(context.Context) (T, error), save func(*gorm.DB, T) error, load func(*gorm.DB) (T, error),
 ) (result T, ran bool, err error) {
 	var zero T
+	begin, tried := time.Now(), time.Time{}
+	defer func() { r.waited(ctx, targetID, WaitDo, begin, tried) }()
 	// The row as this call finds it, read by the call itself: the watch,
 	// shared with others, may publish a later state before this call looks.
 	st, err := r.repo.readState(ctx, targetID)
@@ -142,6 +145,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 		switch {
 		case r.cfg.reuseFor > 0 && st.savedGeneration > 0 && st.savedAge >= 0 && st.savedAge < r.cfg.reuseFor,
 			waitFor > 0 && st.savedGeneration >= waitFor:
+			tried = time.Now()
 			v, err := r.load(ctx, targetID, load)
 			return v, false, err
 		case waitFor > 0 && st.generation >= waitFor && st.released:
@@ -155,6 +159,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 		default:
 			// No one holds the target: run the work, unless another caller
 			// took the target over since the watch read the row.
+			tried = time.Now()
 			v, err := r.run(ctx, targetID, work, save, st.generation)
 			if !errors.Is(err, ErrLeaseHeld) {
 				return v, true, err
@@ -211,6 +216,8 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 	if err := checkCall(ctx, targetID, work, save); err != nil {
 		return zero, err
 	}
+	begin, tried := time.Now(), time.Time{}
+	defer func() { r.waited(ctx, targetID, WaitRunWait, begin, tried) }()
 	leave, err := r.local.enter(ctx, targetID)
 	if err != nil {
 		return zero, fmt.Errorf("gormlease: run %q: waiting in the process: %w", targetID, err)
@@ -223,6 +230,7 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 		}
 	}()
 	for {
+		tried = time.Now()
 		v, err := r.Run(ctx, targetID, work, save)
 		if !errors.Is(err, ErrLeaseHeld) {
 			return v, err
