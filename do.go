@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"time"
 
 	"gorm.io/gorm"
 )
@@ -128,6 +129,8 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	work func(context.Context) (T, error), save func(*gorm.DB, T) error, load func(*gorm.DB) (T, error),
 ) (result T, ran bool, err error) {
 	var zero T
+	begin, tried := time.Now(), time.Time{}
+	defer func() { r.waited(ctx, targetID, WaitDo, begin, tried) }()
 	// The row as this call finds it, read by the call itself: the watch,
 	// shared with others, may publish a later state before this call looks.
 	st, err := r.repo.readState(ctx, targetID)
@@ -151,6 +154,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 		switch {
 		case r.cfg.reuseFor > 0 && st.savedGeneration > 0 && st.savedAge >= 0 && st.savedAge < r.cfg.reuseFor,
 			waitFor > 0 && st.savedGeneration >= waitFor:
+			tried = time.Now()
 			v, err := r.load(ctx, targetID, load)
 			return v, false, err
 		case waitFor > 0 && st.generation >= waitFor && st.released:
@@ -168,6 +172,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 				w.unsubscribe()
 				w = nil
 			}
+			tried = time.Now()
 			v, err := r.run(ctx, targetID, work, save, st.generation)
 			if !errors.Is(err, ErrLeaseHeld) {
 				return v, true, err
@@ -236,12 +241,15 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 	if err := checkCall(ctx, targetID, work, save); err != nil {
 		return zero, err
 	}
+	begin, tried := time.Now(), time.Time{}
+	defer func() { r.waited(ctx, targetID, WaitRunWait, begin, tried) }()
 	leave, err := r.local.enter(ctx, targetID)
 	if err != nil {
 		return zero, wrapf(err, "run %q: waiting in the process", targetID)
 	}
 	defer leave()
 	for {
+		tried = time.Now()
 		v, err := r.Run(ctx, targetID, work, save)
 		if !errors.Is(err, ErrLeaseHeld) {
 			return v, err

@@ -39,6 +39,13 @@ var (
 	// its lease is released already.
 	ErrNotHeld = errors.New("gormlease: no lease held")
 
+	// ErrMaxHoldExceeded is returned by Runner.Run, and reported as the
+	// context.Cause of the work's context, when the work was still running
+	// when the Runner's WithMaxHold ran out. Nothing is saved then, and the
+	// lease is released once the work returns. It does not match
+	// ErrLeaseLost: the lease was not taken from the Runner, which gave it up.
+	ErrMaxHoldExceeded = errors.New("gormlease: max hold exceeded")
+
 	// ErrInvalidArgument is wrapped by every error about bad input: an empty,
 	// oversized or unstorable target ID, a nil function or database, or an
 	// option value that is out of range or contradicts another. Nothing is

@@ -2,6 +2,7 @@ package gormlease
 
 import (
 	"context"
+	"log/slog"
 	"reflect"
 	"sync"
 	"time"
@@ -36,6 +37,25 @@ type beatKey struct {
 	pool             any // see poolKey
 	interval         time.Duration
 	operationTimeout time.Duration
+	// Leases share heartbeats only with those of Runners that report to
+	// the same logger and observer (see observerKey): the group's
+	// statements are reported to them.
+	logger   *slog.Logger
+	observer any
+}
+
+// observerKey is what identifies m's observer in a beatKey: nil when there
+// is none, the observer itself, or, for an observer of a type that cannot
+// be a map key, m, whose Runner's leases then share heartbeats only among
+// themselves.
+func observerKey(m *monitor) any {
+	if m.obs == nil {
+		return nil
+	}
+	if t := reflect.TypeOf(m.obs); !t.Comparable() {
+		return m
+	}
+	return m.obs
 }
 
 // poolKey is what identifies repo's connection pool in a beatKey: the pool
@@ -61,6 +81,7 @@ var beatGroups = struct {
 type beatGroup struct {
 	key     beatKey
 	repo    *Repository
+	mon     *monitor     // of the Run that started the group
 	members []*heartbeat // in the order they joined, but for stop's swaps
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -71,7 +92,8 @@ type heartbeat struct {
 	group      *beatGroup
 	lease      Lease
 	trust      time.Duration
-	workCtx    context.Context
+	mon        *monitor
+	workCtx    context.Context // also the Run's span, for the heartbeat spans
 	cancelWork context.CancelCauseFunc
 	fence      *time.Timer
 	index      int  // in group.members
@@ -82,22 +104,27 @@ type heartbeat struct {
 // sent, on repo. It joins the lease to its group, starting the group's
 // goroutine when the lease is the first. The lease is renewed until stop is
 // called; cancelWork cancels the work with the cause of a loss.
-func startHeartbeat(workCtx context.Context, repo *Repository, cfg config, lease Lease,
+func startHeartbeat(workCtx context.Context, repo *Repository, cfg config, mon *monitor, lease Lease,
 	sent time.Time, cancelWork context.CancelCauseFunc,
 ) *heartbeat {
 	trust := cfg.trustWindow()
-	h := &heartbeat{lease: lease, trust: trust, workCtx: workCtx, cancelWork: cancelWork}
+	h := &heartbeat{lease: lease, trust: trust, mon: mon, workCtx: workCtx, cancelWork: cancelWork}
 	h.fence = time.AfterFunc(time.Until(sent.Add(trust)), func() {
-		cancelWork(wrapf(ErrLeaseLost, "heartbeat %q: no heartbeat confirmed the lease for %v", lease.TargetID, trust))
+		cancelWork(&lossCause{kind: LostSelfFenced,
+			err: wrapf(ErrLeaseLost, "heartbeat %q: no heartbeat confirmed the lease for %v", lease.TargetID, trust)})
 	})
 
-	key := beatKey{pool: poolKey(repo), interval: cfg.heartbeatInterval, operationTimeout: cfg.operationTimeout}
+	key := beatKey{pool: poolKey(repo), interval: cfg.heartbeatInterval, operationTimeout: cfg.operationTimeout,
+		logger: mon.log, observer: observerKey(mon)}
 	beatGroups.Lock()
 	defer beatGroups.Unlock()
 	g := beatGroups.m[key]
 	if g == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		g = &beatGroup{key: key, repo: repo, cancel: cancel, done: make(chan struct{})}
+		if mon.obs != nil {
+			ctx = withStatements(ctx, mon)
+		}
+		g = &beatGroup{key: key, repo: repo, mon: mon, cancel: cancel, done: make(chan struct{})}
 		beatGroups.m[key] = g
 		go g.loop(ctx)
 	}
@@ -224,11 +251,53 @@ func (g *beatGroup) beatChunk(ctx context.Context, chunk []*heartbeat) bool {
 	callCtx, cancel := context.WithTimeout(ctx, g.key.operationTimeout)
 	lost, err := g.repo.heartbeatMany(callCtx, leases)
 	cancel()
+	if g.mon.obs != nil || g.mon.log != nil {
+		g.observe(ctx, live, lost, sent, err)
+	}
 	if err != nil {
 		return false
 	}
 	g.settle(live, lost, sent)
 	return true
+}
+
+// observe reports a heartbeat statement sent at sent that renewed live,
+// but lost, or failed with err: as an event, a heartbeat span per lease,
+// and a log line when it failed or was slow (see slowHeartbeatFraction).
+func (g *beatGroup) observe(ctx context.Context, live []*heartbeat, lost map[Lease]bool, sent time.Time, err error) {
+	rtt := time.Since(sent)
+	m := g.mon
+	switch {
+	case err != nil && ctx.Err() == nil:
+		if m.logs(ctx, slog.LevelWarn) {
+			m.log.LogAttrs(ctx, slog.LevelWarn, "gormlease: heartbeat failed, retrying",
+				slog.Int("leases", len(live)), slog.Duration("duration", rtt),
+				slog.Duration("retry_in", g.key.interval/4), slog.Any("error", err))
+		}
+	case rtt > g.key.interval/slowHeartbeatFraction:
+		if m.logs(ctx, slog.LevelWarn) {
+			m.log.LogAttrs(ctx, slog.LevelWarn, "gormlease: slow heartbeat",
+				slog.Int("leases", len(live)), slog.Duration("duration", rtt),
+				slog.Duration("interval", g.key.interval))
+		}
+	}
+	if m.obs == nil {
+		return
+	}
+	m.record(ctx, Event{Kind: EventHeartbeat, Duration: rtt, Leases: len(live), Err: err})
+	for _, h := range live {
+		_, end := h.mon.start(h.workCtx, Span{Kind: SpanHeartbeat, TargetID: h.lease.TargetID,
+			Generation: h.lease.Generation, Start: sent})
+		switch {
+		case end == nil:
+		case err != nil:
+			end(err)
+		case lost[h.lease]:
+			end(ErrLeaseLost)
+		default:
+			end(nil)
+		}
+	}
 }
 
 // settle pushes back the fence of every lease in live that the heartbeat
@@ -242,7 +311,7 @@ func (g *beatGroup) settle(live []*heartbeat, lost map[Lease]bool, sent time.Tim
 			// Stopped, or already cancelled: nothing to renew.
 		case lost[h.lease]:
 			h.fence.Stop()
-			h.cancelWork(wrapf(ErrLeaseLost, "heartbeat %q", h.lease.TargetID))
+			h.cancelWork(&lossCause{kind: LostTakenOver, err: wrapf(ErrLeaseLost, "heartbeat %q", h.lease.TargetID)})
 		default:
 			h.fence.Reset(time.Until(sent.Add(h.trust)))
 		}

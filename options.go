@@ -2,6 +2,7 @@ package gormlease
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -111,6 +112,38 @@ func WithReuseFor(d time.Duration) Option {
 	return option{name: "WithReuseFor", set: func(c *config) { c.reuseFor = d }}
 }
 
+// WithLogger makes the Runner log its lifecycle to logger, with the target,
+// generation and holder, and durations, as attributes. Levels say what the
+// reader must do: Debug for normal outcomes (a lease acquired, refused
+// because it is held, released, a result saved); Warn where gormlease
+// protected the caller (a lease lost to a takeover, self-fencing, work
+// cancelled past WithMaxHold, a heartbeat that failed or took more than half
+// the heartbeat interval); Error where a person must look (a commit whose
+// outcome is unknown, a release that failed). The default, like a nil
+// logger, logs nothing; gorm's logger still shows the lease's statements.
+func WithLogger(logger *slog.Logger) Option {
+	return option{name: "WithLogger", set: func(c *config) { c.logger = logger }}
+}
+
+// WithObserver makes the Runner report its steps and outcomes to o, for
+// metrics and traces (see Observer; github.com/gormlease/gormlease/otel
+// implements it with OpenTelemetry). The default, like a nil o, reports to
+// no one, and costs nothing.
+func WithObserver(o Observer) Option {
+	return option{name: "WithObserver", set: func(c *config) { c.observer = o }}
+}
+
+// WithMaxHold bounds how long a Run's work may hold the lease: work still
+// running d after the lease was acquired is cancelled, with a cause that
+// matches ErrMaxHoldExceeded; its result is not saved, even if it ignores
+// the cancellation and returns one, and the lease is released when it
+// returns. It must be greater than zero; it need not relate to the lease
+// timeout, since heartbeats keep the lease live meanwhile. By default the
+// work may run for as long as it keeps its lease.
+func WithMaxHold(d time.Duration) Option {
+	return option{name: "WithMaxHold", set: func(c *config) { c.maxHold = d; c.maxHoldSet = true }}
+}
+
 // config holds a Runner's settings after validation.
 type config struct {
 	heartbeatInterval time.Duration
@@ -123,6 +156,10 @@ type config struct {
 	heartbeatDBSet    bool
 	tables            tableNames
 	reuseFor          time.Duration
+	logger            *slog.Logger
+	observer          Observer
+	maxHold           time.Duration
+	maxHoldSet        bool
 }
 
 // newConfig applies opts over the defaults and validates the result.
@@ -164,6 +201,8 @@ func (c config) validate() error {
 		return invalidf("WithOperationTimeout: timeout must be > 0, got %v", c.operationTimeout)
 	case c.reuseFor < 0:
 		return invalidf("WithReuseFor: window must be >= 0, got %v", c.reuseFor)
+	case c.maxHoldSet && c.maxHold <= 0:
+		return invalidf("WithMaxHold: max hold must be > 0, got %v", c.maxHold)
 	}
 	if c.heartbeatDBSet && c.heartbeatDB == nil {
 		return invalidf("WithHeartbeatDB: db is nil")

@@ -3,6 +3,8 @@ package gormlease
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"time"
 
@@ -18,6 +20,7 @@ type Runner[T any] struct {
 	beater *Repository // the heartbeats' Repository: repo, or on WithHeartbeatDB's db
 	cfg    config
 	local  localCalls[T] // the calls of Do and RunWait in progress, by target
+	mon    monitor       // WithLogger's and WithObserver's
 }
 
 // NewRunner returns a Runner on db, which must be a *gorm.DB from gorm.Open
@@ -44,7 +47,8 @@ func NewRunner[T any](db *gorm.DB, opts ...Option) (*Runner[T], error) {
 			return nil, invalidf("WithHeartbeatDB: db is %s but the Runner's database is %s", got, want)
 		}
 	}
-	return &Runner[T]{repo: repo, beater: beater, cfg: cfg}, nil
+	mon := monitor{log: cfg.logger, obs: cfg.observer, holder: cfg.holder, table: cfg.tables.lease}
+	return &Runner[T]{repo: repo, beater: beater, cfg: cfg, mon: mon}, nil
 }
 
 // Repository returns the Repository that the Runner runs its steps with.
@@ -100,25 +104,49 @@ func (r *Runner[T]) Run(ctx context.Context, targetID string,
 // acquireArgs), and with its arguments checked.
 func (r *Runner[T]) run(ctx context.Context, targetID string,
 	work func(ctx context.Context) (T, error), save func(tx *gorm.DB, result T) error, from int64,
-) (T, error) {
+) (_ T, err error) {
 	var zero T
+	m := &r.mon
+	if m.obs != nil {
+		var end func(error)
+		ctx, end = m.start(ctx, Span{Kind: SpanRun, TargetID: targetID})
+		ctx = withStatements(ctx, m)
+		defer func() { end(err) }()
+	} else if statementObserver(ctx) != nil {
+		ctx = withStatements(ctx, nil) // a Run inside the work of an observed one
+	}
 
-	acquireCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
+	acquireCtx, endAcquire := m.start(ctx, Span{Kind: SpanAcquire, TargetID: targetID})
+	acquireCtx, cancel := context.WithTimeout(acquireCtx, r.cfg.operationTimeout)
 	sent := time.Now()
 	lease, err := r.repo.acquire(acquireCtx, targetID, r.cfg.leaseTimeout, r.cfg.operationTimeout, from)
 	cancel()
+	r.acquired(ctx, targetID, lease, sent, err, endAcquire)
 	if err != nil {
 		return zero, err
 	}
+	defer r.leaseEnded(ctx, lease, sent)
 
 	workCtx, cancelWork := context.WithCancelCause(withLease(ctx, lease, r.repo.tables))
 	defer cancelWork(context.Canceled)
-	hb := startHeartbeat(workCtx, r.beater, r.cfg, lease, sent, cancelWork)
+	hb := startHeartbeat(workCtx, r.beater, r.cfg, &r.mon, lease, sent, cancelWork)
+	var maxHold *time.Timer
+	if r.cfg.maxHold > 0 {
+		maxHold = time.AfterFunc(r.cfg.maxHold, func() {
+			cancelWork(&lossCause{kind: LostMaxHold, err: fmt.Errorf(
+				"gormlease: run %q: work still running after the max hold of %v: %w",
+				targetID, r.cfg.maxHold, ErrMaxHoldExceeded)})
+		})
+	}
 	result, workErr := callWork(workCtx, work)
+	if maxHold != nil {
+		maxHold.Stop()
+	}
 	hb.stop()
 
 	switch cause := context.Cause(workCtx); {
-	case errors.Is(cause, ErrLeaseLost):
+	case errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrMaxHoldExceeded):
+		r.lost(ctx, lease, sent, cause)
 		return zero, r.releaseAfter(ctx, lease, cause)
 	case cause != nil:
 		return zero, r.releaseAfter(ctx, lease, wrapf(cause, "run %q", targetID))
@@ -130,28 +158,41 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 		return zero, r.releaseAfter(ctx, lease, wrapf(workErr, step, targetID))
 	}
 
+	commitCtx, endCommit := m.start(ctx, Span{Kind: SpanCommit, TargetID: targetID, Generation: lease.Generation})
+	begin := time.Now()
+	outcome, err := r.commit(commitCtx, lease, func(tx *gorm.DB) error { return callSave(tx, save, result) })
+	r.committed(ctx, lease, outcome, begin, err, endCommit)
+	if outcome != CommitSaved {
+		return zero, err
+	}
+	return result, nil
+}
+
+// commit runs the fenced commit of a Run that holds lease, with save, and
+// returns its outcome (one of the Commit constants) and Run's error.
+func (r *Runner[T]) commit(ctx context.Context, lease Lease, save func(tx *gorm.DB) error) (string, error) {
 	commitCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
 	defer cancel()
-	err = r.repo.commit(commitCtx, lease, func(tx *gorm.DB) error { return callSave(tx, save, result) }, true)
+	err := r.repo.commit(commitCtx, lease, save, true)
 	if err == nil {
-		return result, nil
+		return CommitSaved, nil
 	}
 	if errors.Is(err, ErrLeaseLost) {
-		return zero, err
+		return CommitLost, err
 	}
 	var unknown *commitUnknownError
 	if errors.As(err, &unknown) {
 		switch committed, known := r.settleCommit(ctx, lease); {
 		case known && committed:
-			return result, nil
+			return CommitSaved, nil
 		case known:
-			return zero, wrapf(unknown.cause, "commit %q: rolled back when the connection failed, nothing saved", targetID)
+			return CommitFailed, wrapf(unknown.cause, "commit %q: rolled back when the connection failed, nothing saved", lease.TargetID)
 		}
-		return zero, err
+		return CommitUnknown, err
 	}
 	// The transaction was rolled back: the lease is still ours, or already
 	// gone, and releasing is safe.
-	return zero, r.releaseAfter(ctx, lease, err)
+	return CommitFailed, r.releaseAfter(ctx, lease, err)
 }
 
 // checkCall returns an error wrapping ErrInvalidArgument when the
@@ -178,8 +219,11 @@ func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, runErr error)
 	defer cancel()
 	err := r.repo.releaseFailed(ctx, lease, runErr)
 	if err == nil || errors.Is(err, ErrLeaseLost) {
+		r.mon.logLease(ctx, slog.LevelDebug, "gormlease: lease released", lease, slog.Any("reason", runErr))
 		return runErr
 	}
+	r.mon.logLease(ctx, slog.LevelError, "gormlease: release failed, the lease stays held until it times out", lease,
+		slog.Any("error", err), slog.Any("reason", runErr))
 	return &cleanupError{err: runErr, cleanup: err}
 }
 

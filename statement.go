@@ -24,6 +24,8 @@ import (
 // own, with the arguments inlined by the dialector. Callbacks registered
 // on the *gorm.DB (tracing plugins, for one) do not see them; the saver's
 // statements, and everything else the caller runs on the transaction, do.
+// A Runner's Observer does see them, as SpanStatement spans (see
+// startStatement): that is how a tracer sees the lease's statements.
 // Going to the pool under the *gorm.DB also means that a read/write
 // splitting plugin such as dbresolver never sends them to a replica.
 
@@ -48,6 +50,7 @@ func execSQL(ctx context.Context, db *gorm.DB, query string, args ...any) (sql.R
 // execOn is execSQL on pool, reported to db's logger. Every caller decides
 // on the rows affected, so a driver that cannot count them is an error.
 func execOn(ctx context.Context, db *gorm.DB, pool gorm.ConnPool, query string, args ...any) (sql.Result, int64, error) {
+	ctx, end := startStatement(ctx, db, query)
 	begin := time.Now()
 	res, err := pool.ExecContext(ctx, query, args...)
 	rows := int64(-1)
@@ -55,6 +58,9 @@ func execOn(ctx context.Context, db *gorm.DB, pool gorm.ConnPool, query string, 
 		rows, err = res.RowsAffected()
 	}
 	trace(ctx, db, begin, query, args, rows, err)
+	if end != nil {
+		end(err)
+	}
 	return res, rows, err
 }
 
@@ -72,22 +78,25 @@ func queryRowSQL(ctx context.Context, db *gorm.DB, query string, args []any, des
 	if err != nil {
 		return false, err
 	}
+	ctx, end := startStatement(ctx, db, query)
 	begin := time.Now()
 	found := false
-	rows, err := pool.QueryContext(ctx, query, args...)
+	res, err := pool.QueryContext(ctx, query, args...)
 	if err == nil {
-		found, err = scanFirst(rows, dest...)
+		found, err = scanFirst(res, dest...)
 	}
+	rows := int64(1)
 	switch {
 	case err != nil:
-		trace(ctx, db, begin, query, args, -1, err)
-		return false, err
+		rows = -1
 	case !found:
-		trace(ctx, db, begin, query, args, 0, nil)
-		return false, nil
+		rows = 0
 	}
-	trace(ctx, db, begin, query, args, 1, nil)
-	return true, nil
+	trace(ctx, db, begin, query, args, rows, err)
+	if end != nil {
+		end(err)
+	}
+	return found, err
 }
 
 // scanFirst scans the first of rows, if any, into dest and closes rows, as
@@ -110,10 +119,28 @@ func querySQL(ctx context.Context, db *gorm.DB, query string, args ...any) (*sql
 	if err != nil {
 		return nil, err
 	}
+	ctx, end := startStatement(ctx, db, query)
 	begin := time.Now()
 	rows, err := pool.QueryContext(ctx, query, args...)
 	trace(ctx, db, begin, query, args, -1, err)
+	if end != nil {
+		end(err) // when the query has answered; reading its rows is not counted
+	}
 	return rows, err
+}
+
+// startStatement starts the span of query, on db, when ctx is a Runner's
+// with an Observer; end is nil otherwise.
+func startStatement(ctx context.Context, db *gorm.DB, query string) (context.Context, func(error)) {
+	m := statementObserver(ctx)
+	if m == nil {
+		return ctx, nil
+	}
+	name := ""
+	if db.Dialector != nil {
+		name = db.Dialector.Name()
+	}
+	return m.startStatement(ctx, name, query)
 }
 
 // trace reports a statement to db's logger, as gorm's callbacks do: the

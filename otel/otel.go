@@ -1,0 +1,221 @@
+// Package gormleaseotel reports what gormlease Runners do to OpenTelemetry:
+// metrics (acquires, leases held, heartbeat round trips, losses, commits,
+// waits) and traces (a span per Run with its acquire, heartbeats and fenced
+// commit as children, and a client span per lease statement, following
+// OpenTelemetry's semantic conventions for database calls). It is a module
+// of its own, so that gormlease itself depends on no OpenTelemetry package.
+//
+//	obs, err := gormleaseotel.New() // the global providers; or WithTracerProvider, WithMeterProvider
+//	runner, err := gormlease.NewRunner[*Report](db, gormlease.WithObserver(obs))
+package gormleaseotel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/gormlease/gormlease"
+)
+
+// ScopeName is the instrumentation scope of the tracer and meter.
+const ScopeName = "github.com/gormlease/gormlease/otel"
+
+// Metric names.
+const (
+	MetricAcquires        = "gormlease.acquires"           // counter, by AttrOutcome: acquired, held, error
+	MetricAcquireDuration = "gormlease.acquire.duration"   // histogram, seconds, by AttrOutcome
+	MetricLeasesHeld      = "gormlease.leases.held"        // up-down counter: leases held now
+	MetricHoldDuration    = "gormlease.lease.duration"     // histogram, seconds: how long each lease was held
+	MetricHeartbeatRTT    = "gormlease.heartbeat.duration" // histogram, seconds, per heartbeat statement; AttrErrorType on failure
+	MetricLeasesLost      = "gormlease.leases.lost"        // counter, by AttrLostCause: taken_over, self_fenced, max_hold
+	MetricCommits         = "gormlease.commits"            // counter, by AttrOutcome: saved, lost, unknown, failed
+	MetricCommitDuration  = "gormlease.commit.duration"    // histogram, seconds, by AttrOutcome
+	MetricWaitDuration    = "gormlease.wait.duration"      // histogram, seconds, by AttrWaitCall: run_wait, do
+)
+
+// Span names of the lease's steps. A statement's span is named after its
+// operation and table, as the semantic conventions say: "UPDATE job_lease".
+const (
+	SpanRun       = "gormlease.run"
+	SpanAcquire   = "gormlease.acquire"
+	SpanHeartbeat = "gormlease.heartbeat"
+	SpanCommit    = "gormlease.commit"
+)
+
+// Attribute names.
+const (
+	AttrTarget     = "gormlease.target"     // spans: the target ID
+	AttrGeneration = "gormlease.generation" // spans: the lease's generation
+	AttrHolder     = "gormlease.holder"     // spans: WithHolder's name
+	AttrOutcome    = "gormlease.outcome"    // metrics: acquire and commit outcomes
+	AttrLostCause  = "gormlease.lost.cause" // metrics: why a lease was lost
+	AttrWaitCall   = "gormlease.wait.call"  // metrics: run_wait or do
+
+	// OpenTelemetry's semantic conventions for database client calls.
+	AttrDBSystem     = "db.system.name"
+	AttrDBOperation  = "db.operation.name"
+	AttrDBQueryText  = "db.query.text"
+	AttrDBCollection = "db.collection.name"
+	AttrErrorType    = "error.type"
+)
+
+// Observer is a gormlease.Observer that reports to OpenTelemetry. Make it
+// with New; it is safe for concurrent use.
+type Observer struct {
+	tracer trace.Tracer
+
+	acquires, lost, commits           metric.Int64Counter
+	held                              metric.Int64UpDownCounter
+	acquireDur, holdDur, heartbeatDur metric.Float64Histogram
+	commitDur, waitDur                metric.Float64Histogram
+}
+
+var _ gormlease.Observer = (*Observer)(nil)
+
+// An Option configures New.
+type Option func(*settings)
+
+type settings struct {
+	tp trace.TracerProvider
+	mp metric.MeterProvider
+}
+
+// WithTracerProvider sets the provider of the tracer. The default is
+// otel.GetTracerProvider().
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(s *settings) { s.tp = tp }
+}
+
+// WithMeterProvider sets the provider of the meter. The default is
+// otel.GetMeterProvider().
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(s *settings) { s.mp = mp }
+}
+
+// New returns an Observer for gormlease.WithObserver.
+func New(opts ...Option) (*Observer, error) {
+	s := settings{tp: otel.GetTracerProvider(), mp: otel.GetMeterProvider()}
+	for _, o := range opts {
+		o(&s)
+	}
+	if s.tp == nil || s.mp == nil {
+		return nil, errors.New("gormleaseotel: nil tracer or meter provider")
+	}
+	m := s.mp.Meter(ScopeName)
+	o := &Observer{tracer: s.tp.Tracer(ScopeName)}
+	var errs []error
+	counter := func(name, desc string) metric.Int64Counter {
+		c, err := m.Int64Counter(name, metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	seconds := func(name, desc string) metric.Float64Histogram {
+		h, err := m.Float64Histogram(name, metric.WithDescription(desc), metric.WithUnit("s"))
+		errs = append(errs, err)
+		return h
+	}
+	o.acquires = counter(MetricAcquires, "Acquire attempts of gormlease Runs, by outcome.")
+	o.lost = counter(MetricLeasesLost, "Leases lost while their work ran, by cause.")
+	o.commits = counter(MetricCommits, "Fenced commits of gormlease Runs, by outcome.")
+	held, err := m.Int64UpDownCounter(MetricLeasesHeld, metric.WithDescription("Leases that Runs hold now."))
+	errs = append(errs, err)
+	o.held = held
+	o.acquireDur = seconds(MetricAcquireDuration, "Duration of acquires.")
+	o.holdDur = seconds(MetricHoldDuration, "How long Runs held their leases.")
+	o.heartbeatDur = seconds(MetricHeartbeatRTT, "Round trip of heartbeat statements.")
+	o.commitDur = seconds(MetricCommitDuration, "Duration of fenced commits, with the saver.")
+	o.waitDur = seconds(MetricWaitDuration, "Time RunWait and Do calls waited for other holders.")
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("gormleaseotel: %w", err)
+	}
+	return o, nil
+}
+
+// Start implements gormlease.Observer.
+func (o *Observer) Start(ctx context.Context, s gormlease.Span) (context.Context, func(error)) {
+	opts := make([]trace.SpanStartOption, 0, 3)
+	if !s.Start.IsZero() {
+		opts = append(opts, trace.WithTimestamp(s.Start))
+	}
+	var name string
+	var attrs []attribute.KeyValue
+	if s.Kind == gormlease.SpanStatement {
+		name = s.Operation
+		if s.Table != "" {
+			name += " " + s.Table
+		}
+		opts = append(opts, trace.WithSpanKind(trace.SpanKindClient))
+		attrs = []attribute.KeyValue{
+			attribute.String(AttrDBSystem, s.System),
+			attribute.String(AttrDBOperation, s.Operation),
+			attribute.String(AttrDBQueryText, s.Query),
+			attribute.String(AttrDBCollection, s.Table),
+		}
+	} else {
+		name = spanNames[s.Kind]
+		attrs = []attribute.KeyValue{attribute.String(AttrTarget, s.TargetID), attribute.String(AttrHolder, s.Holder)}
+		if s.Generation > 0 {
+			attrs = append(attrs, attribute.Int64(AttrGeneration, s.Generation))
+		}
+	}
+	opts = append(opts, trace.WithAttributes(attrs...))
+	ctx, span := o.tracer.Start(ctx, name, opts...)
+	return ctx, func(err error) {
+		if err != nil && !errors.Is(err, gormlease.ErrLeaseHeld) {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
+}
+
+var spanNames = map[gormlease.SpanKind]string{
+	gormlease.SpanRun:       SpanRun,
+	gormlease.SpanAcquire:   SpanAcquire,
+	gormlease.SpanHeartbeat: SpanHeartbeat,
+	gormlease.SpanCommit:    SpanCommit,
+}
+
+// Record implements gormlease.Observer.
+func (o *Observer) Record(ctx context.Context, e gormlease.Event) {
+	secs := e.Duration.Seconds()
+	switch e.Kind {
+	case gormlease.EventAcquire:
+		set := metric.WithAttributes(attribute.String(AttrOutcome, e.Outcome))
+		o.acquires.Add(ctx, 1, set)
+		o.acquireDur.Record(ctx, secs, set)
+	case gormlease.EventLeaseStart:
+		o.held.Add(ctx, 1)
+	case gormlease.EventLeaseEnd:
+		o.held.Add(ctx, -1)
+		o.holdDur.Record(ctx, secs)
+	case gormlease.EventHeartbeat:
+		if e.Err != nil {
+			o.heartbeatDur.Record(ctx, secs, metric.WithAttributes(attribute.String(AttrErrorType, errorType(e.Err))))
+			return
+		}
+		o.heartbeatDur.Record(ctx, secs)
+	case gormlease.EventLeaseLost:
+		o.lost.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrLostCause, e.Outcome)))
+	case gormlease.EventCommit:
+		set := metric.WithAttributes(attribute.String(AttrOutcome, e.Outcome))
+		o.commits.Add(ctx, 1, set)
+		o.commitDur.Record(ctx, secs, set)
+	case gormlease.EventWait:
+		o.waitDur.Record(ctx, secs, metric.WithAttributes(attribute.String(AttrWaitCall, e.Outcome)))
+	}
+}
+
+// errorType names err for error.type: a timeout, or "other".
+func errorType(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "timeout"
+	}
+	return "_OTHER"
+}
