@@ -160,38 +160,48 @@ func TestRun_BatchedHeartbeatsCancelOnlyTheLostLease(t *testing.T) {
 }
 
 // Leases with different heartbeat intervals on one pool are renewed at
-// their own pace, not at the fastest one's.
+// their own pace, not at the fastest one's: the fast lease is renewed five
+// times while the slow one, due once a minute, is not renewed at all.
 func TestRun_HeartbeatGroupsKeepTheirIntervals(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
-		fastRunner := newRunner(t, db, fast(40*time.Millisecond, 2*time.Second)...)
-		slowRunner := newRunner(t, db, fast(2*time.Second, 5*time.Second)...)
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		db := s.Open(t, nil) // a pool of its own: no other test's heartbeat groups
+		fastRunner := newRunner(t, db, fast(40*time.Millisecond, 5*time.Second)...)
+		slowRunner := newRunner(t, db, fast(time.Minute, 3*time.Minute)...)
 		fastTarget, slowTarget := newTarget(t), newTarget(t)
 		done := make(chan struct{})
-		hold := func(ctx context.Context) (string, error) {
-			select {
-			case <-done:
-				return "ok", nil
-			case <-ctx.Done():
-				return "", context.Cause(ctx)
+		hold := func(inside chan struct{}) func(context.Context) (string, error) {
+			return func(ctx context.Context) (string, error) {
+				close(inside)
+				select {
+				case <-done:
+					return "ok", nil
+				case <-ctx.Done():
+					return "", context.Cause(ctx)
+				}
 			}
 		}
 		save := func(*gorm.DB, string) error { return nil }
-		fastRes := goRun(context.Background(), fastRunner, fastTarget, hold, save)
-		slowRes := goRun(context.Background(), slowRunner, slowTarget, hold, save)
-		waitFor(t, 5*time.Second, "both leases held", func() bool {
-			return countRows(t, db, &gormlease.JobLease{}, fastTarget) == 1 && countRows(t, db, &gormlease.JobLease{}, slowTarget) == 1
-		})
+		// The fast lease's heartbeats start first, so that a slow lease
+		// that joined them would be renewed at the fast pace.
+		fastInside, slowInside := make(chan struct{}), make(chan struct{})
+		fastRes := goRun(context.Background(), fastRunner, fastTarget, hold(fastInside), save)
+		recv(t, fastInside, 10*time.Second, "fast Run inside")
+		slowRes := goRun(context.Background(), slowRunner, slowTarget, hold(slowInside), save)
+		recv(t, slowInside, 10*time.Second, "slow Run inside")
+
 		slowFirst := leaseRow(t, db, slowTarget).UpdatedAt
 		fastSeen := map[time.Time]bool{}
-		for begun := time.Now(); time.Since(begun) < 700*time.Millisecond; time.Sleep(10 * time.Millisecond) {
+		waitFor(t, 20*time.Second, "five renewals of the fast lease", func() bool {
 			fastSeen[leaseRow(t, db, fastTarget).UpdatedAt] = true
-			assert.Equal(t, slowFirst, leaseRow(t, db, slowTarget).UpdatedAt, "the slow lease was renewed at the fast pace")
-		}
+			return len(fastSeen) > 5 // its first heartbeat seen, and five more
+		})
+		// At most 20s have passed since the slow lease was acquired: well
+		// within its interval of a minute.
+		assert.Equal(t, slowFirst, leaseRow(t, db, slowTarget).UpdatedAt, "the slow lease was renewed at the fast pace")
 		close(done)
-		require.NoError(t, recv(t, fastRes, 5*time.Second, "fast Run").err)
-		require.NoError(t, recv(t, slowRes, 5*time.Second, "slow Run").err)
-		assert.GreaterOrEqual(t, len(fastSeen), 5, "the fast lease was not renewed at its pace")
+		require.NoError(t, recv(t, fastRes, 10*time.Second, "fast Run").err)
+		require.NoError(t, recv(t, slowRes, 10*time.Second, "slow Run").err)
 	})
 }
 
