@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -312,9 +313,11 @@ func TestNewRunner_RejectsBadHeartbeatDB(t *testing.T) {
 }
 
 // 100 jobs at once progress on a pool of one connection: the work holds no
-// connection, and their heartbeats share one statement per interval, so
-// none waits long enough to lose its lease. With WithHeartbeatDB the
-// heartbeats have a connection of their own too.
+// connection, so all 100 hold their lease at once and one heartbeat
+// statement renews them all; none loses its lease. With WithHeartbeatDB the
+// heartbeats have a connection of their own too. The timeouts are generous
+// because 100 acquires and 100 commits queue for the one connection, which
+// takes seconds under -race on a busy machine.
 func TestRun_HundredJobsOnOneConnection(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
@@ -322,38 +325,51 @@ func TestRun_HundredJobsOnOneConnection(t *testing.T) {
 			name := map[bool]string{false: "SharedPool", true: "WithHeartbeatDB"}[separate]
 			t.Run(name, func(t *testing.T) {
 				const n, interval = 100, 100 * time.Millisecond
-				db := s.Open(t, nil)
+				db, beatSQL := recording(s.Open(t, nil))
 				sqlDB, err := db.DB()
 				require.NoError(t, err)
 				sqlDB.SetMaxOpenConns(1)
-				opts := fast(interval, 3*time.Second)
+				opts := append(fast(interval, 30*time.Second), gormlease.WithOperationTimeout(20*time.Second))
 				if separate {
-					beats := s.Open(t, nil)
+					var beats *gorm.DB
+					beats, beatSQL = recording(s.Open(t, nil))
 					beatsSQL, err := beats.DB()
 					require.NoError(t, err)
 					beatsSQL.SetMaxOpenConns(1)
 					opts = append(opts, gormlease.WithHeartbeatDB(beats))
 				}
 				r := newRunner(t, db, opts...)
-				var inside sync.WaitGroup
-				inside.Add(n)
-				results := make([]<-chan runResult[string], n)
 				targets := make([]string, n)
-				for i := range n {
+				for i := range targets {
 					targets[i] = newTarget(t)
-					results[i] = goRun(context.Background(), r, targets[i], func(ctx context.Context) (string, error) {
-						inside.Done()
-						inside.Wait()
-						select { // a few heartbeats while all 100 hold their lease
-						case <-time.After(3 * interval):
-							return "done", nil
-						case <-ctx.Done():
-							return "", context.Cause(ctx)
-						}
-					}, gormlease.SaveJSON[string])
 				}
+				// The work holds its lease until one heartbeat statement
+				// has renewed all 100: a connection held by the work, or
+				// a statement per lease, would never let that happen.
+				renewedAll := make(chan struct{})
+				work := func(ctx context.Context) (string, error) {
+					select {
+					case <-renewedAll:
+						return "done", nil
+					case <-ctx.Done():
+						return "", context.Cause(ctx)
+					}
+				}
+				results := make([]<-chan runResult[string], n)
+				for i, target := range targets {
+					results[i] = goRun(context.Background(), r, target, work, gormlease.SaveJSON[string])
+				}
+				deadline := time.Now().Add(45 * time.Second)
+				for !beatSQL.seen(func(sql string) bool { return heartbeatStatements([]string{sql}) == 1 && containsAll(sql, targets) }) {
+					if time.Now().After(deadline) {
+						t.Errorf("no heartbeat statement renewed all %d leases in 45s", n)
+						break
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				close(renewedAll)
 				for i := range n {
-					require.NoError(t, recv(t, results[i], 30*time.Second, "Run").err)
+					assert.NoError(t, recv(t, results[i], time.Minute, "Run").err)
 				}
 				for _, target := range targets {
 					got, _, err := gormlease.LoadJSON[string](context.Background(), db, target)
@@ -363,4 +379,21 @@ func TestRun_HundredJobsOnOneConnection(t *testing.T) {
 			})
 		}
 	})
+}
+
+// seen reports whether a statement recorded since the last take matches.
+func (s *statements) seen(match func(sql string) bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.ContainsFunc(s.sql, match)
+}
+
+// containsAll reports whether sql names every one of targets.
+func containsAll(sql string, targets []string) bool {
+	for _, target := range targets {
+		if !strings.Contains(sql, target) {
+			return false
+		}
+	}
+	return true
 }
