@@ -109,21 +109,25 @@ func TestRun_BatchedHeartbeatsCancelOnlyTheLostLease(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		const n, interval = 8, 100 * time.Millisecond
 		rec, st := recording(s.Open(t, nil)) // a pool of its own: no other test's leases
-		r := newRunner(t, rec, fast(interval, 2*time.Second)...)
+		// Timeouts that hold under -race on a busy machine: only the
+		// theft may cost a lease.
+		r := newRunner(t, rec, append(fast(interval, 10*time.Second), gormlease.WithOperationTimeout(10*time.Second))...)
 		targets := make([]string, n)
 		for i := range targets {
 			targets[i] = newTarget(t)
 		}
 		victim := targets[3]
 
-		var inside sync.WaitGroup
-		inside.Add(n)
+		var entered atomic.Int32
+		allInside := make(chan struct{})
 		stolen := make(chan struct{})
 		results := make([]<-chan runResult[string], n)
 		var begun time.Time
 		for i, target := range targets {
 			results[i] = goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
-				inside.Done()
+				if entered.Add(1) == n {
+					close(allInside)
+				}
 				if target == victim {
 					<-ctx.Done()
 					return "", context.Cause(ctx)
@@ -137,7 +141,12 @@ func TestRun_BatchedHeartbeatsCancelOnlyTheLostLease(t *testing.T) {
 				}
 			}, func(*gorm.DB, string) error { return nil })
 		}
-		inside.Wait()
+		select {
+		case <-allInside:
+		case <-time.After(30 * time.Second):
+			close(stolen) // let the Runs that got in end
+			t.Fatalf("only %d of %d Runs got inside their work in 30s", entered.Load(), n)
+		}
 		st.take()
 		begun = time.Now()
 		steal(t, s, db, victim)
