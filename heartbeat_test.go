@@ -176,8 +176,11 @@ func TestRun_HeartbeatGroupsKeepTheirIntervals(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		db := s.Open(t, nil) // a pool of its own: no other test's heartbeat groups
-		fastRunner := newRunner(t, db, fast(40*time.Millisecond, 5*time.Second)...)
-		slowRunner := newRunner(t, db, fast(time.Minute, 3*time.Minute)...)
+		// The same operation timeout for both, generous for a busy machine:
+		// only the interval may tell their groups apart.
+		opTimeout := gormlease.WithOperationTimeout(10 * time.Second)
+		fastRunner := newRunner(t, db, append(fast(40*time.Millisecond, 5*time.Second), opTimeout)...)
+		slowRunner := newRunner(t, db, append(fast(time.Minute, 3*time.Minute), opTimeout)...)
 		fastTarget, slowTarget := newTarget(t), newTarget(t)
 		done := make(chan struct{})
 		hold := func(inside chan struct{}) func(context.Context) (string, error) {
@@ -196,9 +199,9 @@ func TestRun_HeartbeatGroupsKeepTheirIntervals(t *testing.T) {
 		// that joined them would be renewed at the fast pace.
 		fastInside, slowInside := make(chan struct{}), make(chan struct{})
 		fastRes := goRun(context.Background(), fastRunner, fastTarget, hold(fastInside), save)
-		recv(t, fastInside, 10*time.Second, "fast Run inside")
+		waitInside(t, fastInside, fastRes, "fast Run")
 		slowRes := goRun(context.Background(), slowRunner, slowTarget, hold(slowInside), save)
-		recv(t, slowInside, 10*time.Second, "slow Run inside")
+		waitInside(t, slowInside, slowRes, "slow Run")
 
 		slowFirst := leaseRow(t, db, slowTarget).UpdatedAt
 		fastSeen := map[time.Time]bool{}
@@ -213,6 +216,19 @@ func TestRun_HeartbeatGroupsKeepTheirIntervals(t *testing.T) {
 		require.NoError(t, recv(t, fastRes, 10*time.Second, "fast Run").err)
 		require.NoError(t, recv(t, slowRes, 10*time.Second, "slow Run").err)
 	})
+}
+
+// waitInside waits until a Run is inside its work, failing t with the Run's
+// error if it returns first.
+func waitInside(t *testing.T, inside <-chan struct{}, res <-chan runResult[string], what string) {
+	t.Helper()
+	select {
+	case <-inside:
+	case r := <-res:
+		t.Fatalf("%s returned before its work: %v", what, r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("timed out after 30s waiting for %s to be inside its work", what)
+	}
 }
 
 // The heartbeat goroutine of a group starts with its first lease and is
