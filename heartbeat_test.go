@@ -238,16 +238,25 @@ func TestRun_NoHeartbeatGoroutineOutlivesRun(t *testing.T) {
 	// Not parallel: it counts the package's live heartbeat groups.
 	for _, s := range testdb.All(t) {
 		db := s.DB(t)
-		r := newRunner(t, db, fast(20*time.Millisecond, time.Second)...)
+		// Timeouts that hold while 30 acquires queue on a busy machine.
+		r := newRunner(t, db, append(fast(20*time.Millisecond, 5*time.Second),
+			gormlease.WithOperationTimeout(10*time.Second))...)
 		const n = 30
 		var inside atomic.Int32
+		allInside := make(chan struct{})
 		var wg sync.WaitGroup
 		for i := range n {
 			target := newTarget(t)
 			wg.Go(func() {
 				_, _ = r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
-					inside.Add(1)
-					waitFor(t, 5*time.Second, "all Runs inside", func() bool { return inside.Load() == n })
+					if inside.Add(1) == n {
+						close(allInside)
+					}
+					select { // not t.Fatal: this is not the test's goroutine
+					case <-allInside:
+					case <-time.After(30 * time.Second):
+						t.Errorf("only %d of %d Runs inside their work after 30s", inside.Load(), n)
+					}
 					if i == 0 {
 						assert.NotEmpty(t, heartbeatGoroutines(), "the probe sees no heartbeat goroutine while leases are held")
 					}
