@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -108,21 +109,25 @@ func TestRun_BatchedHeartbeatsCancelOnlyTheLostLease(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		const n, interval = 8, 100 * time.Millisecond
 		rec, st := recording(s.Open(t, nil)) // a pool of its own: no other test's leases
-		r := newRunner(t, rec, fast(interval, 2*time.Second)...)
+		// Timeouts that hold under -race on a busy machine: only the
+		// theft may cost a lease.
+		r := newRunner(t, rec, append(fast(interval, 10*time.Second), gormlease.WithOperationTimeout(10*time.Second))...)
 		targets := make([]string, n)
 		for i := range targets {
 			targets[i] = newTarget(t)
 		}
 		victim := targets[3]
 
-		var inside sync.WaitGroup
-		inside.Add(n)
+		var entered atomic.Int32
+		allInside := make(chan struct{})
 		stolen := make(chan struct{})
 		results := make([]<-chan runResult[string], n)
 		var begun time.Time
 		for i, target := range targets {
 			results[i] = goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
-				inside.Done()
+				if entered.Add(1) == n {
+					close(allInside)
+				}
 				if target == victim {
 					<-ctx.Done()
 					return "", context.Cause(ctx)
@@ -136,7 +141,12 @@ func TestRun_BatchedHeartbeatsCancelOnlyTheLostLease(t *testing.T) {
 				}
 			}, func(*gorm.DB, string) error { return nil })
 		}
-		inside.Wait()
+		select {
+		case <-allInside:
+		case <-time.After(30 * time.Second):
+			close(stolen) // let the Runs that got in end
+			t.Fatalf("only %d of %d Runs got inside their work in 30s", entered.Load(), n)
+		}
 		st.take()
 		begun = time.Now()
 		steal(t, s, db, victim)
@@ -160,39 +170,65 @@ func TestRun_BatchedHeartbeatsCancelOnlyTheLostLease(t *testing.T) {
 }
 
 // Leases with different heartbeat intervals on one pool are renewed at
-// their own pace, not at the fastest one's.
+// their own pace, not at the fastest one's: the fast lease is renewed five
+// times while the slow one, due once a minute, is not renewed at all.
 func TestRun_HeartbeatGroupsKeepTheirIntervals(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
-		fastRunner := newRunner(t, db, fast(40*time.Millisecond, 2*time.Second)...)
-		slowRunner := newRunner(t, db, fast(2*time.Second, 5*time.Second)...)
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		db := s.Open(t, nil) // a pool of its own: no other test's heartbeat groups
+		// The same operation timeout for both, generous for a busy machine:
+		// only the interval may tell their groups apart.
+		opTimeout := gormlease.WithOperationTimeout(10 * time.Second)
+		fastRunner := newRunner(t, db, append(fast(40*time.Millisecond, 5*time.Second), opTimeout)...)
+		slowRunner := newRunner(t, db, append(fast(time.Minute, 3*time.Minute), opTimeout)...)
 		fastTarget, slowTarget := newTarget(t), newTarget(t)
 		done := make(chan struct{})
-		hold := func(ctx context.Context) (string, error) {
-			select {
-			case <-done:
-				return "ok", nil
-			case <-ctx.Done():
-				return "", context.Cause(ctx)
+		hold := func(inside chan struct{}) func(context.Context) (string, error) {
+			return func(ctx context.Context) (string, error) {
+				close(inside)
+				select {
+				case <-done:
+					return "ok", nil
+				case <-ctx.Done():
+					return "", context.Cause(ctx)
+				}
 			}
 		}
 		save := func(*gorm.DB, string) error { return nil }
-		fastRes := goRun(context.Background(), fastRunner, fastTarget, hold, save)
-		slowRes := goRun(context.Background(), slowRunner, slowTarget, hold, save)
-		waitFor(t, 5*time.Second, "both leases held", func() bool {
-			return countRows(t, db, &gormlease.JobLease{}, fastTarget) == 1 && countRows(t, db, &gormlease.JobLease{}, slowTarget) == 1
-		})
+		// The fast lease's heartbeats start first, so that a slow lease
+		// that joined them would be renewed at the fast pace.
+		fastInside, slowInside := make(chan struct{}), make(chan struct{})
+		fastRes := goRun(context.Background(), fastRunner, fastTarget, hold(fastInside), save)
+		waitInside(t, fastInside, fastRes, "fast Run")
+		slowRes := goRun(context.Background(), slowRunner, slowTarget, hold(slowInside), save)
+		waitInside(t, slowInside, slowRes, "slow Run")
+
 		slowFirst := leaseRow(t, db, slowTarget).UpdatedAt
 		fastSeen := map[time.Time]bool{}
-		for begun := time.Now(); time.Since(begun) < 700*time.Millisecond; time.Sleep(10 * time.Millisecond) {
+		waitFor(t, 20*time.Second, "five renewals of the fast lease", func() bool {
 			fastSeen[leaseRow(t, db, fastTarget).UpdatedAt] = true
-			assert.Equal(t, slowFirst, leaseRow(t, db, slowTarget).UpdatedAt, "the slow lease was renewed at the fast pace")
-		}
+			return len(fastSeen) > 5 // its first heartbeat seen, and five more
+		})
+		// At most 20s have passed since the slow lease was acquired: well
+		// within its interval of a minute.
+		assert.Equal(t, slowFirst, leaseRow(t, db, slowTarget).UpdatedAt, "the slow lease was renewed at the fast pace")
 		close(done)
-		require.NoError(t, recv(t, fastRes, 5*time.Second, "fast Run").err)
-		require.NoError(t, recv(t, slowRes, 5*time.Second, "slow Run").err)
-		assert.GreaterOrEqual(t, len(fastSeen), 5, "the fast lease was not renewed at its pace")
+		require.NoError(t, recv(t, fastRes, 10*time.Second, "fast Run").err)
+		require.NoError(t, recv(t, slowRes, 10*time.Second, "slow Run").err)
 	})
+}
+
+// waitInside waits until a Run is inside its work, failing t with the Run's
+// error if it returns first.
+func waitInside(t *testing.T, inside <-chan struct{}, res <-chan runResult[string], what string) {
+	t.Helper()
+	select {
+	case <-inside:
+	case r := <-res:
+		t.Fatalf("%s returned before its work: %v", what, r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("timed out after 30s waiting for %s to be inside its work", what)
+	}
 }
 
 // The heartbeat goroutine of a group starts with its first lease and is
@@ -202,16 +238,25 @@ func TestRun_NoHeartbeatGoroutineOutlivesRun(t *testing.T) {
 	// Not parallel: it counts the package's live heartbeat groups.
 	for _, s := range testdb.All(t) {
 		db := s.DB(t)
-		r := newRunner(t, db, fast(20*time.Millisecond, time.Second)...)
+		// Timeouts that hold while 30 acquires queue on a busy machine.
+		r := newRunner(t, db, append(fast(20*time.Millisecond, 5*time.Second),
+			gormlease.WithOperationTimeout(10*time.Second))...)
 		const n = 30
 		var inside atomic.Int32
+		allInside := make(chan struct{})
 		var wg sync.WaitGroup
 		for i := range n {
 			target := newTarget(t)
 			wg.Go(func() {
 				_, _ = r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
-					inside.Add(1)
-					waitFor(t, 5*time.Second, "all Runs inside", func() bool { return inside.Load() == n })
+					if inside.Add(1) == n {
+						close(allInside)
+					}
+					select { // not t.Fatal: this is not the test's goroutine
+					case <-allInside:
+					case <-time.After(30 * time.Second):
+						t.Errorf("only %d of %d Runs inside their work after 30s", inside.Load(), n)
+					}
 					if i == 0 {
 						assert.NotEmpty(t, heartbeatGoroutines(), "the probe sees no heartbeat goroutine while leases are held")
 					}
@@ -262,13 +307,15 @@ func TestRun_WithHeartbeatDBCarriesTheHeartbeats(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		main, mainSQL := recording(s.Open(t, nil))
 		beats, beatSQL := recording(s.Open(t, nil))
-		r := newRunner(t, main, append(fast(30*time.Millisecond, time.Second), gormlease.WithHeartbeatDB(beats))...)
+		// A lease timeout that a busy machine's slow statements do not
+		// reach: the test is about where the heartbeats go.
+		r := newRunner(t, main, append(fast(30*time.Millisecond, 10*time.Second), gormlease.WithHeartbeatDB(beats))...)
 		target := newTarget(t)
 		_, err := r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
-			waitFor(t, 5*time.Second, "three heartbeats on the heartbeat pool", func() bool {
-				return beatSQL.count() >= 3
+			waitFor(t, 30*time.Second, "three heartbeats on the heartbeat pool", func() bool {
+				return beatSQL.count() >= 3 || ctx.Err() != nil
 			})
-			return "ok", nil
+			return "ok", context.Cause(ctx)
 		}, func(*gorm.DB, string) error { return nil })
 		require.NoError(t, err)
 		assert.Zero(t, heartbeatStatements(mainSQL.take()), "a heartbeat went through the main pool")
@@ -302,9 +349,11 @@ func TestNewRunner_RejectsBadHeartbeatDB(t *testing.T) {
 }
 
 // 100 jobs at once progress on a pool of one connection: the work holds no
-// connection, and their heartbeats share one statement per interval, so
-// none waits long enough to lose its lease. With WithHeartbeatDB the
-// heartbeats have a connection of their own too.
+// connection, so all 100 hold their lease at once and one heartbeat
+// statement renews them all; none loses its lease. With WithHeartbeatDB the
+// heartbeats have a connection of their own too. The timeouts are generous
+// because 100 acquires and 100 commits queue for the one connection, which
+// takes seconds under -race on a busy machine.
 func TestRun_HundredJobsOnOneConnection(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
@@ -312,38 +361,51 @@ func TestRun_HundredJobsOnOneConnection(t *testing.T) {
 			name := map[bool]string{false: "SharedPool", true: "WithHeartbeatDB"}[separate]
 			t.Run(name, func(t *testing.T) {
 				const n, interval = 100, 100 * time.Millisecond
-				db := s.Open(t, nil)
+				db, beatSQL := recording(s.Open(t, nil))
 				sqlDB, err := db.DB()
 				require.NoError(t, err)
 				sqlDB.SetMaxOpenConns(1)
-				opts := fast(interval, 3*time.Second)
+				opts := append(fast(interval, 30*time.Second), gormlease.WithOperationTimeout(20*time.Second))
 				if separate {
-					beats := s.Open(t, nil)
+					var beats *gorm.DB
+					beats, beatSQL = recording(s.Open(t, nil))
 					beatsSQL, err := beats.DB()
 					require.NoError(t, err)
 					beatsSQL.SetMaxOpenConns(1)
 					opts = append(opts, gormlease.WithHeartbeatDB(beats))
 				}
 				r := newRunner(t, db, opts...)
-				var inside sync.WaitGroup
-				inside.Add(n)
-				results := make([]<-chan runResult[string], n)
 				targets := make([]string, n)
-				for i := range n {
+				for i := range targets {
 					targets[i] = newTarget(t)
-					results[i] = goRun(context.Background(), r, targets[i], func(ctx context.Context) (string, error) {
-						inside.Done()
-						inside.Wait()
-						select { // a few heartbeats while all 100 hold their lease
-						case <-time.After(3 * interval):
-							return "done", nil
-						case <-ctx.Done():
-							return "", context.Cause(ctx)
-						}
-					}, gormlease.SaveJSON[string])
 				}
+				// The work holds its lease until one heartbeat statement
+				// has renewed all 100: a connection held by the work, or
+				// a statement per lease, would never let that happen.
+				renewedAll := make(chan struct{})
+				work := func(ctx context.Context) (string, error) {
+					select {
+					case <-renewedAll:
+						return "done", nil
+					case <-ctx.Done():
+						return "", context.Cause(ctx)
+					}
+				}
+				results := make([]<-chan runResult[string], n)
+				for i, target := range targets {
+					results[i] = goRun(context.Background(), r, target, work, gormlease.SaveJSON[string])
+				}
+				deadline := time.Now().Add(45 * time.Second)
+				for !beatSQL.seen(func(sql string) bool { return heartbeatStatements([]string{sql}) == 1 && containsAll(sql, targets) }) {
+					if time.Now().After(deadline) {
+						t.Errorf("no heartbeat statement renewed all %d leases in 45s", n)
+						break
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				close(renewedAll)
 				for i := range n {
-					require.NoError(t, recv(t, results[i], 30*time.Second, "Run").err)
+					assert.NoError(t, recv(t, results[i], time.Minute, "Run").err)
 				}
 				for _, target := range targets {
 					got, _, err := gormlease.LoadJSON[string](context.Background(), db, target)
@@ -353,4 +415,21 @@ func TestRun_HundredJobsOnOneConnection(t *testing.T) {
 			})
 		}
 	})
+}
+
+// seen reports whether a statement recorded since the last take matches.
+func (s *statements) seen(match func(sql string) bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.ContainsFunc(s.sql, match)
+}
+
+// containsAll reports whether sql names every one of targets.
+func containsAll(sql string, targets []string) bool {
+	for _, target := range targets {
+		if !strings.Contains(sql, target) {
+			return false
+		}
+	}
+	return true
 }

@@ -58,13 +58,16 @@ func TestSQLite_FenceTakesWriteLockWhateverTxlock(t *testing.T) {
 	target := newTarget(t)
 	l, err := repo.Acquire(ctx, target, time.Hour)
 	require.NoError(t, err)
-	write := func() error {
-		return impatient.Exec("UPDATE job_lease SET holder = holder WHERE target_id = ?", target).Error
+	// Other tests write to the same file: after the commit, wait for
+	// the lock as any writer would.
+	patient := s.Open(t, map[string]string{"busy_timeout": "10000"})
+	write := func(db *gorm.DB) error {
+		return db.Exec("UPDATE job_lease SET holder = holder WHERE target_id = ?", target).Error
 	}
 	require.NoError(t, repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error {
-		err := write()
+		err := write(impatient)
 		assert.ErrorContains(t, err, "database is locked", "another connection wrote during the fenced commit")
 		return gormlease.SaveJSON(tx, "x")
 	}))
-	assert.NoError(t, write(), "after the commit")
+	assert.NoError(t, write(patient), "after the commit")
 }
