@@ -2,9 +2,14 @@
 // PostgreSQL, in one run: a plain-SQL lease on raw pgx, advisory locks,
 // and cirello.io/pglock on lib/pq and on pgx, with its heartbeat goroutine
 // per lock and with heartbeats sent by the caller. It prints one line per
-// point and writes docs/performance.md from them.
+// point and writes docs/performance.md from them, keeping the operations
+// section that the opsbench command writes there.
 //
 //	cd bench && go run . -out ../docs/performance.md
+//
+// Both commands, for the whole report:
+//
+//	cd bench && go run . -out ../docs/performance.md && go run ./opsbench -out ../docs/performance.md
 package main
 
 import (
@@ -23,6 +28,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/gormlease/gormlease/bench/internal/opsection"
 )
 
 // options are the command's flags.
@@ -93,6 +100,13 @@ func run(o options) error {
 	if cfg.Host != "127.0.0.1" && cfg.Host != "localhost" && cfg.Host != "::1" {
 		return fmt.Errorf("-dsn: host %q: the benchmark loads the server hard, so it runs on a local one only", cfg.Host)
 	}
+	// An operations section in -out is carried over: check it now, not
+	// after the run.
+	if o.out != "" {
+		if _, err := operationsOf(o.out); err != nil {
+			return err
+		}
+	}
 	if err := setupSchema(ctx, o.dsn, o.schema); err != nil {
 		return err
 	}
@@ -141,11 +155,37 @@ func run(o options) error {
 		}
 	}
 	if o.out != "" {
-		if err := os.WriteFile(o.out, []byte(report(b, elapsed)), 0o644); err != nil {
+		if err := writeReport(o.out, report(b, elapsed)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// operationsOf returns the file at path, after checking that its
+// operations section, if any, can be carried over.
+func operationsOf(path string) (string, error) {
+	old, err := opsection.Read(path)
+	if err != nil {
+		return "", err
+	}
+	if _, _, err := opsection.Find(old); err != nil {
+		return "", fmt.Errorf("-out %s: %w", path, err)
+	}
+	return old, nil
+}
+
+// writeReport replaces the file at path with doc, carrying over the
+// operations section that opsbench wrote there, if any (see opsection).
+func writeReport(path, doc string) error {
+	old, err := operationsOf(path)
+	if err != nil {
+		return err
+	}
+	if doc, err = opsection.Carry(old, doc); err != nil {
+		return err
+	}
+	return opsection.Write(path, doc)
 }
 
 // appName marks the benchmark's own connections, to wait for them to end.

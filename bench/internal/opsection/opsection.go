@@ -1,0 +1,111 @@
+// Package opsection keeps the operations section of docs/performance.md:
+// the block that the opsbench command writes between two markers, and that
+// the bench command carries over when it rewrites the rest of the file, so
+// that running either command never loses the other's figures.
+package opsection
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Begin and End mark the operations section. Each stands on a line of its
+// own; the section is the text between them.
+const (
+	Begin = "<!-- operations:begin -->"
+	End   = "<!-- operations:end -->"
+)
+
+// Wrap returns section between the markers, as a block that Find finds.
+func Wrap(section string) string {
+	return Begin + "\n" + strings.TrimSpace(section) + "\n" + End + "\n"
+}
+
+// Find returns the marked block of doc, markers included, and whether doc
+// has one. It returns an error when the markers are out of order or not
+// one of each, rather than guess where the section ends.
+func Find(doc string) (block string, ok bool, err error) {
+	begin, end, ok, err := bounds(doc)
+	if !ok || err != nil {
+		return "", ok, err
+	}
+	return doc[begin:end] + "\n", true, nil
+}
+
+// Put returns doc with its marked block replaced by block, or with block
+// appended after a blank line when doc has none.
+func Put(doc, block string) (string, error) {
+	begin, end, ok, err := bounds(doc)
+	switch {
+	case err != nil:
+		return "", err
+	case ok:
+		rest := strings.TrimPrefix(doc[end:], "\n")
+		return doc[:begin] + block + rest, nil
+	case strings.TrimSpace(doc) == "":
+		return block, nil
+	default:
+		return strings.TrimRight(doc, "\n") + "\n\n" + block, nil
+	}
+}
+
+// Carry returns fresh with the marked block of old at its end, or fresh
+// alone when old has none: what a command that rewrites the rest of the
+// file writes in place of old.
+func Carry(old, fresh string) (string, error) {
+	block, ok, err := Find(old)
+	if !ok || err != nil {
+		return fresh, err
+	}
+	return Put(fresh, block)
+}
+
+// bounds returns where the marked block of doc begins and where its End
+// marker ends.
+func bounds(doc string) (begin, end int, ok bool, err error) {
+	nb, ne := strings.Count(doc, Begin), strings.Count(doc, End)
+	if nb == 0 && ne == 0 {
+		return 0, 0, false, nil
+	}
+	begin, end = strings.Index(doc, Begin), strings.Index(doc, End)
+	if nb != 1 || ne != 1 || end < begin {
+		return 0, 0, false, fmt.Errorf("operations section: want one %s followed by one %s, found %d and %d", Begin, End, nb, ne)
+	}
+	return begin, end + len(End), true, nil
+}
+
+// Read returns the contents of the file at path, or "" when there is none.
+func Read(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	return string(data), err
+}
+
+// Write replaces the file at path with doc: it writes a temporary file
+// beside it and renames it over path, so that a failed write leaves the
+// old file whole.
+func Write(path, doc string) error {
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // fails once renamed
+	if _, err := f.WriteString(doc); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
