@@ -3,7 +3,9 @@ package gormlease
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,16 +29,18 @@ const (
 	listenerMaxRetry = 5 * time.Second
 )
 
-// errNoListen says that the pool's driver cannot receive notifications:
-// it is not pgx (lib/pq, for one). Its hub's waiters then only poll.
-var errNoListen = errors.New("the driver cannot listen: not pgx")
+// errNoListen says that the pool cannot receive notifications: its driver
+// is not pgx (lib/pq, for one), or its connections go through a pooler.
+// Its hub's waiters then only poll.
+var errNoListen = errors.New("cannot listen")
 
 // pgListener receives, on PostgreSQL with pgx, the notifications that wake
 // one hub's watches. It has one connection of its own, outside the pool:
 // it opens it, with the settings of the pool's connections, when somebody
 // in the process starts waiting on the pool, and closes it when the last
 // one stops. So waiting takes no connection from the application's pool,
-// however small. When the connection fails it connects again, with
+// however small. It does not listen through a connection pooler such as
+// PgBouncer (see ownSession). When the connection fails it connects again, with
 // backoff; each time it has started listening it wakes every watch, since
 // it may have missed notifications meanwhile. The watches poll in any case.
 type pgListener struct {
@@ -137,7 +141,14 @@ func (l *pgListener) connConfig(ctx context.Context) (*pgx.ConnConfig, error) {
 	err = conn.Raw(func(dc any) error {
 		c, ok := dc.(interface{ Conn() *pgx.Conn })
 		if !ok {
-			return errNoListen
+			return fmt.Errorf("%w: the driver is not pgx", errNoListen)
+		}
+		own, err := ownSession(ctx, c.Conn())
+		if err != nil {
+			return err
+		}
+		if !own {
+			return fmt.Errorf("%w: the connections go through a pooler", errNoListen)
 		}
 		cfg = c.Conn().Config().Copy()
 		// The copy would hand notifications to the pool connection's buffer:
@@ -152,6 +163,33 @@ func (l *pgListener) connConfig(ctx context.Context) (*pgx.ConnConfig, error) {
 	l.config = cfg
 	l.mu.Unlock()
 	return cfg.Copy(), nil
+}
+
+// ownSession reports whether pc's statements run in the PostgreSQL session
+// that pc opened: whether the server process that answers is the one that
+// pc's connection announced. A connection pooler such as PgBouncer announces
+// a process of its own, and runs the statements on its server connections.
+// Through one, a LISTEN must not run: in transaction pooling it succeeds on
+// whichever server connection ran it, and stays there when PgBouncer hands
+// that connection to other clients, which then receive the notifications
+// (pgx keeps them in memory until the connection closes), while the
+// listener receives none and would claim to listen; in session pooling it
+// would hold one of PgBouncer's server connections, outside the
+// application's pool, for as long as somebody waits. The statement runs in
+// the simple protocol, which every query mode and pooler accept.
+func ownSession(ctx context.Context, pc *pgx.Conn) (bool, error) {
+	res, err := pc.PgConn().Exec(ctx, "SELECT pg_backend_pid()").ReadAll()
+	if err != nil {
+		return false, err
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+		return false, errors.New("pg_backend_pid: no answer")
+	}
+	pid, err := strconv.ParseUint(string(res[0].Rows[0][0]), 10, 32)
+	if err != nil {
+		return false, fmt.Errorf("pg_backend_pid: %w", err)
+	}
+	return uint32(pid) == pc.PgConn().PID(), nil
 }
 
 // receive listens on pc and wakes the hub's watches as notifications come.

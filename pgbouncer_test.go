@@ -23,27 +23,16 @@ import (
 func TestPgBouncer(t *testing.T) {
 	t.Parallel()
 	s := testdb.Postgres(t)
-	cases := []struct {
-		name     string
-		pool     string
-		mode     string // pgx's default_query_exec_mode; "" for its default, cache_statement
-		appConns int    // the application's pool; PgBouncer's has 2 connections
-	}{
+	throughPgBouncer(t, s, []pgBouncerCase{
 		{"Transaction/exec", "transaction", "exec", 16},
 		{"Transaction/simple_protocol", "transaction", "simple_protocol", 16},
 		{"Transaction/cache_describe", "transaction", "cache_describe", 16},
 		// In session pooling a client keeps its server connection, so the
 		// application's pool must not outgrow PgBouncer's.
 		{"Session/cache_statement", "session", "", 2},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			b := testdb.NewPgBouncer(t, s, testdb.PgBouncerConfig{PoolMode: tc.pool, PoolSize: 2})
-			t.Logf("PgBouncer %s, %s pooling, default_query_exec_mode=%q", b.Version, tc.pool, tc.mode)
-			concurrentRunsThrough(t, s, b.Open(t, tc.mode, tc.appConns))
-		})
-	}
+	}, func(t *testing.T, b *testdb.PgBouncer, tc pgBouncerCase) {
+		concurrentRunsThrough(t, s, b.Open(t, tc.mode, tc.appConns))
+	})
 
 	// pgx's default mode, cache_statement, names its prepared statements
 	// after the query's text: stmtcache_<hash>. Before PgBouncer 1.21, in
@@ -77,6 +66,29 @@ func TestPgBouncer(t *testing.T) {
 		assert.Contains(t, pgErr.Message, `prepared statement "stmtcache_`)
 		t.Logf("as expected: %v", err)
 	})
+}
+
+// pgBouncerCase is a way to reach PostgreSQL through PgBouncer.
+type pgBouncerCase struct {
+	name     string
+	pool     string // PgBouncer's pool_mode
+	mode     string // pgx's default_query_exec_mode; "" for its default, cache_statement
+	appConns int    // the size of each application pool; PgBouncer's has 2 connections
+}
+
+// throughPgBouncer runs fn in a parallel subtest for each case, with a
+// PgBouncer of its own in front of s, with a pool of 2 server connections.
+func throughPgBouncer(t *testing.T, s *testdb.Server, cases []pgBouncerCase,
+	fn func(t *testing.T, b *testdb.PgBouncer, tc pgBouncerCase),
+) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := testdb.NewPgBouncer(t, s, testdb.PgBouncerConfig{PoolMode: tc.pool, PoolSize: 2})
+			t.Logf("PgBouncer %s, %s pooling, default_query_exec_mode=%q", b.Version, tc.pool, tc.mode)
+			fn(t, b, tc)
+		})
+	}
 }
 
 // concurrentRunsThrough runs, on db, 4 Runs at once on each of 3 targets,

@@ -28,10 +28,10 @@ import (
 //     of a base that doubles from a quarter of the heartbeat interval up to
 //     the interval, and starts again from a quarter after every change; four
 //     intervals once the row is marked for notifications and the listener
-//     listens). Without notifications (MySQL, SQLite, PgBouncer in
-//     transaction pooling, lib/pq) a waiter so learns of the end within
-//     one interval; a notification lost on a marked row delays it by four
-//     at most. Nothing strands it.
+//     listens). Without notifications (MySQL, SQLite, PgBouncer or another
+//     pooler, lib/pq) a waiter so learns of the end within one interval; a
+//     notification lost on a marked row delays it by four at most. Nothing
+//     strands it.
 
 // leaseState is a lease row as a waiter reads it, with ages on the
 // database's clock.

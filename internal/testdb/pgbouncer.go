@@ -177,7 +177,8 @@ reserve_pool_size = 0
 max_client_conn = 200
 server_reset_query = DEALLOCATE ALL
 ignore_startup_parameters = extra_float_digits
-`, srv.Database, db, b.port, filepath.Join(dir, "userlist.txt"), cfg.PoolMode, cfg.PoolSize)
+admin_users = %s
+`, srv.Database, db, b.port, filepath.Join(dir, "userlist.txt"), cfg.PoolMode, cfg.PoolSize, srv.User)
 	if cfg.MaxPreparedStatements > 0 {
 		s += fmt.Sprintf("max_prepared_statements = %d\n", cfg.MaxPreparedStatements)
 	}
@@ -279,6 +280,63 @@ func (b *PgBouncer) Open(tb testing.TB, mode string, maxOpen int) *gorm.DB {
 	}
 	tb.Cleanup(func() { closeDB(db) })
 	return db
+}
+
+// PgBouncerPool is what PgBouncer's SHOW POOLS says of the test's pool.
+type PgBouncerPool struct {
+	// ClientsActive are the clients linked to a server connection, or idle
+	// (cl_active); ClientsWaiting wait for one (cl_waiting).
+	ClientsActive, ClientsWaiting int
+	// ServersActive are the server connections linked to a client
+	// (sv_active); ServersIdle and ServersUsed are free for the next one
+	// (sv_idle, sv_used).
+	ServersActive, ServersIdle, ServersUsed int
+}
+
+// Servers is the number of server connections open to PostgreSQL.
+func (p PgBouncerPool) Servers() int { return p.ServersActive + p.ServersIdle + p.ServersUsed }
+
+// Pool asks PgBouncer's admin console for the state of the test's pool.
+func (b *PgBouncer) Pool(tb testing.TB) PgBouncerPool {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg, err := b.connConfig("simple_protocol")
+	if err != nil {
+		tb.Fatalf("PgBouncer DSN: %v", err)
+	}
+	cfg.Database = "pgbouncer"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("PgBouncer's admin console: %v", err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SHOW POOLS")
+	if err != nil {
+		tb.Fatalf("SHOW POOLS: %v", err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowToMap)
+	if err != nil {
+		tb.Fatalf("SHOW POOLS: %v", err)
+	}
+	for _, l := range lines {
+		if l["database"] != b.server.Database || l["user"] != b.server.User {
+			continue
+		}
+		n := func(col string) int {
+			v, err := strconv.Atoi(fmt.Sprint(l[col]))
+			if err != nil {
+				tb.Fatalf("SHOW POOLS: %s = %v: %v", col, l[col], err)
+			}
+			return v
+		}
+		return PgBouncerPool{
+			ClientsActive: n("cl_active"), ClientsWaiting: n("cl_waiting"),
+			ServersActive: n("sv_active"), ServersIdle: n("sv_idle"), ServersUsed: n("sv_used"),
+		}
+	}
+	tb.Fatalf("SHOW POOLS: no pool for %s/%s in %v", b.server.Database, b.server.User, lines)
+	return PgBouncerPool{}
 }
 
 // syncBuffer is a bytes.Buffer safe for a process's output and a reader.
