@@ -226,9 +226,12 @@ func TestPrune_DoWaiterRunsWorkWhenRowIsPruned(t *testing.T) {
 		ctx := context.Background()
 		db := emptyDB(t, s)
 		repo := newRepository(t, db)
-		dead, err := repo.Acquire(ctx, "t", time.Minute)
+		// A target of this subtest's own: the watch hook looks at every
+		// database's waiters.
+		target := newTarget(t)
+		dead, err := repo.Acquire(ctx, target, time.Minute)
 		require.NoError(t, err)
-		age(t, s, db, "t", time.Hour) // expired 59 min ago by its own timeout
+		age(t, s, db, target, time.Hour) // expired 59 min ago by its own timeout
 		r := newRunner(t, db, gormlease.WithHeartbeatInterval(50*time.Millisecond), gormlease.WithLeaseTimeout(3*time.Hour))
 		type outcome struct {
 			v      string
@@ -238,17 +241,17 @@ func TestPrune_DoWaiterRunsWorkWhenRowIsPruned(t *testing.T) {
 		done := make(chan outcome, 1)
 		gens := make(chan int64, 1)
 		go func() {
-			v, shared, err := r.Do(ctx, "t", func(ctx context.Context) (string, error) {
+			v, shared, err := r.Do(ctx, target, func(ctx context.Context) (string, error) {
 				l, _ := gormlease.LeaseFromContext(ctx)
 				gens <- l.Generation
 				return "fresh", nil
 			}, gormlease.SaveJSON[string], func(tx *gorm.DB) (string, error) {
-				v, _, err := gormlease.LoadJSON[string](tx.Statement.Context, tx, "t")
+				v, _, err := gormlease.LoadJSON[string](tx.Statement.Context, tx, target)
 				return v, err
 			})
 			done <- outcome{v, shared, err}
 		}()
-		waitFor(t, 10*time.Second, "the caller to wait for the dead holder", func() bool { return gormlease.Watched("t") })
+		waitFor(t, 10*time.Second, "the caller to wait for the dead holder", func() bool { return gormlease.Watched(target) })
 		deleted, err := repo.Prune(ctx, 30*time.Minute)
 		require.NoError(t, err)
 		require.EqualValues(t, 1, deleted)
