@@ -135,3 +135,7 @@ func (e *PanicError) Unwrap() error {
 	err, _ := e.Value.(error)
 	return err
 }
+
+// errWorkExited is the reason logged for the release of a lease whose work
+// or saver called runtime.Goexit: Run never returns to its caller then.
+var errWorkExited = errors.New("gormlease: work or save called runtime.Goexit")

@@ -137,8 +137,13 @@ func startHeartbeat(workCtx context.Context, repo *Repository, cfg config, mon *
 // group's last, it also stops the group's goroutine and waits for it to end.
 // No heartbeat renews the lease after stop returns, except one already on
 // its way to the database, which the database fences like any other.
+// Calling stop again does nothing.
 func (h *heartbeat) stop() {
 	beatGroups.Lock()
+	if h.left {
+		beatGroups.Unlock()
+		return
+	}
 	h.left = true
 	h.fence.Stop()
 	g := h.group

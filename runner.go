@@ -89,6 +89,10 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 // when it rolled back, and an error wrapping ErrCommitUnknown when it cannot
 // tell.
 // Run never saves twice: the saver is called at most once per Run.
+//
+// When work or save calls runtime.Goexit, as t.FailNow does in a test, Run
+// does not return, since the goroutine ends; it still stops the heartbeat
+// and releases the lease first (a saver's transaction is rolled back).
 func (r *Runner[T]) Run(ctx context.Context, targetID string,
 	work func(ctx context.Context) (T, error),
 	save func(tx *gorm.DB, result T) error,
@@ -126,10 +130,32 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 		return zero, err
 	}
 	defer r.leaseEnded(ctx, lease, sent)
+	// A work or saver that calls runtime.Goexit (t.FailNow does) unwinds
+	// through here without returning: hold has stopped the heartbeat, and
+	// the lease, still held, is released before the goroutine exits.
+	returned := false
+	defer func() {
+		if !returned {
+			_ = r.releaseAfter(ctx, lease, wrapf(errWorkExited, "run %q", targetID))
+		}
+	}()
+	result, err := r.hold(ctx, lease, sent, work, save)
+	returned = true
+	return result, err
+}
 
+// hold is run from the moment the lease is acquired: it runs work under the
+// heartbeat, then the fenced commit or the release.
+func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
+	work func(ctx context.Context) (T, error), save func(tx *gorm.DB, result T) error,
+) (T, error) {
+	var zero T
+	m := &r.mon
+	targetID := lease.TargetID
 	workCtx, cancelWork := context.WithCancelCause(withLease(ctx, lease, r.repo.tables))
 	defer cancelWork(context.Canceled)
 	hb := startHeartbeat(workCtx, r.beater, r.cfg, &r.mon, lease, sent, cancelWork)
+	defer hb.stop() // after runtime.Goexit in work; stop is idempotent
 	var maxHold *time.Timer
 	if r.cfg.maxHold > 0 {
 		maxHold = time.AfterFunc(r.cfg.maxHold, func() {
@@ -137,6 +163,7 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 				"gormlease: run %q: work still running after the max hold of %v: %w",
 				targetID, r.cfg.maxHold, ErrMaxHoldExceeded)})
 		})
+		defer maxHold.Stop() // after runtime.Goexit in work
 	}
 	result, workErr := callWork(workCtx, work)
 	if maxHold != nil {

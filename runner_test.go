@@ -3,6 +3,7 @@ package gormlease_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -445,6 +446,51 @@ func TestRun_FailuresReleaseLease(t *testing.T) {
 				tc.check(t, err)
 				assert.NotNil(t, leaseRow(t, db, target).ReleasedAt, "lease not released")
 				assert.Zero(t, countRows(t, db, &gormlease.JobResult{}, target), "results saved")
+			})
+		}
+	})
+}
+
+// A work or saver that calls runtime.Goexit, as t.FailNow does, ends the
+// goroutine inside Run: the heartbeat still stops and the lease is
+// released, so that the next Run on the target is not refused.
+func TestRun_GoexitReleasesLease(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		r := newRunner(t, db)
+		for _, tc := range []struct {
+			name string
+			work func(context.Context) (string, error)
+			save func(*gorm.DB, string) error
+		}{
+			{"InWork", func(context.Context) (string, error) { runtime.Goexit(); return "", nil },
+				func(*gorm.DB, string) error { return nil }},
+			{"InSave", func(context.Context) (string, error) { return "r", nil },
+				func(tx *gorm.DB, r string) error {
+					if err := gormlease.SaveJSON(tx, r); err != nil {
+						return err
+					}
+					runtime.Goexit() // after a write, which must be rolled back
+					return nil
+				}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				target := newTarget(t)
+				returned := make(chan bool, 1)
+				go func() {
+					ok := false
+					defer func() { returned <- ok }()
+					_, _ = r.Run(context.Background(), target, tc.work, tc.save)
+					ok = true
+				}()
+				assert.False(t, recv(t, returned, 10*time.Second, "the Run's goroutine to end"), "Run returned")
+				row := leaseRow(t, db, target)
+				assert.NotNil(t, row.ReleasedAt, "lease not released")
+				assert.Zero(t, countRows(t, db, &gormlease.JobResult{}, target), "results saved")
+				_, err := r.Run(context.Background(), target,
+					func(context.Context) (string, error) { return "again", nil },
+					func(*gorm.DB, string) error { return nil })
+				assert.NoError(t, err, "the next Run on the target")
 			})
 		}
 	})
