@@ -3,14 +3,14 @@ package main
 import (
 	"fmt"
 	"strings"
-	"time"
 
-	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/ncruces/go-sqlite3/gormlite"
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
+
+	dsnpkg "github.com/gormlease/gormlease/internal/dsn"
 )
 
 // dsnEnv is the environment variable that gives the DSN when -dsn does not.
@@ -39,11 +39,10 @@ func dialector(dsn string) (gorm.Dialector, error) {
 	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
 		return postgres.Open(dsn), nil
 	case strings.HasPrefix(dsn, "mysql://"):
-		cfg, err := mysqldriver.ParseDSN(strings.TrimPrefix(dsn, "mysql://"))
+		cfg, err := dsnpkg.MySQL(dsn)
 		if err != nil {
 			return nil, usagef("bad MySQL DSN %q: %v; write it as mysql://USER:PASSWORD@tcp(HOST:3306)/DB", redact(dsn), err)
 		}
-		cfg.ParseTime, cfg.Loc = true, time.UTC // what gormlease needs
 		return mysql.Open(cfg.FormatDSN()), nil
 	case strings.HasPrefix(dsn, "file:"):
 		return gormlite.Open(dsn), nil
@@ -74,16 +73,5 @@ func closeDB(db *gorm.DB) {
 	}
 }
 
-// redact hides the password in a URL-shaped DSN.
-func redact(dsn string) string {
-	scheme, rest, ok := strings.Cut(dsn, "://")
-	if !ok {
-		return dsn
-	}
-	at := strings.LastIndex(rest, "@")
-	colon := strings.Index(rest, ":")
-	if at < 0 || colon < 0 || colon > at {
-		return dsn
-	}
-	return scheme + "://" + rest[:colon] + ":***" + rest[at:]
-}
+// redact hides the password in dsn.
+func redact(dsn string) string { return dsnpkg.Redact(dsn) }

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	mysqldriver "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"github.com/ncruces/go-sqlite3/driver"
 	"github.com/ncruces/go-sqlite3/gormlite"
@@ -18,6 +17,8 @@ import (
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
+
+	dsnpkg "github.com/gormlease/gormlease/internal/dsn"
 )
 
 // sqlitePragmas are the SQLite settings the demo uses, and that gormlease
@@ -76,7 +77,7 @@ func openDatabase(dsn string) (*database, error) {
 			func() (*sql.DB, error) { return sql.Open("pgx", dsn) },
 			func(c gorm.ConnPool) gorm.Dialector { return postgres.New(postgres.Config{Conn: c}) })
 	case strings.HasPrefix(dsn, "mysql://"):
-		return openMySQL(strings.TrimPrefix(dsn, "mysql://"))
+		return openMySQL(dsn)
 	default:
 		return nil, fmt.Errorf("unsupported -dsn %q: give file:PATH?%s for SQLite, postgres://USER@HOST/DB for PostgreSQL, "+
 			"or mysql://USER:PASSWORD@tcp(HOST:3306)/DB for MySQL or MariaDB", redact(dsn), sqlitePragmas)
@@ -86,11 +87,11 @@ func openDatabase(dsn string) (*database, error) {
 // openMySQL opens MySQL or MariaDB with the driver's DSN, adding the
 // settings gormlease needs: datetimes read as time.Time, in UTC.
 func openMySQL(dsn string) (*database, error) {
-	cfg, err := mysqldriver.ParseDSN(dsn)
+	cfg, err := dsnpkg.MySQL(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("mysql DSN: %w", err)
 	}
-	cfg.ParseTime, cfg.Loc, cfg.InterpolateParams = true, time.UTC, true
+	cfg.InterpolateParams = true
 	return newDatabase(fmt.Sprintf("MySQL %s@%s/%s", cfg.User, cfg.Addr, cfg.DBName), "SELECT UTC_TIMESTAMP(6)",
 		func() (*sql.DB, error) { return sql.Open("mysql", cfg.FormatDSN()) },
 		func(c gorm.ConnPool) gorm.Dialector { return mysql.New(mysql.Config{Conn: c}) })
@@ -120,19 +121,8 @@ func (d *database) now(ctx context.Context) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("read the database's clock: %T is not a time", v)
 }
 
-// redact hides the password in a URL-shaped DSN.
-func redact(dsn string) string {
-	scheme, rest, ok := strings.Cut(dsn, "://")
-	if !ok {
-		return dsn
-	}
-	at := strings.LastIndex(rest, "@")
-	colon := strings.Index(rest, ":")
-	if at < 0 || colon < 0 || colon > at {
-		return dsn
-	}
-	return scheme + "://" + rest[:colon] + ":***" + rest[at:]
-}
+// redact hides the password in dsn.
+func redact(dsn string) string { return dsnpkg.Redact(dsn) }
 
 // gorm opens gorm on conn, a pool over d's pool.
 func (d *database) gorm(conn gorm.ConnPool) (*gorm.DB, error) {
