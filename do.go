@@ -319,8 +319,10 @@ func (lc *localCalls[T]) join(ctx context.Context, targetID string,
 		go func() {
 			defer close(f.done)
 			defer cancel()
+			defer lc.forget(targetID, f)
+			// Stays the answer when the work or the saver calls runtime.Goexit.
+			f.err = wrapf(errWorkExited, "do %q", targetID)
 			f.value, f.ran, f.err = run(fctx)
-			lc.forget(targetID, f)
 		}()
 	}
 	f.callers++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -292,6 +293,30 @@ func TestDo_ContextEndsWhileWaiting(t *testing.T) {
 		assert.ErrorIs(t, err, context.DeadlineExceeded)
 		assert.ErrorIs(t, err, gormlease.ErrLeaseHeld)
 		waitFor(t, 5*time.Second, "connections back", func() bool { return sqlDB.Stats().InUse == 0 })
+	})
+}
+
+// A work that calls runtime.Goexit ends Do's shared job without a result:
+// its callers get an error, never a zero value that claims success, and the
+// lease is released, so the next Do runs the work.
+func TestDo_GoexitInWorkIsAnError(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		r := newRunner(t, db)
+		target := newTarget(t)
+		_, _, err := r.Do(context.Background(), target, func(context.Context) (string, error) {
+			runtime.Goexit()
+			return "never", nil
+		}, gormlease.SaveJSON[string], loadJSON(target))
+		assert.Error(t, err)
+		assert.NotNil(t, leaseRow(t, db, target).ReleasedAt, "lease not released")
+
+		v, shared, err := r.Do(context.Background(), target, func(context.Context) (string, error) {
+			return "second", nil
+		}, gormlease.SaveJSON[string], loadJSON(target))
+		require.NoError(t, err)
+		assert.Equal(t, "second", v)
+		assert.False(t, shared)
 	})
 }
 
