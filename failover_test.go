@@ -4,15 +4,20 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
@@ -493,6 +498,63 @@ func TestFailover_AsyncLosesCommittedSave(t *testing.T) {
 	require.NoError(t, res.err)
 	assert.EqualValues(t, 1, ran(across))
 	assert.EqualValues(t, 1, sv.count(t, db, across))
+}
+
+// TestFailover_CommitWaitsForNewPrimary: a Run whose work ends while no
+// server accepts writes (the primary crashed, the standby is not promoted
+// yet) commits once the standby is promoted, within the operation timeout:
+// the fenced commit tries its first query again while the database cannot
+// be reached. Its heartbeats go through a pool of their own, so that every
+// connection the Runner's pool dials after the crash is the commit's.
+func TestFailover_CommitWaitsForNewPrimary(t *testing.T) {
+	t.Parallel()
+	pair := testdb.NewPgPair(t, true)
+	beats := pair.Open(t)
+	cfg, err := pgx.ParseConfig(pair.DSN())
+	require.NoError(t, err)
+	var dials atomic.Int64
+	var dialer net.Dialer
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return dialer.DialContext(ctx, network, addr)
+	}
+	sqlDB := stdlib.OpenDB(*cfg)
+	t.Cleanup(func() { sqlDB.Close() })
+	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	sv := newSaves(t, db)
+	r := newRunner(t, db, gormlease.WithHeartbeatInterval(100*time.Millisecond),
+		gormlease.WithLeaseTimeout(30*time.Second), gormlease.WithOperationTimeout(10*time.Second),
+		gormlease.WithHeartbeatDB(beats))
+
+	target := newTarget(t)
+	working, finish := make(chan struct{}), make(chan struct{})
+	done := goRun(context.Background(), r, target, func(context.Context) (string, error) {
+		close(working)
+		<-finish
+		return "saved", nil
+	}, sv.save)
+	recv(t, working, 10*time.Second, "the work to start")
+	pair.Crash(t)
+	before := dials.Load()
+	close(finish)
+	var res runResult[string]
+	returned := false
+	waitFor(t, 10*time.Second, "the commit to try the crashed primary", func() bool {
+		select {
+		case res = <-done:
+			returned = true
+		default:
+		}
+		return returned || dials.Load() > before
+	})
+	pair.Promote(t)
+	if !returned {
+		res = recv(t, done, 20*time.Second, "the Run to commit on the new primary")
+	}
+	require.NoError(t, res.err, "the commit gave up before the new primary came")
+	assert.EqualValues(t, 1, sv.count(t, db, target))
+	assert.NotNil(t, leaseRow(t, db, target).ReleasedAt)
 }
 
 // errKind names the kind of a failed Run's error, for the test's log: its

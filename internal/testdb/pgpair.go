@@ -129,15 +129,29 @@ func (p *PgPair) DetachStandby(tb testing.TB) {
 	p.waitFor(tb, p.primary, "the primary to lose its standby", "0", "SELECT count(*)::text FROM pg_stat_replication")
 }
 
-// Failover crashes the primary (pg_ctl stop -m immediate: connections drop,
-// transactions in flight are lost) and promotes the standby, waiting until
-// it accepts writes. The old primary stays down.
+// Failover crashes the primary and promotes the standby: Crash, then
+// Promote.
 func (p *PgPair) Failover(tb testing.TB) {
 	tb.Helper()
+	p.Crash(tb)
+	p.Promote(tb)
+}
+
+// Crash stops the primary at once, as a crash would (pg_ctl stop -m
+// immediate): connections drop and transactions in flight are lost. It
+// stays down; until Promote, no server accepts writes.
+func (p *PgPair) Crash(tb testing.TB) {
+	tb.Helper()
 	if p.standby == nil {
-		tb.Fatal("failover: no standby left to promote")
+		tb.Fatal("crash: no standby left to promote after it")
 	}
 	p.primary.Crash(tb)
+}
+
+// Promote promotes the standby (pg_ctl promote) after Crash, and waits
+// until it accepts writes: it is the primary from then on.
+func (p *PgPair) Promote(tb testing.TB) {
+	tb.Helper()
 	if err := p.standby.pgctl("promote", "-w", "-t", "60"); err != nil {
 		tb.Fatalf("pg_ctl promote: %v", err)
 	}
