@@ -152,6 +152,9 @@ func (p *PgPair) Crash(tb testing.TB) {
 // until it accepts writes: it is the primary from then on.
 func (p *PgPair) Promote(tb testing.TB) {
 	tb.Helper()
+	if p.standby == nil {
+		tb.Fatal("promote: no standby left")
+	}
 	if err := p.standby.pgctl("promote", "-w", "-t", "60"); err != nil {
 		tb.Fatalf("pg_ctl promote: %v", err)
 	}
