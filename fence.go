@@ -77,11 +77,15 @@ func (r *Repository) commitOnConn(ctx context.Context, b lockingBeginner, l Leas
 	if !ok {
 		return false, nil
 	}
-	conn, err := sqlDB.Conn(ctx)
-	if err != nil {
-		return true, wrapf(err, "commit %q", l.TargetID)
+	conn, n, refused, err := r.lockOnConn(ctx, sqlDB, b, l, lockSQL)
+	switch {
+	case refused:
+		r.oneTripRefused.Store(true)
+		return false, nil
+	case err != nil:
+		return true, err
 	}
-	inTx := false
+	inTx := true
 	defer func() {
 		if inTx {
 			// The transaction may still be open: close the connection, which
@@ -98,16 +102,6 @@ func (r *Repository) commitOnConn(ctx context.Context, b lockingBeginner, l Leas
 		}
 		return true, err
 	}
-	_, n, err := execOn(ctx, r.db, conn, b.beginLocked(lockSQL, l))
-	if err != nil {
-		if b.refusesQueries(err) {
-			r.oneTripRefused.Store(true)
-			return false, nil
-		}
-		inTx = true // BEGIN may have run
-		return true, wrapf(err, "commit %q: lock lease row", l.TargetID)
-	}
-	inTx = true
 	if n != 1 {
 		return abort(wrapf(ErrLeaseLost, "commit %q", l.TargetID))
 	}

@@ -23,6 +23,8 @@ import (
 //     COMMITTED, where the locking read re-reads the row instead of failing.
 //     A serialization failure inside the saver's own statements is returned
 //     (wrapped) with nothing saved; Run then releases the lease.
+//     Only its first query, before the saver runs, is tried again, when
+//     the database cannot be reached (see reconnect.go).
 const (
 	// statementAttempts is how often a retryable statement is tried in all.
 	statementAttempts = 5

@@ -29,11 +29,23 @@ import (
 type Cluster struct {
 	bin, dir, data string
 	port           int
-	asUser         string // the user to run the binaries as, or "" for this one
+	asUser         string   // the user to run the binaries as, or "" for this one
+	settings       []string // "name=value" server settings of its own, for Start
 }
 
 // NewCluster makes and starts a new cluster.
 func NewCluster(tb testing.TB) *Cluster {
+	tb.Helper()
+	c := emptyCluster(tb)
+	c.initdb(tb)
+	c.Start(tb)
+	return c
+}
+
+// emptyCluster returns a cluster with a port and a directory but no data
+// yet, stopped and deleted when tb ends, or skips tb (fails it under CI)
+// when a prerequisite is missing.
+func emptyCluster(tb testing.TB) *Cluster {
 	tb.Helper()
 	c, err := newCluster()
 	if err != nil {
@@ -43,11 +55,15 @@ func NewCluster(tb testing.TB) *Cluster {
 		_ = c.pgctl("stop", "-m", "immediate")
 		os.RemoveAll(c.dir)
 	})
+	return c
+}
+
+// initdb makes the cluster's data directory.
+func (c *Cluster) initdb(tb testing.TB) {
+	tb.Helper()
 	if err := c.run("initdb", "-D", c.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {
 		tb.Fatalf("initdb: %v", err)
 	}
-	c.Start(tb)
-	return c
 }
 
 func newCluster() (*Cluster, error) {
@@ -116,6 +132,9 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
+// Port is the port the cluster listens on, on 127.0.0.1.
+func (c *Cluster) Port() int { return c.port }
+
 // Addr is the cluster's "host:port".
 func (c *Cluster) Addr() string { return fmt.Sprintf("127.0.0.1:%d", c.port) }
 
@@ -123,8 +142,7 @@ func (c *Cluster) Addr() string { return fmt.Sprintf("127.0.0.1:%d", c.port) }
 // gormlease tables made. It is closed when tb ends.
 func (c *Cluster) Open(tb testing.TB) *gorm.DB {
 	tb.Helper()
-	dsn := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=5", c.port)
-	db, err := gorm.Open(postgres.Open(dsn), quiet())
+	db, err := gorm.Open(postgres.Open(c.dsn()), quiet())
 	if err != nil {
 		tb.Fatalf("open cluster: %v", err)
 	}
@@ -139,6 +157,9 @@ func (c *Cluster) Open(tb testing.TB) *gorm.DB {
 func (c *Cluster) Start(tb testing.TB) {
 	tb.Helper()
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off", c.port, c.dir)
+	for _, s := range c.settings {
+		opts += " -c " + s
+	}
 	if err := c.pgctl("start", "-w", "-t", "60", "-l", filepath.Join(c.dir, "log"), "-o", opts); err != nil {
 		log, _ := os.ReadFile(filepath.Join(c.dir, "log"))
 		tb.Fatalf("pg_ctl start: %v\n%s", err, log)
