@@ -361,16 +361,18 @@ func TestFailover_SyncStandby(t *testing.T) {
 // TestFailover_SyncCommitWaitingForStandby fails over while a fenced
 // commit's COMMIT waits for the synchronous standby, which has stopped
 // receiving WAL: the old primary committed it locally, but the standby that
-// takes over never got it. Run must not claim success: it returns
-// ErrCommitUnknown, or, when it could ask the new primary in time, an error
-// saying nothing was saved; the new primary has no save, and the target
-// runs again.
+// takes over never got it. Run must not claim success: it asks again
+// until the new primary answers, within the operation timeout, and returns
+// an error saying nothing was saved; the new primary has no save, and the
+// target runs again.
 func TestFailover_SyncCommitWaitingForStandby(t *testing.T) {
 	t.Parallel()
 	pair := testdb.NewPgPair(t, true)
 	db := pair.Open(t)
 	sv := newSaves(t, db)
-	r := newRunner(t, db, failoverOptions()...)
+	// An operation timeout that outlasts the failover, so that the Run can
+	// settle its commit on the new primary.
+	r := newRunner(t, db, append(failoverOptions(), gormlease.WithOperationTimeout(4*time.Second))...)
 	ctx := context.Background()
 	old := pair.Primary().Open(t)
 
@@ -397,6 +399,8 @@ func TestFailover_SyncCommitWaitingForStandby(t *testing.T) {
 	res := recv(t, done, 20*time.Second, "the Run whose COMMIT waited")
 	require.Error(t, res.err, "a COMMIT that the standby never got claims success")
 	t.Logf("Run: %v", res.err)
+	assert.NotErrorIs(t, res.err, gormlease.ErrCommitUnknown, "the new primary could tell")
+	assert.Contains(t, res.err.Error(), "nothing saved")
 	dbNow(t, db)
 	assert.EqualValues(t, 0, sv.count(t, db, target))
 

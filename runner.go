@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
@@ -213,7 +214,7 @@ func (r *Runner[T]) commit(ctx context.Context, lease Lease, save func(tx *gorm.
 		case known && committed:
 			return CommitSaved, nil
 		case known:
-			return CommitFailed, wrapf(unknown.cause, "commit %q: rolled back when the connection failed, nothing saved", lease.TargetID)
+			return CommitFailed, wrapf(unknown.cause, "commit %q: the connection failed during COMMIT and the database shows nothing saved", lease.TargetID)
 		}
 		return CommitUnknown, err
 	}
@@ -256,27 +257,64 @@ func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, runErr error)
 
 // settleCommit finds out, after a commit whose COMMIT got no answer, whether
 // that commit took effect: known reports whether it could tell, and
-// committed whether the commit took effect. It first releases
-// the lease. The fenced transaction keeps the lease row locked until it
-// ends, so a release that succeeds proves that it rolled back: then the
-// lease is released, nothing was saved, and the outcome is known. A release
-// that finds the row released under this lease's own token proves that the
-// commit, which releases in the same transaction, took effect. Anything else
-// (the database is still unreachable, or another holder already took the
-// target) leaves the outcome unknown, and Run returns ErrCommitUnknown.
+// committed whether the commit took effect. It first releases the lease.
+// The fenced transaction keeps the lease row locked until it ends, so a
+// release that succeeds proves that it rolled back: then the lease is
+// released, nothing was saved, and the outcome is known. Otherwise it reads
+// the row: the commit records its generation as the saved one, in the same
+// transaction, so a saved generation equal to the lease's proves that the
+// commit took effect, and an older one (or none) that it did not. While
+// the database cannot be reached (a failover, a restart), it tries again
+// until the operation timeout. Anything else (the row is gone, or a later
+// generation saved since) leaves the outcome unknown, and Run returns
+// ErrCommitUnknown.
 func (r *Runner[T]) settleCommit(ctx context.Context, lease Lease) (committed, known bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
 	defer cancel()
-	err := r.repo.Release(ctx, lease)
+	pause := reconnectFirstPause
+	for {
+		committed, known, err := r.settleOnce(ctx, lease)
+		if err == nil || !unreachable(err) || !sleepCtx(ctx, pause/2+rand.N(pause)) {
+			return committed, known
+		}
+		pause = min(2*pause, reconnectMaxPause)
+	}
+}
+
+// settleOnce is one attempt of settleCommit; err is the error of a
+// statement that failed, when that left the outcome unknown.
+func (r *Runner[T]) settleOnce(ctx context.Context, lease Lease) (committed, known bool, err error) {
+	err = r.repo.Release(ctx, lease)
 	if err == nil {
-		return false, true
+		return false, true, nil
 	}
 	if !errors.Is(err, ErrLeaseLost) {
-		return false, false
+		return false, false, err
 	}
 	row, found, err := r.repo.Get(ctx, lease.TargetID)
-	applied := err == nil && found && row.LeaseToken == lease.Token && row.ReleasedAt != nil
-	return applied, applied
+	switch {
+	case err != nil:
+		return false, false, err
+	case !found:
+		return false, false, nil // pruned: nothing left to tell
+	case row.SavedGeneration != nil && *row.SavedGeneration == lease.Generation:
+		return true, true, nil
+	case row.SavedGeneration == nil || *row.SavedGeneration < lease.Generation:
+		return false, true, nil
+	}
+	return false, false, nil // a later generation saved since
+}
+
+// sleepCtx waits for d, and reports false when ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // callWork calls work and turns a panic into a *PanicError.
