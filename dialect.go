@@ -135,6 +135,12 @@ func timeoutMillis(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
+// timeoutMicros is d, which is positive, in whole microseconds, rounded to
+// the nearest, as PostgreSQL rounds an interval of fractional seconds.
+func timeoutMicros(d time.Duration) int64 {
+	return int64(d/time.Microsecond + (d%time.Microsecond+time.Microsecond/2)/time.Microsecond)
+}
+
 // anyGeneration is acquireArgs.from when any generation may be taken over.
 const anyGeneration = -1
 

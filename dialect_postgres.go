@@ -4,7 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"strings"
+	"time"
 
 	"gorm.io/gorm"
 )
@@ -60,13 +63,67 @@ CREATE TABLE IF NOT EXISTS job_result (
 // unique violation when two sessions create the same table at once.
 const postgresMigrateLock = 0x676f726d6c6561 // "gormlea"
 
+// migrateAttempts bounds how often migrate runs the DDL when concurrent
+// migrations without the advisory lock keep colliding: each collision
+// leaves one more object made, and there are fewer objects than attempts.
+const migrateAttempts = 10
+
+// errNoAdvisoryLock marks the failure of the migration's advisory lock on a
+// server that lacks it.
+var errNoAdvisoryLock = errors.New("no advisory lock")
+
+// migrate runs the DDL in a transaction that first takes an advisory lock,
+// so that concurrent migrations run one after another. Where the server has
+// no such lock (CockroachDB before transaction-level advisory locks, which
+// has no pg_advisory_xact_lock, or YugabyteDB without its advisory-lock
+// flags) the DDL runs without it: every statement of the DDL does nothing
+// for what exists (IF NOT EXISTS, ON CONFLICT DO NOTHING), so a migration
+// that collides with a concurrent one, and fails for it, is run again until
+// it finds everything made.
 func (d postgresDialect) migrate(ctx context.Context, db *gorm.DB) error {
-	return db.Transaction(func(tx *gorm.DB) error {
-		if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", postgresMigrateLock).Error; err != nil {
+	lock := true
+	pause := retryBackoff
+	for attempt := 1; ; attempt++ {
+		err := db.Transaction(func(tx *gorm.DB) error {
+			if lock {
+				if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", postgresMigrateLock).Error; err != nil {
+					if st := sqlState(err); st == "42883" || st == "0A000" { // undefined function, not supported
+						return fmt.Errorf("%w: %w", errNoAdvisoryLock, err)
+					}
+					return err
+				}
+			}
+			return tx.Exec(d.schemaSQL).Error
+		})
+		switch {
+		case err == nil:
+			return nil
+		case lock && errors.Is(err, errNoAdvisoryLock):
+			lock = false
+			continue
+		case lock || attempt >= migrateAttempts || !migrationCollision(err):
 			return err
 		}
-		return tx.Exec(d.schemaSQL).Error
-	})
+		t := time.NewTimer(pause/2 + rand.N(pause))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		pause = min(2*pause, 100*time.Millisecond)
+	}
+}
+
+// migrationCollision reports whether err is what a DDL statement meets when
+// a concurrent one makes the same object: a duplicate in the catalog, or a
+// serialization failure or deadlock between the two transactions.
+func migrationCollision(err error) bool {
+	switch sqlState(err) {
+	case "23505", "42P07", "42701", "42710", "40001", "40P01":
+		return true
+	}
+	return false
 }
 
 // now is clock_timestamp(): now() is frozen at the start of the
@@ -79,9 +136,11 @@ func (postgresDialect) now() string { return "clock_timestamp()" }
 // inserted or locked, so a refused acquire writes nothing. Otherwise the
 // insert goes ahead, and on a conflict the ON CONFLICT ... WHERE re-checks
 // the latest row under its lock before taking it over. Its arguments are
-// the target, the token, the holder, the timeout in seconds, the generation
-// to take over from (see acquireArgs) and the timeout in milliseconds; the
-// casts give each the one type that all its uses agree on.
+// the target, the token, the holder, the timeout in microseconds, the
+// generation to take over from (see acquireArgs) and the timeout in
+// milliseconds; the casts give each the one type that all its uses agree on.
+// The timeout is an integer times interval '1 microsecond', not
+// make_interval, which CockroachDB lacks (see docs/scaling.md).
 //
 // A target without a row starts above the generation floor, the highest
 // generation that Prune ever deleted, and above the row that the
@@ -97,7 +156,7 @@ SELECT CAST($1 AS varchar), CAST($2 AS uuid),
 WHERE NOT EXISTS (
 	SELECT 1 FROM job_lease
 	WHERE target_id = $1 AND released_at IS NULL
-	  AND updated_at >= clock_timestamp() - make_interval(secs => CAST($4 AS double precision)))
+	  AND updated_at >= clock_timestamp() - CAST($4 AS bigint) * interval '1 microsecond')
 ON CONFLICT (target_id) DO UPDATE SET
 	lease_token = excluded.lease_token,
 	generation  = l.generation + 1,
@@ -108,14 +167,14 @@ ON CONFLICT (target_id) DO UPDATE SET
 	waiting     = false,
 	timeout_ms  = excluded.timeout_ms
 WHERE (l.released_at IS NOT NULL
-    OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision)))
+    OR l.updated_at < clock_timestamp() - CAST($4 AS bigint) * interval '1 microsecond')
   AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
 RETURNING l.generation`
 
 func (d postgresDialect) acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (int64, bool, error) {
 	var generation int64
 	ok, err := queryRowSQL(ctx, db, d.acquireSQL,
-		[]any{a.targetID, a.token.String(), a.holder, a.timeout.Seconds(), a.from, timeoutMillis(a.timeout)}, &generation)
+		[]any{a.targetID, a.token.String(), a.holder, timeoutMicros(a.timeout), a.from, timeoutMillis(a.timeout)}, &generation)
 	return generation, ok, err
 }
 

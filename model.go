@@ -86,7 +86,10 @@ func (JobResult) TableName() string { return "job_result" }
 // for a table that exists. It runs the database's own DDL (the same as in
 // docs/schema.sql, or docs/schema-mysql.sql) rather than gorm's
 // AutoMigrate, so that the columns get the types the lease statements rely
-// on. It is safe to call from several processes at once. On MySQL it first
+// on. It is safe to call from several processes at once: on PostgreSQL an
+// advisory lock runs them one after another, and where the server has none
+// (CockroachDB, YugabyteDB) one that collides with another runs its DDL
+// again, which does nothing for what exists. On MySQL it first
 // checks that the DSN reads the database's times right (parseTime=true,
 // loc=UTC), and returns an error wrapping ErrInvalidArgument when not.
 //

@@ -185,8 +185,8 @@ func TestModel_LeaseProtocol(t *testing.T) {
 				}
 				ticks := rapid.IntRange(1, 3).Draw(rt, "ticks")
 				d := time.Duration(ticks) * modelTick
-				if err := db.Exec("UPDATE job_lease SET updated_at = updated_at - make_interval(secs => ?) WHERE target_id = ?",
-					d.Seconds(), target).Error; err != nil {
+				if err := db.Exec("UPDATE job_lease SET updated_at = updated_at - CAST(? AS bigint) * interval '1 microsecond' WHERE target_id = ?",
+					d.Microseconds(), target).Error; err != nil {
 					rt.Fatalf("advance: %v", err)
 				}
 				m.age += d

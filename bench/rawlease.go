@@ -24,7 +24,7 @@ SELECT CAST($1 AS varchar), CAST($2 AS uuid),
 WHERE NOT EXISTS (
 	SELECT 1 FROM raw_lease
 	WHERE target_id = $1 AND released_at IS NULL
-	  AND updated_at >= clock_timestamp() - make_interval(secs => CAST($4 AS double precision)))
+	  AND updated_at >= clock_timestamp() - CAST($4 AS bigint) * interval '1 microsecond')
 ON CONFLICT (target_id) DO UPDATE SET
 	lease_token = excluded.lease_token,
 	generation  = l.generation + 1,
@@ -35,7 +35,7 @@ ON CONFLICT (target_id) DO UPDATE SET
 	waiting     = false,
 	timeout_ms  = excluded.timeout_ms
 WHERE (l.released_at IS NOT NULL
-    OR l.updated_at < clock_timestamp() - make_interval(secs => CAST($4 AS double precision)))
+    OR l.updated_at < clock_timestamp() - CAST($4 AS bigint) * interval '1 microsecond')
   AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
 RETURNING l.generation`
 	rawRelease     = `UPDATE raw_lease SET released_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
@@ -57,7 +57,7 @@ func newRawLease(ctx context.Context, dsn string, conns int) (*impl, error) {
 		acquire: func(ctx context.Context, target string) (uuid.UUID, bool, error) {
 			token := uuid.New()
 			var gen int64
-			err := pool.QueryRow(ctx, rawAcquire, target, token, "bench", leaseTimeout.Seconds(), -1, leaseTimeout.Milliseconds()).Scan(&gen)
+			err := pool.QueryRow(ctx, rawAcquire, target, token, "bench", leaseTimeout.Microseconds(), -1, leaseTimeout.Milliseconds()).Scan(&gen)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return token, false, nil
 			}

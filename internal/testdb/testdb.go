@@ -289,7 +289,7 @@ func findPostgres() (*Server, error) {
 		Addr:    fmt.Sprintf("%s:%d", base.Host, base.Port),
 		DSN:     postgresURL(base, schema),
 		Ago: func(d time.Duration) clause.Expr {
-			return gorm.Expr("clock_timestamp() - make_interval(secs => ?)", d.Seconds())
+			return gorm.Expr("clock_timestamp() - CAST(? AS bigint) * interval '1 microsecond'", d.Microseconds())
 		},
 		Isolation: func(level string) map[string]string {
 			return map[string]string{"default_transaction_isolation": level}

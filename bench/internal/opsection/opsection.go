@@ -1,7 +1,9 @@
-// Package opsection keeps the operations section of docs/performance.md:
-// the block that the opsbench command writes between two markers, and that
-// the bench command carries over when it rewrites the rest of the file, so
-// that running either command never loses the other's figures.
+// Package opsection keeps the marked sections of the benchmark's Markdown
+// files: the operations section of docs/performance.md, the block that the
+// opsbench command writes between two markers, and that the bench command
+// carries over when it rewrites the rest of the file, so that running either
+// command never loses the other's figures; and the capacity section of
+// docs/scaling.md, which the capacity command writes (see Section).
 package opsection
 
 import (
@@ -20,26 +22,46 @@ const (
 	End   = "<!-- operations:end -->"
 )
 
+// Section is a block of a Markdown file between two markers, each on a
+// line of its own.
+type Section struct{ Begin, End string }
+
+// Operations is the operations section of docs/performance.md, and
+// Capacity the capacity section of docs/scaling.md.
+var (
+	Operations = Section{Begin, End}
+	Capacity   = Section{"<!-- capacity:begin -->", "<!-- capacity:end -->"}
+)
+
 // Wrap returns section between the markers, as a block that Find finds.
-func Wrap(section string) string {
-	return Begin + "\n" + strings.TrimSpace(section) + "\n" + End + "\n"
+func Wrap(section string) string { return Operations.Wrap(section) }
+
+// Find returns the operations block of doc: see Section.Find.
+func Find(doc string) (block string, ok bool, err error) { return Operations.Find(doc) }
+
+// Put returns doc with its operations block replaced: see Section.Put.
+func Put(doc, block string) (string, error) { return Operations.Put(doc, block) }
+
+// Wrap returns section between s's markers, as a block that Find finds.
+func (s Section) Wrap(section string) string {
+	return s.Begin + "\n" + strings.TrimSpace(section) + "\n" + s.End + "\n"
 }
 
-// Find returns the marked block of doc, markers included, and whether doc
+// Find returns the block of doc that s marks, markers included, and whether doc
 // has one. It returns an error when the markers are out of order or not
 // one of each, rather than guess where the section ends.
-func Find(doc string) (block string, ok bool, err error) {
-	begin, end, ok, err := bounds(doc)
+func (s Section) Find(doc string) (block string, ok bool, err error) {
+	begin, end, ok, err := s.bounds(doc)
 	if !ok || err != nil {
 		return "", ok, err
 	}
 	return doc[begin:end] + "\n", true, nil
 }
 
-// Put returns doc with its marked block replaced by block, or with block
+// Put returns doc with the block that s marks replaced by block, or with block
 // appended after a blank line when doc has none.
-func Put(doc, block string) (string, error) {
-	begin, end, ok, err := bounds(doc)
+func (s Section) Put(doc, block string) (string, error) {
+	begin, end, ok, err := s.bounds(doc)
 	switch {
 	case err != nil:
 		return "", err
@@ -64,18 +86,18 @@ func Carry(old, fresh string) (string, error) {
 	return Put(fresh, block)
 }
 
-// bounds returns where the marked block of doc begins and where its End
-// marker ends.
-func bounds(doc string) (begin, end int, ok bool, err error) {
-	nb, ne := strings.Count(doc, Begin), strings.Count(doc, End)
+// bounds returns where the block of doc that s marks begins and where its
+// End marker ends.
+func (s Section) bounds(doc string) (begin, end int, ok bool, err error) {
+	nb, ne := strings.Count(doc, s.Begin), strings.Count(doc, s.End)
 	if nb == 0 && ne == 0 {
 		return 0, 0, false, nil
 	}
-	begin, end = strings.Index(doc, Begin), strings.Index(doc, End)
+	begin, end = strings.Index(doc, s.Begin), strings.Index(doc, s.End)
 	if nb != 1 || ne != 1 || end < begin {
-		return 0, 0, false, fmt.Errorf("operations section: want one %s followed by one %s, found %d and %d", Begin, End, nb, ne)
+		return 0, 0, false, fmt.Errorf("marked section: want one %s followed by one %s, found %d and %d", s.Begin, s.End, nb, ne)
 	}
-	return begin, end + len(End), true, nil
+	return begin, end + len(s.End), true, nil
 }
 
 // Read returns the contents of the file at path, or "" when there is none.

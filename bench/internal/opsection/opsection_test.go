@@ -75,3 +75,20 @@ func TestReadWrite(t *testing.T) {
 		t.Fatalf("%d files beside the report, want none", len(entries)-1)
 	}
 }
+
+// Each section replaces only its own block, and leaves another section's
+// markers and figures as they were.
+func TestSectionsAreIndependent(t *testing.T) {
+	doc := "# Scaling\n\n" + Capacity.Wrap("old capacity") + "\n## Between\n\n" + Operations.Wrap("operations figures")
+	got, err := Capacity.Put(doc, Capacity.Wrap("new capacity"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "# Scaling\n\n" + Capacity.Wrap("new capacity") + "\n## Between\n\n" + Operations.Wrap("operations figures")
+	if got != want {
+		t.Fatalf("Capacity.Put = %q; want %q", got, want)
+	}
+	if block, ok, err := Find(got); !ok || err != nil || block != Operations.Wrap("operations figures") {
+		t.Fatalf("the operations block after Capacity.Put = %q, %v, %v", block, ok, err)
+	}
+}
