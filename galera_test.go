@@ -297,3 +297,200 @@ func TestGalera_GetSeesTakeoverOnAnotherNode(t *testing.T) {
 	require.NoError(t, g.err)
 	assert.Equal(t, taken.Token, g.row.LeaseToken, "Get showed the lease as it was before the takeover")
 }
+
+// Node killed: Runs on the three nodes, half of them in their work and
+// half in their saver (inside the fenced commit), when node 3 is killed
+// with SIGKILL. The Runs on nodes 1 and 2 carry on and save; those on node
+// 3 fail, or self-fence. Then every target is run again from nodes 1 and 2,
+// which take over node 3's leases once they time out. No generation of any
+// target is saved twice. Node 3 then rejoins and has every save.
+func TestGalera_NodeKilledMidRun(t *testing.T) {
+	f := newGaleraFixture(t)
+	require.NoError(t, f.nodes[0].Exec(`CREATE TABLE IF NOT EXISTS galera_kill_saves (
+		id bigint AUTO_INCREMENT PRIMARY KEY, target_id varbinary(255) NOT NULL,
+		generation bigint NOT NULL, node int NOT NULL)`).Error)
+	const perNode = 4 // half in work, half in the saver
+	type run struct {
+		node   int
+		target string
+		done   <-chan runResult[string]
+	}
+	save := func(node int) func(tx *gorm.DB, _ string) error {
+		return func(tx *gorm.DB, _ string) error {
+			l, _ := gormlease.LeaseFromContext(tx.Statement.Context)
+			return tx.Exec("INSERT INTO galera_kill_saves (target_id, generation, node) VALUES (?, ?, ?)",
+				l.TargetID, l.Generation, node).Error
+		}
+	}
+	gate := make(chan struct{}) // opened after the kill
+	var inWork, inSave sync.WaitGroup
+	var runs []run
+	var runners []*gormlease.Runner[string]
+	for i, db := range f.nodes {
+		r := newRunner(t, db, galeraOpts()...)
+		runners = append(runners, r)
+		for j := range perNode {
+			target := newTarget(t)
+			if j%2 == 0 {
+				inWork.Add(1)
+				runs = append(runs, run{i + 1, target, goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+					inWork.Done()
+					<-gate
+					return "done", nil
+				}, save(i+1))})
+				continue
+			}
+			inSave.Add(1)
+			saveOnce := save(i + 1)
+			var entered atomic.Bool
+			runs = append(runs, run{i + 1, target, goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+				return "done", nil
+			}, func(tx *gorm.DB, v string) error {
+				if err := saveOnce(tx, v); err != nil {
+					return err
+				}
+				if !entered.Swap(true) {
+					inSave.Done()
+					<-gate
+				}
+				return nil
+			})})
+		}
+	}
+	waitGroup(t, &inWork, "the Runs in their work")
+	waitGroup(t, &inSave, "the Runs in their saver")
+	f.c.Node(3).Kill(t)
+	killed := time.Now()
+	close(gate)
+
+	var failedOnDead int
+	for _, r := range runs {
+		res := recv(t, r.done, time.Minute, "a Run after the kill")
+		if r.node == 3 {
+			assert.Error(t, res.err, "a Run on the killed node saved")
+			if res.err != nil {
+				failedOnDead++
+			}
+			continue
+		}
+		assert.NoError(t, res.err, "a Run on node %d", r.node)
+	}
+	t.Logf("after the kill: %d Runs on nodes 1 and 2 saved, %d on node 3 failed or self-fenced, within %v",
+		len(runs)-perNode, failedOnDead, time.Since(killed).Round(time.Millisecond))
+
+	// Every target again, from the surviving nodes, until each is saved.
+	for i, r := range runs {
+		runner := runners[i%2]
+		waitFor(t, 40*time.Second, "a Run on "+r.target+" from node 1 or 2", func() bool {
+			_, err := runner.Run(context.Background(), r.target, func(context.Context) (string, error) {
+				return "again", nil
+			}, save(i%2+1))
+			if err != nil && !errors.Is(err, gormlease.ErrLeaseHeld) {
+				t.Fatalf("Run on %s: %v", r.target, err)
+			}
+			return err == nil
+		})
+	}
+
+	var dup []struct {
+		TargetID   string
+		Generation int64
+		N          int
+	}
+	require.NoError(t, f.check.Raw(`SELECT target_id, generation, count(*) AS n FROM galera_kill_saves
+		GROUP BY target_id, generation HAVING count(*) > 1`).Scan(&dup).Error)
+	assert.Empty(t, dup, "generations saved more than once")
+	var saves int64
+	require.NoError(t, f.check.Raw("SELECT count(*) FROM galera_kill_saves").Scan(&saves).Error)
+	t.Logf("%d saves on %d targets, none twice for one generation", saves, len(runs))
+
+	f.c.Node(3).Start(t)
+	third := f.c.Node(3).Open(t, map[string]string{"wsrep_sync_wait": "1"})
+	var onThird int64
+	require.NoError(t, third.Raw("SELECT count(*) FROM galera_kill_saves").Scan(&onThird).Error)
+	assert.Equal(t, saves, onThird, "saves on node 3 after it rejoined")
+}
+
+// waitGroup waits for wg, failing t after 30s.
+func waitGroup(t *testing.T, wg *sync.WaitGroup, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	recv(t, done, 30*time.Second, what)
+}
+
+// Clock skew: node 3's clock runs 2s ahead (libfaketime). A holder on node
+// 1 whose heartbeats stop is taken over from node 3 2s before its lease
+// times out on node 1's clock. Without WithClockSkew the holder still
+// trusts its lease then; with WithClockSkew(2.5s) it has stopped trusting
+// it before the takeover could happen. Either way the fenced commit saves
+// nothing.
+func TestGalera_ClockSkew(t *testing.T) {
+	const skew = 2 * time.Second
+	f := newGaleraFixture(t)
+	fastNode := f.c.Node(3)
+	env := testdb.Faketime(t, skew)
+	fastNode.Stop(t)
+	fastNode.Start(t, env...)
+	t.Cleanup(func() {
+		fastNode.Stop(t)
+		fastNode.Start(t)
+	})
+	fastDB := fastNode.Open(t, nil)
+	var now time.Time
+	require.NoError(t, fastDB.Raw("SELECT UTC_TIMESTAMP(6)").Scan(&now).Error)
+	off := time.Until(now)
+	require.InDelta(t, skew.Seconds(), off.Seconds(), 0.5, "node 3's clock is off by %v", off)
+	contender := newRepo(t, fastDB)
+
+	const interval, timeout, margin = 2 * time.Second, 6 * time.Second, 500 * time.Millisecond
+	run := func(t *testing.T, declared time.Duration) (trustedAtTakeover, fencedBeforeTakeover bool) {
+		// The holder's heartbeats go through a proxy that is closed at
+		// once: its lease is confirmed by the acquire only.
+		proxy := testdb.NewProxy(t, f.c.Node(1).Addr())
+		beats := f.c.Node(1).OpenVia(t, proxy.Addr())
+		opts := []gormlease.Option{
+			gormlease.WithHeartbeatInterval(interval), gormlease.WithLeaseTimeout(timeout),
+			gormlease.WithSafetyMargin(margin), gormlease.WithOperationTimeout(time.Second),
+			gormlease.WithHeartbeatDB(beats), gormlease.WithClockSkew(declared),
+		}
+		holder := newRunner(t, f.nodes[0], opts...)
+		proxy.Close()
+		target := newTarget(t)
+		workCtx := make(chan context.Context, 1)
+		letGo := make(chan struct{})
+		done := goRun(context.Background(), holder, target, func(ctx context.Context) (string, error) {
+			workCtx <- ctx
+			<-letGo // the work does not stop when its lease is lost: the commit decides
+			return "stale", nil
+		}, gormlease.SaveJSON[string])
+		ctx := recv(t, workCtx, 10*time.Second, "the holder's work")
+		waitFor(t, 15*time.Second, "the takeover from node 3", func() bool {
+			trustedAtSend := ctx.Err() == nil
+			_, err := contender.Acquire(context.Background(), target, timeout)
+			if err != nil && !errors.Is(err, gormlease.ErrLeaseHeld) {
+				t.Fatalf("acquire on node 3: %v", err)
+			}
+			if err == nil {
+				trustedAtTakeover = ctx.Err() == nil
+				fencedBeforeTakeover = !trustedAtSend
+			}
+			return err == nil
+		})
+		close(letGo)
+		res := recv(t, done, 20*time.Second, "the holder's Run")
+		require.ErrorIs(t, res.err, gormlease.ErrLeaseLost)
+		_, _, err := gormlease.LoadJSON[string](context.Background(), f.check, target)
+		require.ErrorIs(t, err, gormlease.ErrNoResult, "the holder saved after the takeover")
+		return trustedAtTakeover, fencedBeforeTakeover
+	}
+
+	t.Run("Undeclared", func(t *testing.T) {
+		trusted, _ := run(t, 0)
+		assert.True(t, trusted, "the holder had stopped trusting its lease before the takeover")
+	})
+	t.Run("Declared", func(t *testing.T) {
+		_, fenced := run(t, skew+margin)
+		assert.True(t, fenced, "the holder still trusted its lease when the takeover was sent")
+	})
+}

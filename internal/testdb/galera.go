@@ -268,6 +268,32 @@ func (n *GaleraNode) Open(tb testing.TB, params map[string]string) *gorm.DB {
 	return db
 }
 
+// OpenVia returns a new pool on the node that connects to addr ("host:port")
+// instead of the node's own address, as through a Proxy. It is closed when
+// tb ends.
+func (n *GaleraNode) OpenVia(tb testing.TB, addr string) *gorm.DB {
+	tb.Helper()
+	return n.Open(tb, map[string]string{addrParam: addr})
+}
+
+// Faketime returns the environment that shifts a node's clock by offset
+// (whole seconds, ahead when positive) through libfaketime, for Start. When
+// libfaketime is missing (Debian package faketime) tb is skipped loudly, or
+// fails under CI.
+func Faketime(tb testing.TB, offset time.Duration) []string {
+	tb.Helper()
+	lib := os.Getenv("GORMLEASE_FAKETIME_LIB")
+	if lib == "" {
+		found, _ := filepath.Glob("/usr/lib/*/faketime/libfaketime.so.1")
+		if len(found) == 0 {
+			unavailable(tb, "libfaketime", errors.New("no /usr/lib/*/faketime/libfaketime.so.1 (Debian package faketime)"))
+		}
+		lib = found[0]
+	}
+	return []string{"LD_PRELOAD=" + lib, fmt.Sprintf("FAKETIME=%+ds", int(offset.Seconds())),
+		"FAKETIME_DONT_FAKE_MONOTONIC=1"}
+}
+
 // args are the node's mariadbd arguments.
 func (n *GaleraNode) args(provider string) []string {
 	var peers []string
