@@ -350,6 +350,9 @@ func (n *GaleraNode) start(provider string, env []string, extra ...string) error
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Setpgid = true // a kill reaches the state transfer's rsync too
+	// The node dies with the test process, even when that is killed and
+	// Close never runs.
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start node %d: %w", n.n, err)
 	}
