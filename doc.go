@@ -71,7 +71,11 @@
 //
 // Whether a lease has expired is decided by the database, in SQL, on its own
 // clock. The application's clock only measures durations (monotonic time) to
-// decide when to stop trusting a lease that it could not confirm.
+// decide when to stop trusting a lease that it could not confirm. On a
+// database of several servers that each stamp and judge leases with their own
+// clock (a MariaDB Galera cluster), declare the largest difference between
+// their clocks with WithClockSkew: the Runner stops trusting its lease that
+// much earlier.
 //
 // # Waiting and sharing results
 //

@@ -73,6 +73,20 @@ func WithSafetyMargin(d time.Duration) Option {
 	return option{name: "WithSafetyMargin", set: func(c *config) { c.safetyMargin = d; c.safetyMarginSet = true }}
 }
 
+// WithClockSkew declares the largest difference between the clocks of the
+// database servers that stamp and judge the leases, such as the nodes of a
+// MariaDB Galera cluster: each node stamps heartbeats with its own clock
+// and judges expiry with it, so a node whose clock runs ahead by d sees a
+// lease expire d early, and may take it over while the holder still
+// trusts it. The Runner stops trusting a lease that it could not confirm
+// d earlier than the safety margin alone would have it: at lease timeout
+// minus margin minus d after the last successful heartbeat was sent. It
+// must be >= 0, and interval + margin + d must be less than the lease
+// timeout. The default is 0: one database server, one clock.
+func WithClockSkew(d time.Duration) Option {
+	return option{name: "WithClockSkew", set: func(c *config) { c.clockSkew = d }}
+}
+
 // WithOperationTimeout bounds each database call of the Runner: the acquire,
 // each heartbeat (which is further bounded by the self-fencing deadline), the
 // fenced commit with the saver inside it, and the release. It must be greater
@@ -150,6 +164,7 @@ type config struct {
 	leaseTimeout      time.Duration
 	safetyMargin      time.Duration
 	safetyMarginSet   bool
+	clockSkew         time.Duration
 	operationTimeout  time.Duration
 	holder            string
 	heartbeatDB       *gorm.DB
@@ -197,6 +212,11 @@ func (c config) validate() error {
 	case c.heartbeatInterval+c.safetyMargin >= c.leaseTimeout:
 		return invalidf("WithSafetyMargin: heartbeat interval %v + margin %v must be less than the lease timeout %v",
 			c.heartbeatInterval, c.safetyMargin, c.leaseTimeout)
+	case c.clockSkew < 0:
+		return invalidf("WithClockSkew: skew must be >= 0, got %v", c.clockSkew)
+	case c.heartbeatInterval+c.safetyMargin+c.clockSkew >= c.leaseTimeout:
+		return invalidf("WithClockSkew: heartbeat interval %v + margin %v + clock skew %v must be less than the lease timeout %v",
+			c.heartbeatInterval, c.safetyMargin, c.clockSkew, c.leaseTimeout)
 	case c.operationTimeout <= 0:
 		return invalidf("WithOperationTimeout: timeout must be > 0, got %v", c.operationTimeout)
 	case c.reuseFor < 0:
@@ -226,9 +246,10 @@ func newConfigFor(fn string, opts []Option, allowed ...string) (config, error) {
 }
 
 // trustWindow is how long after sending its last successful heartbeat the
-// Runner keeps trusting the lease.
+// Runner keeps trusting the lease: the lease timeout, less the safety
+// margin and the clock skew between database servers.
 func (c config) trustWindow() time.Duration {
-	return c.leaseTimeout - c.safetyMargin
+	return c.leaseTimeout - c.safetyMargin - c.clockSkew
 }
 
 // defaultHolder names this process: "hostname/pid", cut to MaxHolderLength.

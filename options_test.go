@@ -35,6 +35,9 @@ func TestNewRunner_RejectsBadOptions(t *testing.T) {
 		{"ZeroMargin", []gormlease.Option{gormlease.WithSafetyMargin(0)}, "WithSafetyMargin: margin must be > 0"},
 		{"MarginLeavesNoHeartbeat", []gormlease.Option{gormlease.WithSafetyMargin(90 * time.Second)},
 			"heartbeat interval 30s + margin 1m30s must be less than the lease timeout 2m0s"},
+		{"NegativeClockSkew", []gormlease.Option{gormlease.WithClockSkew(-time.Second)}, "WithClockSkew: skew must be >= 0, got -1s"},
+		{"ClockSkewLeavesNoHeartbeat", []gormlease.Option{gormlease.WithClockSkew(78 * time.Second)},
+			"WithClockSkew: heartbeat interval 30s + margin 12s + clock skew 1m18s must be less than the lease timeout 2m0s"},
 		{"ZeroOperationTimeout", []gormlease.Option{gormlease.WithOperationTimeout(0)}, "WithOperationTimeout"},
 		{"EmptyHolder", []gormlease.Option{gormlease.WithHolder("")}, "WithHolder: holder is empty"},
 		{"LongHolder", []gormlease.Option{gormlease.WithHolder(strings.Repeat("h", 300))}, "300 bytes long"},
@@ -48,6 +51,12 @@ func TestNewRunner_RejectsBadOptions(t *testing.T) {
 			assert.Nil(t, r)
 		})
 	}
+
+	// The skew may take what the interval and the margin leave, but all of it.
+	_, err = gormlease.NewRunner[string](db, gormlease.WithClockSkew(77*time.Second))
+	assert.NoError(t, err)
+	_, err = gormlease.NewRunner[string](db, gormlease.WithClockSkew(0))
+	assert.NoError(t, err)
 
 	// The smallest valid timeout is twice the interval.
 	_, err = gormlease.NewRunner[string](db,

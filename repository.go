@@ -61,6 +61,9 @@ type Repository struct {
 	// attempts is how often a statement is tried after serialization
 	// failures: statementAttempts, but in tests.
 	attempts int
+	// galera says whether the database is a MariaDB Galera node: one of
+	// the galera* constants (see onGalera).
+	galera atomic.Int32
 }
 
 // NewRepository returns a Repository on db, which must be a *gorm.DB from
@@ -295,6 +298,27 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 			wakeWaiters(r, l.TargetID)
 		}
 	}()
+	pause := retryBackoff
+	for attempt := 1; ; attempt++ {
+		if r.galera.Load() == galeraYes {
+			// A certification failure is retried or turned into
+			// ErrLeaseLost here: not a fault for the logger.
+			ctx = context.WithValue(ctx, retriedKey{}, true)
+		}
+		err = r.commitOnce(ctx, l, fn, lockSQL)
+		if err == nil {
+			return nil
+		}
+		again, failed := r.commitAgain(ctx, l, err, attempt, pause)
+		if !again {
+			return failed
+		}
+		pause *= 2
+	}
+}
+
+// commitOnce is one attempt of the fenced commit, in one transaction.
+func (r *Repository) commitOnce(ctx context.Context, l Lease, fn func(tx *gorm.DB) error, lockSQL string) error {
 	if b, ok := r.dialect.(lockingBeginner); ok && !r.oneTripRefused.Load() {
 		if handled, err := r.commitOnConn(ctx, b, l, fn, lockSQL); handled {
 			return err
@@ -302,7 +326,7 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 	}
 	committing := false
 	var saveErr error
-	err = r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Recording the save first locks the row and checks the token, in
 		// one statement; until the commit, others still see the lease as
 		// held, and the save as not made.
@@ -427,7 +451,7 @@ func (r *Repository) Get(ctx context.Context, targetID string) (JobLease, bool, 
 		return JobLease{}, false, err
 	}
 	var row JobLease
-	found, err := queryRowSQL(ctx, r.db, r.getSQL, []any{targetID}, row.columns()...)
+	found, err := queryRowSQL(ctx, r.db, r.causalRead(ctx, r.getSQL), []any{targetID}, row.columns()...)
 	if err != nil {
 		return JobLease{}, false, wrapf(err, "get %q", targetID)
 	}

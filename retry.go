@@ -18,12 +18,16 @@ import (
 //   - Acquire, Heartbeat and Release are each one statement that gormlease
 //     writes: re-running it after a rollback is the same as running it for
 //     the first time, so they are retried a few times (Repository.retry).
-//   - The fenced commit is not retried: it runs the caller's saver, which may
-//     have effects outside the transaction, and it already runs at READ
-//     COMMITTED, where the locking read re-reads the row instead of failing.
-//     A serialization failure inside the saver's own statements is returned
-//     (wrapped) with nothing saved; Run then releases the lease.
-//     Only its first query, before the saver runs, is tried again, when
+//   - The fenced commit is not retried on one server: it runs the caller's
+//     saver, which may have effects outside the transaction, and it already
+//     runs at READ COMMITTED, where the locking read re-reads the row
+//     instead of failing. A serialization failure inside the saver's own
+//     statements is returned (wrapped) with nothing saved; Run then
+//     releases the lease.
+//   - On a MariaDB Galera cluster it is, a few times, when a causal read
+//     shows the lease still the caller's: there the failure may come from a
+//     write on another node that did not take the lease (see galera.go).
+//   - Only its first query, before the saver runs, is tried again when
 //     the database cannot be reached (see reconnect.go).
 const (
 	// statementAttempts is how often a retryable statement is tried in all.

@@ -89,7 +89,14 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 // returns the result and nil when it did, an error saying nothing was saved
 // when it rolled back, and an error wrapping ErrCommitUnknown when it cannot
 // tell.
-// Run never saves twice: the saver is called at most once per Run.
+// Run never saves twice. On one database server the saver is called at
+// most once per Run. On a MariaDB Galera cluster it may be called again
+// when the fenced commit failed certification against another node's write
+// on the lease row while the lease was still the caller's (the holder's
+// own heartbeat, sent through another node): each call but the last then
+// ran in a transaction that was rolled back, so at most one call's writes
+// are saved, but effects of the saver outside the transaction may happen
+// more than once.
 //
 // When work or save calls runtime.Goexit, as t.FailNow does in a test, Run
 // does not return, since the goroutine ends; it still stops the heartbeat

@@ -1,0 +1,496 @@
+package gormlease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// The tests on a MariaDB Galera cluster of three nodes (see testdb.Galera).
+// They run one after the other, never in parallel: some stop, pause or
+// kill a node, and start it again before they end.
+
+// galeraFixture is the shared cluster, with a pool on each node and a
+// checking pool whose reads wait for the cluster (wsrep_sync_wait=1).
+type galeraFixture struct {
+	c     *testdb.Galera
+	nodes []*gorm.DB // nodes[i] is on node i+1
+	check *gorm.DB
+}
+
+func newGaleraFixture(t *testing.T) *galeraFixture {
+	t.Helper()
+	c := testdb.SharedGalera(t)
+	f := &galeraFixture{c: c, check: c.Node(1).Open(t, map[string]string{"wsrep_sync_wait": "1"})}
+	for _, n := range c.Nodes() {
+		f.nodes = append(f.nodes, n.Open(t, nil))
+	}
+	return f
+}
+
+// galeraOpts are the Runner options of the tests that do not time leases.
+func galeraOpts(extra ...gormlease.Option) []gormlease.Option {
+	return append([]gormlease.Option{
+		gormlease.WithHeartbeatInterval(time.Second),
+		gormlease.WithLeaseTimeout(10 * time.Second),
+		gormlease.WithSafetyMargin(time.Second),
+		gormlease.WithOperationTimeout(8 * time.Second),
+	}, extra...)
+}
+
+// newRepo makes a Repository on db, failing t on error.
+func newRepo(t *testing.T, db *gorm.DB, opts ...gormlease.Option) *gormlease.Repository {
+	t.Helper()
+	r, err := gormlease.NewRepository(db, opts...)
+	require.NoError(t, err)
+	return r
+}
+
+// Races: Runners on the three nodes start Runs on the same targets at once.
+// Each target has exactly one winner, whose result is saved; every other
+// Run gets ErrLeaseHeld, never a driver error (Galera's certification
+// failures, error 1213, are retried or turned into ErrLeaseHeld).
+func TestGalera_RacesHaveOneWinnerPerTarget(t *testing.T) {
+	f := newGaleraFixture(t)
+	const rounds, targets, perNode = 8, 6, 2
+	var runners []*gormlease.Runner[string]
+	for _, db := range f.nodes {
+		for range perNode {
+			runners = append(runners, newRunner(t, db, galeraOpts()...))
+		}
+	}
+	var runs, held, winners atomic.Int64
+	for round := range rounds {
+		var wg sync.WaitGroup
+		for range targets {
+			target := newTarget(t)
+			var losers sync.WaitGroup
+			losers.Add(len(runners) - 1)
+			allTried := make(chan struct{})
+			go func() { losers.Wait(); close(allTried) }()
+			start := make(chan struct{})
+			var won atomic.Int64
+			for i, r := range runners {
+				wg.Go(func() {
+					<-start
+					v, err := r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
+						won.Add(1)
+						select { // hold the lease until every other Run was refused
+						case <-allTried:
+						case <-time.After(30 * time.Second):
+							return "", errors.New("the other Runs never returned")
+						}
+						return fmt.Sprintf("node %d", i/perNode+1), nil
+					}, gormlease.SaveJSON[string])
+					runs.Add(1)
+					switch {
+					case err == nil:
+						winners.Add(1)
+						got, _, loadErr := gormlease.LoadJSON[string](context.Background(), f.check, target)
+						assert.NoError(t, loadErr)
+						assert.Equal(t, v, got)
+					case errors.Is(err, gormlease.ErrLeaseHeld):
+						held.Add(1)
+						losers.Done()
+					default:
+						t.Errorf("round %d, %s: Run on node %d: %v", round, target, i/perNode+1, err)
+						losers.Done()
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			assert.EqualValues(t, 1, won.Load(), "%s: Runs whose work ran", target)
+		}
+	}
+	assert.EqualValues(t, rounds*targets, winners.Load(), "winners")
+	assert.EqualValues(t, rounds*targets*(len(runners)-1), held.Load(), "Runs refused with ErrLeaseHeld")
+	t.Logf("%d Runs on %d targets from %d Runners on 3 nodes: %d winners, %d refused with ErrLeaseHeld",
+		runs.Load(), rounds*targets, len(runners), winners.Load(), held.Load())
+}
+
+// Stale holder: a holder on node 1 that stopped heartbeating, whose lease
+// was taken over on node 2, saves nothing, whether the takeover came
+// before its fenced commit or while the commit ran. (On one server the
+// takeover would wait for the commit; on Galera it does not, and the
+// commit fails certification.)
+func TestGalera_StaleHolderSavesNothing(t *testing.T) {
+	f := newGaleraFixture(t)
+	holder := newRepo(t, f.nodes[0])
+	contender := newRepo(t, f.nodes[1])
+	const timeout = time.Second
+	takeOver := func(t *testing.T, target string) gormlease.Lease {
+		t.Helper()
+		var l gormlease.Lease
+		waitFor(t, 10*time.Second, "the takeover on node 2", func() bool {
+			var err error
+			l, err = contender.Acquire(context.Background(), target, timeout)
+			if err != nil && !errors.Is(err, gormlease.ErrLeaseHeld) {
+				t.Fatalf("acquire on node 2: %v", err)
+			}
+			return err == nil
+		})
+		return l
+	}
+	check := func(t *testing.T, target string, err error, taken gormlease.Lease) {
+		t.Helper()
+		require.ErrorIs(t, err, gormlease.ErrLeaseLost)
+		_, _, loadErr := gormlease.LoadJSON[string](context.Background(), f.check, target)
+		require.ErrorIs(t, loadErr, gormlease.ErrNoResult, "the stale holder's result was saved")
+		row := leaseRow(t, f.check, target)
+		assert.Equal(t, taken.Token, row.LeaseToken)
+		assert.Nil(t, row.ReleasedAt)
+		assert.Nil(t, row.SavedGeneration)
+	}
+
+	t.Run("TakenOverBeforeCommit", func(t *testing.T) {
+		target, l := acquireNew(t, holder, timeout)
+		taken := takeOver(t, target)
+		err := holder.CommitIfOwner(context.Background(), l, func(tx *gorm.DB) error {
+			return gormlease.SaveJSON(tx, "stale")
+		})
+		check(t, target, err, taken)
+	})
+
+	t.Run("TakenOverDuringCommit", func(t *testing.T) {
+		target, l := acquireNew(t, holder, timeout)
+		var taken gormlease.Lease
+		calls := 0
+		err := holder.CommitIfOwner(context.Background(), l, func(tx *gorm.DB) error {
+			calls++
+			if err := gormlease.SaveJSON(tx, "stale"); err != nil {
+				return err
+			}
+			if calls == 1 {
+				// The holder's transaction locks the row on node 1 only:
+				// the takeover on node 2 does not wait for it.
+				taken = takeOver(t, target)
+			}
+			return nil
+		})
+		check(t, target, err, taken)
+		assert.Equal(t, 1, calls, "saver calls")
+	})
+}
+
+// Own heartbeat: a heartbeat of the holder itself, sent through node 2
+// while its fenced commit runs on node 1, makes that commit fail
+// certification although the lease is still the holder's. The commit is
+// tried again, the saver runs a second time, and the result is saved once.
+func TestGalera_OwnHeartbeatOnAnotherNodeKeepsTheResult(t *testing.T) {
+	f := newGaleraFixture(t)
+	holder := gormlease.WithHolder("spread-over-two-nodes")
+	r := newRunner(t, f.nodes[0], galeraOpts(holder, gormlease.WithHeartbeatDB(f.nodes[1]))...)
+	beater := newRepo(t, f.nodes[1], holder)
+	target := newTarget(t)
+	var calls int
+	var gen int64
+	got, err := r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
+		l, _ := gormlease.LeaseFromContext(ctx)
+		gen = l.Generation
+		return "kept", nil
+	}, func(tx *gorm.DB, result string) error {
+		calls++
+		if err := gormlease.SaveJSON(tx, result); err != nil {
+			return err
+		}
+		if calls == 1 {
+			// The row is locked and changed on node 1, uncommitted; the
+			// heartbeat on node 2 commits first.
+			l, _ := gormlease.LeaseFromContext(tx.Statement.Context)
+			require.NoError(t, beater.Heartbeat(context.Background(), l))
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, "kept", got)
+	assert.Equal(t, 2, calls, "saver calls: the first commit failed certification, the second saved")
+	saved, res, err := gormlease.LoadJSON[string](context.Background(), f.check, target)
+	require.NoError(t, err)
+	assert.Equal(t, "kept", saved)
+	assert.Equal(t, gen, res.Generation)
+	row := leaseRow(t, f.check, target)
+	assert.NotNil(t, row.ReleasedAt)
+	require.NotNil(t, row.SavedGeneration)
+	assert.Equal(t, gen, *row.SavedGeneration)
+}
+
+// Reads: Get waits for its node to apply the writes committed elsewhere
+// (wsrep_sync_wait=1), so it shows a takeover made on another node even
+// when a plain read on its node does not show it yet. Node 2 is kept from
+// applying by FLUSH TABLES WITH READ LOCK, which pauses its replication.
+func TestGalera_GetSeesTakeoverOnAnotherNode(t *testing.T) {
+	f := newGaleraFixture(t)
+	first := newRepo(t, f.nodes[0])
+	reader := newRepo(t, f.nodes[1])
+	target, old := acquireNew(t, first, time.Minute)
+	_, _, err := reader.Get(context.Background(), target) // node 2 has the row
+	require.NoError(t, err)
+
+	sqlDB, err := f.nodes[1].DB()
+	require.NoError(t, err)
+	pause, err := sqlDB.Conn(context.Background())
+	require.NoError(t, err)
+	defer pause.Close()
+	_, err = pause.ExecContext(context.Background(), "FLUSH TABLES WITH READ LOCK")
+	require.NoError(t, err)
+	unlocked := false
+	unlock := func() {
+		if !unlocked {
+			unlocked = true
+			_, err := pause.ExecContext(context.Background(), "UNLOCK TABLES")
+			require.NoError(t, err)
+		}
+	}
+	defer unlock()
+
+	// The takeover, on node 1: the holder releases, another acquires.
+	require.NoError(t, first.Release(context.Background(), old))
+	taken, err := first.Acquire(context.Background(), target, time.Minute)
+	require.NoError(t, err)
+
+	var plain gormlease.JobLease
+	require.NoError(t, f.nodes[1].Raw("SELECT * FROM job_lease WHERE target_id = ?", target).Scan(&plain).Error)
+	assert.Equal(t, old.Token, plain.LeaseToken, "a plain read on node 2 shows the lease before the takeover")
+
+	type got struct {
+		row gormlease.JobLease
+		err error
+	}
+	done := make(chan got, 1)
+	go func() {
+		row, _, err := reader.Get(context.Background(), target)
+		done <- got{row, err}
+	}()
+	// Get either answered (with what node 2 has) or waits for node 2 to
+	// catch up; only then may node 2 apply again.
+	var early *got
+	waitFor(t, 10*time.Second, "Get to answer or wait for node 2", func() bool {
+		select {
+		case g := <-done:
+			early = &g
+			return true
+		default:
+		}
+		var n int64
+		require.NoError(t, f.nodes[1].Raw(`SELECT count(*) FROM information_schema.PROCESSLIST
+			WHERE INFO LIKE 'SET STATEMENT wsrep_sync_wait%'`).Scan(&n).Error)
+		return n > 0
+	})
+	unlock()
+	g := early
+	if g == nil {
+		r := recv(t, done, 30*time.Second, "Get")
+		g = &r
+	}
+	require.NoError(t, g.err)
+	assert.Equal(t, taken.Token, g.row.LeaseToken, "Get showed the lease as it was before the takeover")
+}
+
+// Node killed: Runs on the three nodes, half of them in their work and
+// half in their saver (inside the fenced commit), when node 3 is killed
+// with SIGKILL. The Runs on nodes 1 and 2 carry on and save; those on node
+// 3 fail, or self-fence. Then every target is run again from nodes 1 and 2,
+// which take over node 3's leases once they time out. No generation of any
+// target is saved twice. Node 3 then rejoins and has every save.
+func TestGalera_NodeKilledMidRun(t *testing.T) {
+	f := newGaleraFixture(t)
+	require.NoError(t, f.nodes[0].Exec(`CREATE TABLE IF NOT EXISTS galera_kill_saves (
+		id bigint AUTO_INCREMENT PRIMARY KEY, target_id varbinary(255) NOT NULL,
+		generation bigint NOT NULL, node int NOT NULL)`).Error)
+	const perNode = 4 // half in work, half in the saver
+	type run struct {
+		node   int
+		target string
+		done   <-chan runResult[string]
+	}
+	save := func(node int) func(tx *gorm.DB, _ string) error {
+		return func(tx *gorm.DB, _ string) error {
+			l, _ := gormlease.LeaseFromContext(tx.Statement.Context)
+			return tx.Exec("INSERT INTO galera_kill_saves (target_id, generation, node) VALUES (?, ?, ?)",
+				l.TargetID, l.Generation, node).Error
+		}
+	}
+	gate := make(chan struct{}) // opened after the kill
+	var inWork, inSave sync.WaitGroup
+	var runs []run
+	var runners []*gormlease.Runner[string]
+	for i, db := range f.nodes {
+		r := newRunner(t, db, galeraOpts()...)
+		runners = append(runners, r)
+		for j := range perNode {
+			target := newTarget(t)
+			if j%2 == 0 {
+				inWork.Add(1)
+				runs = append(runs, run{i + 1, target, goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+					inWork.Done()
+					<-gate
+					return "done", nil
+				}, save(i+1))})
+				continue
+			}
+			inSave.Add(1)
+			saveOnce := save(i + 1)
+			var entered atomic.Bool
+			runs = append(runs, run{i + 1, target, goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+				return "done", nil
+			}, func(tx *gorm.DB, v string) error {
+				if err := saveOnce(tx, v); err != nil {
+					return err
+				}
+				if !entered.Swap(true) {
+					inSave.Done()
+					<-gate
+				}
+				return nil
+			})})
+		}
+	}
+	waitGroup(t, &inWork, "the Runs in their work")
+	waitGroup(t, &inSave, "the Runs in their saver")
+	f.c.Node(3).Kill(t)
+	killed := time.Now()
+	close(gate)
+
+	var failedOnDead int
+	for _, r := range runs {
+		res := recv(t, r.done, time.Minute, "a Run after the kill")
+		if r.node == 3 {
+			assert.Error(t, res.err, "a Run on the killed node saved")
+			if res.err != nil {
+				failedOnDead++
+			}
+			continue
+		}
+		assert.NoError(t, res.err, "a Run on node %d", r.node)
+	}
+	t.Logf("after the kill: %d Runs on nodes 1 and 2 saved, %d on node 3 failed or self-fenced, within %v",
+		len(runs)-perNode, failedOnDead, time.Since(killed).Round(time.Millisecond))
+
+	// Every target again, from the surviving nodes, until each is saved.
+	for i, r := range runs {
+		runner := runners[i%2]
+		waitFor(t, 40*time.Second, "a Run on "+r.target+" from node 1 or 2", func() bool {
+			_, err := runner.Run(context.Background(), r.target, func(context.Context) (string, error) {
+				return "again", nil
+			}, save(i%2+1))
+			if err != nil && !errors.Is(err, gormlease.ErrLeaseHeld) {
+				t.Fatalf("Run on %s: %v", r.target, err)
+			}
+			return err == nil
+		})
+	}
+
+	var dup []struct {
+		TargetID   string
+		Generation int64
+		N          int
+	}
+	require.NoError(t, f.check.Raw(`SELECT target_id, generation, count(*) AS n FROM galera_kill_saves
+		GROUP BY target_id, generation HAVING count(*) > 1`).Scan(&dup).Error)
+	assert.Empty(t, dup, "generations saved more than once")
+	var saves int64
+	require.NoError(t, f.check.Raw("SELECT count(*) FROM galera_kill_saves").Scan(&saves).Error)
+	t.Logf("%d saves on %d targets, none twice for one generation", saves, len(runs))
+
+	f.c.Node(3).Start(t)
+	third := f.c.Node(3).Open(t, map[string]string{"wsrep_sync_wait": "1"})
+	var onThird int64
+	require.NoError(t, third.Raw("SELECT count(*) FROM galera_kill_saves").Scan(&onThird).Error)
+	assert.Equal(t, saves, onThird, "saves on node 3 after it rejoined")
+}
+
+// waitGroup waits for wg, failing t after 30s.
+func waitGroup(t *testing.T, wg *sync.WaitGroup, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	recv(t, done, 30*time.Second, what)
+}
+
+// Clock skew: node 3's clock runs 2s ahead (libfaketime). A holder on node
+// 1 whose heartbeats stop is taken over from node 3 2s before its lease
+// times out on node 1's clock. Without WithClockSkew the holder still
+// trusts its lease then; with WithClockSkew(2.5s) it has stopped trusting
+// it before the takeover could happen. Either way the fenced commit saves
+// nothing.
+func TestGalera_ClockSkew(t *testing.T) {
+	const skew = 2 * time.Second
+	f := newGaleraFixture(t)
+	fastNode := f.c.Node(3)
+	env := testdb.Faketime(t, skew)
+	fastNode.Stop(t)
+	fastNode.Start(t, env...)
+	t.Cleanup(func() {
+		fastNode.Stop(t)
+		fastNode.Start(t)
+	})
+	fastDB := fastNode.Open(t, nil)
+	var now time.Time
+	require.NoError(t, fastDB.Raw("SELECT UTC_TIMESTAMP(6)").Scan(&now).Error)
+	off := time.Until(now)
+	require.InDelta(t, skew.Seconds(), off.Seconds(), 0.5, "node 3's clock is off by %v", off)
+	contender := newRepo(t, fastDB)
+
+	const interval, timeout, margin = 2 * time.Second, 6 * time.Second, 500 * time.Millisecond
+	run := func(t *testing.T, declared time.Duration) (trustedAtTakeover, fencedBeforeTakeover bool) {
+		// The holder's heartbeats go through a proxy that is closed at
+		// once: its lease is confirmed by the acquire only.
+		proxy := testdb.NewProxy(t, f.c.Node(1).Addr())
+		beats := f.c.Node(1).OpenVia(t, proxy.Addr())
+		opts := []gormlease.Option{
+			gormlease.WithHeartbeatInterval(interval), gormlease.WithLeaseTimeout(timeout),
+			gormlease.WithSafetyMargin(margin), gormlease.WithOperationTimeout(time.Second),
+			gormlease.WithHeartbeatDB(beats), gormlease.WithClockSkew(declared),
+		}
+		holder := newRunner(t, f.nodes[0], opts...)
+		proxy.Close()
+		target := newTarget(t)
+		workCtx := make(chan context.Context, 1)
+		letGo := make(chan struct{})
+		done := goRun(context.Background(), holder, target, func(ctx context.Context) (string, error) {
+			workCtx <- ctx
+			<-letGo // the work does not stop when its lease is lost: the commit decides
+			return "stale", nil
+		}, gormlease.SaveJSON[string])
+		ctx := recv(t, workCtx, 10*time.Second, "the holder's work")
+		waitFor(t, 15*time.Second, "the takeover from node 3", func() bool {
+			trustedAtSend := ctx.Err() == nil
+			_, err := contender.Acquire(context.Background(), target, timeout)
+			if err != nil && !errors.Is(err, gormlease.ErrLeaseHeld) {
+				t.Fatalf("acquire on node 3: %v", err)
+			}
+			if err == nil {
+				trustedAtTakeover = ctx.Err() == nil
+				fencedBeforeTakeover = !trustedAtSend
+			}
+			return err == nil
+		})
+		close(letGo)
+		res := recv(t, done, 20*time.Second, "the holder's Run")
+		require.ErrorIs(t, res.err, gormlease.ErrLeaseLost)
+		_, _, err := gormlease.LoadJSON[string](context.Background(), f.check, target)
+		require.ErrorIs(t, err, gormlease.ErrNoResult, "the holder saved after the takeover")
+		return trustedAtTakeover, fencedBeforeTakeover
+	}
+
+	t.Run("Undeclared", func(t *testing.T) {
+		trusted, _ := run(t, 0)
+		assert.True(t, trusted, "the holder had stopped trusting its lease before the takeover")
+	})
+	t.Run("Declared", func(t *testing.T) {
+		_, fenced := run(t, skew+margin)
+		assert.True(t, fenced, "the holder still trusted its lease when the takeover was sent")
+	})
+}
