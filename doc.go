@@ -58,10 +58,16 @@
 // Acquire, heartbeat and release are single statements: after a
 // serialization failure or deadlock (under a REPEATABLE READ or SERIALIZABLE
 // session default) they are retried a few times. The fenced commit is not
-// retried, since it runs the caller's saver. When the connection is lost
-// while COMMIT is in flight, Run finds out whether the commit took effect
-// (the release waits on the row lock until the transaction ends) and returns
-// ErrCommitUnknown only when it cannot tell. An acquire whose answer was
+// retried once its saver ran, with one exception: on a MariaDB Galera node,
+// after a certification failure while the lease is provably still the
+// caller's, the whole transaction runs again (the saver too). Its first
+// statement, before the saver, is tried again while the database cannot be
+// reached (a failover). When the connection is lost while COMMIT is in
+// flight, Run finds out whether the commit took effect (the release waits
+// on the row lock until the transaction ends, and the row records the
+// generation saved), asking again until the operation timeout while the
+// database cannot be reached, and returns ErrCommitUnknown only when it
+// cannot tell. An acquire whose answer was
 // lost releases, by its new token, the lease it may have taken.
 //
 // Release runs on a context that survives the caller's cancellation; if it
@@ -100,7 +106,10 @@
 // generation, if a duplicate call matters. Run does not kill work that
 // ignores its context; it only refuses to save its result. The guarantees
 // assume the database's clock does not jump, and that the clocks of the
-// database and the application run at about the same rate.
+// database and the application run at about the same rate. With a
+// PostgreSQL standby that replicates asynchronously, a failover can lose a
+// save that Run reported, and the work then runs again; with a synchronous
+// standby it cannot (docs/scaling.md says what holds on each cluster).
 //
 // See docs/design.md for the state diagram and the failure model.
 package gormlease
