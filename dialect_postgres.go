@@ -5,9 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
-	"time"
 
 	"gorm.io/gorm"
 )
@@ -82,7 +80,7 @@ var errNoAdvisoryLock = errors.New("no advisory lock")
 // it finds everything made.
 func (d postgresDialect) migrate(ctx context.Context, db *gorm.DB) error {
 	lock := true
-	pause := retryBackoff
+	b := backoff{pause: retryBackoff, max: retryMaxPause}
 	for attempt := 1; ; attempt++ {
 		err := db.Transaction(func(tx *gorm.DB) error {
 			if lock {
@@ -101,17 +99,9 @@ func (d postgresDialect) migrate(ctx context.Context, db *gorm.DB) error {
 		case lock && errors.Is(err, errNoAdvisoryLock):
 			lock = false
 			continue
-		case lock || attempt >= migrateAttempts || !migrationCollision(err):
+		case lock || attempt >= migrateAttempts || !migrationCollision(err) || !b.wait(ctx):
 			return err
 		}
-		t := time.NewTimer(pause/2 + rand.N(pause))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
-		pause = min(2*pause, 100*time.Millisecond)
 	}
 }
 

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
-	"time"
 )
 
 // MariaDB Galera cluster. Every node takes writes; a transaction runs on
@@ -112,9 +110,9 @@ func (r *Repository) causalRead(ctx context.Context, query string) string {
 // rolled the whole transaction back), when a causal read of the row shows
 // that l is still the caller's: the failure came from another write on the
 // row that did not take the lease, such as the holder's own heartbeat sent
-// through another node. It pauses before it says yes. It returns the error
-// to return instead when the lease is gone: one wrapping ErrLeaseLost.
-func (r *Repository) commitAgain(ctx context.Context, l Lease, err error, attempt int, pause time.Duration) (bool, error) {
+// through another node. It waits out b before it says yes. It returns the
+// error to return instead when the lease is gone: one wrapping ErrLeaseLost.
+func (r *Repository) commitAgain(ctx context.Context, l Lease, err error, attempt int, b *backoff) (bool, error) {
 	if attempt >= commitAttempts || !isSerializationFailure(err) || !r.onGalera(ctx) {
 		return false, err
 	}
@@ -126,14 +124,10 @@ func (r *Repository) commitAgain(ctx context.Context, l Lease, err error, attemp
 		return false, wrapf(fmt.Errorf("%w: another write on the lease row came first (%w)", ErrLeaseLost,
 			unwrapStep(err)), "commit %q", l.TargetID)
 	}
-	t := time.NewTimer(pause/2 + rand.N(pause))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
+	if !b.wait(ctx) {
 		return false, err
-	case <-t.C:
-		return true, nil
 	}
+	return true, nil
 }
 
 // unwrapStep returns the cause of err when err is a step's error, so that

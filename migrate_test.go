@@ -222,24 +222,29 @@ func TestAutoMigrate_ConcurrentUpgrade(t *testing.T) {
 		db := s.OpenEmpty(t, nil)
 		makePreviousTables(t, s, db)
 		leases, results := previousRows(t, db)
-		const n = 8
-		start := make(chan struct{})
-		errs := make(chan error, n)
-		var wg sync.WaitGroup
-		for range n {
-			wg.Go(func() {
-				<-start
-				errs <- gormlease.AutoMigrate(db)
-			})
-		}
-		close(start)
-		wg.Wait()
-		close(errs)
-		var all []error
-		for err := range errs {
-			all = append(all, err)
-		}
-		require.NoError(t, errors.Join(all...))
+		require.NoError(t, migrateAtOnce(db, 8))
 		checkUpgraded(t, s, db, leases, results)
 	})
+}
+
+// migrateAtOnce runs n AutoMigrates on db at the same moment and returns
+// their errors, joined.
+func migrateAtOnce(db *gorm.DB, n int) error {
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			<-start
+			errs <- gormlease.AutoMigrate(db)
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
 }

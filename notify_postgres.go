@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -86,21 +85,13 @@ func (l *pgListener) stop() {
 // run listens until ctx is cancelled, connecting again after failures.
 func (l *pgListener) run(ctx context.Context) {
 	defer close(l.done)
-	pause := listenerRetry
+	b := backoff{pause: listenerRetry, max: listenerMaxRetry}
 	for {
 		err := l.listen(ctx)
 		l.ready.Store(false)
-		if ctx.Err() != nil || errors.Is(err, errNoListen) {
+		if ctx.Err() != nil || errors.Is(err, errNoListen) || !b.wait(ctx) {
 			return
 		}
-		t := time.NewTimer(pause/2 + rand.N(pause/2+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		pause = min(2*pause, listenerMaxRetry)
 	}
 }
 

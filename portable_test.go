@@ -2,12 +2,10 @@ package gormlease_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -89,24 +87,7 @@ func TestAutoMigrate_WithoutAdvisoryLock(t *testing.T) {
 			// collide on creating them.
 			for round := range 3 {
 				db := noAdvisoryLock(t, s, tc.state)
-				const n = 8
-				start := make(chan struct{})
-				errs := make(chan error, n)
-				var wg sync.WaitGroup
-				for range n {
-					wg.Go(func() {
-						<-start
-						errs <- gormlease.AutoMigrate(db)
-					})
-				}
-				close(start)
-				wg.Wait()
-				close(errs)
-				var all []error
-				for err := range errs {
-					all = append(all, err)
-				}
-				require.NoError(t, errors.Join(all...), "round %d", round)
+				require.NoError(t, migrateAtOnce(db, 8), "round %d", round)
 
 				// The tables work: a lease is taken and saved once.
 				runner, err := gormlease.NewRunner[int](db)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"math/rand/v2"
 	"strings"
 	"time"
 )
@@ -29,6 +28,12 @@ const (
 	reconnectMaxPause   = 500 * time.Millisecond
 )
 
+// reconnectBackoff is the pause between attempts to reach a database that
+// could not be reached.
+func reconnectBackoff() backoff {
+	return backoff{pause: reconnectFirstPause, max: reconnectMaxPause}
+}
+
 // unreachable reports whether err says that a statement could not reach
 // the database, or lost its connection before an answer came: an error that
 // no server sent (a refused or dropped connection, no server that accepts
@@ -52,7 +57,7 @@ func unreachable(err error) bool {
 // ran.
 func (r *Repository) lockOnConn(ctx context.Context, sqlDB *sql.DB, b lockingBeginner, l Lease, lockSQL string,
 ) (conn *sql.Conn, n int64, refused bool, err error) {
-	pause := reconnectFirstPause
+	wait := reconnectBackoff()
 	for {
 		conn, err = sqlDB.Conn(ctx)
 		if err == nil {
@@ -72,16 +77,8 @@ func (r *Repository) lockOnConn(ctx context.Context, sqlDB *sql.DB, b lockingBeg
 		} else {
 			err = wrapf(err, "commit %q", l.TargetID)
 		}
-		if !unreachable(err) || ctx.Err() != nil {
+		if !unreachable(err) || !wait.wait(ctx) {
 			return nil, 0, false, err
 		}
-		t := time.NewTimer(pause/2 + rand.N(pause))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, 0, false, err
-		case <-t.C:
-		}
-		pause = min(2*pause, reconnectMaxPause)
 	}
 }

@@ -298,22 +298,22 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 			wakeWaiters(r, l.TargetID)
 		}
 	}()
-	pause := retryBackoff
+	b := backoff{pause: retryBackoff, max: retryMaxPause}
 	for attempt := 1; ; attempt++ {
+		attemptCtx := ctx
 		if r.galera.Load() == galeraYes {
 			// A certification failure is retried or turned into
 			// ErrLeaseLost here: not a fault for the logger.
-			ctx = context.WithValue(ctx, retriedKey{}, true)
+			attemptCtx = context.WithValue(ctx, retriedKey{}, true)
 		}
-		err = r.commitOnce(ctx, l, fn, lockSQL)
+		err = r.commitOnce(attemptCtx, l, fn, lockSQL)
 		if err == nil {
 			return nil
 		}
-		again, failed := r.commitAgain(ctx, l, err, attempt, pause)
+		again, failed := r.commitAgain(ctx, l, err, attempt, &b)
 		if !again {
 			return failed
 		}
-		pause *= 2
 	}
 }
 

@@ -33,9 +33,33 @@ const (
 	// statementAttempts is how often a retryable statement is tried in all.
 	statementAttempts = 5
 	// retryBackoff is the first pause between attempts; it doubles each time,
-	// with jitter, so that the colliding statements spread out.
-	retryBackoff = 2 * time.Millisecond
+	// with jitter, up to retryMaxPause, so that the colliding statements
+	// spread out.
+	retryBackoff  = 2 * time.Millisecond
+	retryMaxPause = 100 * time.Millisecond
 )
+
+// backoff is the pause between two attempts of a step: it starts at a first
+// pause and doubles after each wait, up to a ceiling. Each wait is jittered
+// (between half and one and a half times the pause), so that sessions that
+// failed together do not try again together.
+type backoff struct {
+	pause, max time.Duration
+}
+
+// wait waits out the current pause, then doubles it, up to the ceiling. It
+// reports false, having returned early, when ctx ended first.
+func (b *backoff) wait(ctx context.Context) bool {
+	t := time.NewTimer(b.pause/2 + rand.N(b.pause+1))
+	defer t.Stop()
+	b.pause = min(2*b.pause, b.max)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
 
 // sqlStater is the method by which drivers' errors (pgconn.PgError, for
 // one) report their SQLSTATE, without gormlease importing a driver.
@@ -158,20 +182,12 @@ type retriedKey struct{}
 // retried or turned by the step into its outcome.
 func (r *Repository) retry(ctx context.Context, stmt func(ctx context.Context) error) error {
 	ctx = context.WithValue(ctx, retriedKey{}, true)
-	pause := retryBackoff
+	b := backoff{pause: retryBackoff, max: retryMaxPause}
 	for attempt := 1; ; attempt++ {
 		err := stmt(ctx)
-		if err == nil || attempt >= r.attempts || !isSerializationFailure(err) {
+		if err == nil || attempt >= r.attempts || !isSerializationFailure(err) || !b.wait(ctx) {
 			return err
 		}
-		t := time.NewTimer(pause/2 + rand.N(pause))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
-		pause *= 2
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
@@ -278,13 +277,12 @@ func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, runErr error)
 func (r *Runner[T]) settleCommit(ctx context.Context, lease Lease) (committed, known bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
 	defer cancel()
-	pause := reconnectFirstPause
+	b := reconnectBackoff()
 	for {
 		committed, known, err := r.settleOnce(ctx, lease)
-		if err == nil || !unreachable(err) || !sleepCtx(ctx, pause/2+rand.N(pause)) {
+		if err == nil || !unreachable(err) || !b.wait(ctx) {
 			return committed, known
 		}
-		pause = min(2*pause, reconnectMaxPause)
 	}
 }
 
@@ -310,18 +308,6 @@ func (r *Runner[T]) settleOnce(ctx context.Context, lease Lease) (committed, kno
 		return false, true, nil
 	}
 	return false, false, nil // a later generation saved since
-}
-
-// sleepCtx waits for d, and reports false when ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // callWork calls work and turns a panic into a *PanicError.
