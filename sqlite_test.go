@@ -34,6 +34,16 @@ func TestSQLite_RefusesDSNWithoutBusyTimeout(t *testing.T) {
 			assert.ErrorContains(t, err, "database is locked")
 		})
 	}
+	t.Run("FilesAreInWALMode", func(t *testing.T) {
+		// The test files are switched to WAL once, when made, not by each
+		// connection (which can fail with "database is locked" when two
+		// open a new file at once); every connection still finds WAL.
+		for name, db := range map[string]*gorm.DB{"shared": s.DB(t), "empty": s.OpenEmpty(t, nil)} {
+			var mode string
+			require.NoError(t, db.Raw("PRAGMA journal_mode").Scan(&mode).Error)
+			assert.Equal(t, "wal", mode, name)
+		}
+	})
 	t.Run("DriverDefault", func(t *testing.T) {
 		db := s.Open(t, map[string]string{"busy_timeout": "", "journal_mode": "", "synchronous": ""})
 		var ms int64

@@ -21,8 +21,29 @@ import (
 
 // sqlitePragmas are the PRAGMAs of every test connection to SQLite, in the
 // order they are set: the busy timeout first, as the driver asks. Open's
-// params override them by name.
-var sqlitePragmas = []string{"busy_timeout=10000", "journal_mode=wal", "synchronous=normal"}
+// params override them by name. WAL mode is not among them: it is set once,
+// when a file is made (see makeWAL), and stays with the file.
+var sqlitePragmas = []string{"busy_timeout=10000", "synchronous=normal"}
+
+// makeWAL makes the database file at path, in WAL mode. Switching a file to
+// WAL needs it to itself: connections that each ask for it as they open
+// can meet one another's switch and fail with "database is locked", which
+// their busy timeout does not cover. Once made, the file stays in WAL mode.
+func makeWAL(path string) error {
+	pool, err := driver.Open(sqliteDSN(path, nil))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var mode string
+	if err := pool.QueryRow("PRAGMA journal_mode=wal").Scan(&mode); err != nil {
+		return fmt.Errorf("WAL mode for %s: %w", path, err)
+	}
+	if mode != "wal" {
+		return fmt.Errorf("WAL mode for %s: the file is in %q mode", path, mode)
+	}
+	return nil
+}
 
 // SQLite returns this process's SQLite database: a file in a temporary
 // directory of its own, removed by Close. It is always available.
@@ -38,9 +59,17 @@ func findSQLite() (*Server, error) {
 	}
 	closers = append(closers, func() error { return os.RemoveAll(dir) })
 	path := filepath.Join(dir, "lease.db")
+	if err := makeWAL(path); err != nil {
+		return nil, err
+	}
 	return &Server{
 		newSpace: func(name string) (func() error, error) {
-			return func() error { return removeSQLite(filepath.Join(dir, name+".db")) }, nil
+			file := filepath.Join(dir, name+".db")
+			drop := func() error { return removeSQLite(file) }
+			if err := makeWAL(file); err != nil {
+				return drop, err
+			}
+			return drop, nil
 		},
 		Name: "sqlite",
 		DSN:  sqliteDSN(path, nil),
