@@ -57,6 +57,9 @@ type GaleraNode struct {
 // galeraNodes is the size of the cluster.
 const galeraNodes = 3
 
+// galeraStarts is how many times a cluster start is tried.
+const galeraStarts = 3
+
 // galeraDatabase is the database that the tests' pools open on each node.
 const galeraDatabase = "gormlease"
 
@@ -71,7 +74,17 @@ var (
 func SharedGalera(tb testing.TB) *Galera {
 	tb.Helper()
 	galeraOnce.Do(func() {
-		galeraCluster, galeraErr = startGalera()
+		// A start can fail for reasons outside the cluster (another
+		// process took a port before a node bound it), so a failed start
+		// is tried again, on new ports; each failure is shown.
+		var missing *missingError
+		for attempt := 1; attempt <= galeraStarts; attempt++ {
+			galeraCluster, galeraErr = startGalera()
+			if galeraErr == nil || errors.As(galeraErr, &missing) {
+				break
+			}
+			tb.Logf("start the Galera cluster, attempt %d of %d: %v", attempt, galeraStarts, galeraErr)
+		}
 		if galeraErr == nil {
 			mu.Lock()
 			closers = append(closers, galeraCluster.close)
@@ -152,14 +165,15 @@ func startGalera() (*Galera, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
+	ports, err := freePorts(4 * galeraNodes)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
 	for i := 1; i <= galeraNodes; i++ {
 		n := &GaleraNode{c: c, n: i, data: filepath.Join(dir, fmt.Sprintf("node%d", i))}
-		for _, p := range []*int{&n.port, &n.gcomm, &n.ist, &n.sst} {
-			if *p, err = freePort(); err != nil {
-				os.RemoveAll(dir)
-				return nil, err
-			}
-		}
+		n.port, n.gcomm, n.ist, n.sst = ports[0], ports[1], ports[2], ports[3]
+		ports = ports[4:]
 		c.nodes = append(c.nodes, n)
 	}
 	fail := func(err error) (*Galera, error) {
