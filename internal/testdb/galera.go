@@ -454,8 +454,13 @@ func (n *GaleraNode) signal(sig syscall.Signal) {
 func (n *GaleraNode) Start(tb testing.TB, env ...string) {
 	tb.Helper()
 	provider, _ := galeraProvider()
+	// A rejoin that fails (its state transfer can) is tried once more.
 	if err := n.start(provider, env); err != nil {
-		tb.Fatal(err)
+		tb.Logf("start Galera node %d again, first try: %v", n.n, err)
+		n.signal(syscall.SIGKILL)
+		if err := n.start(provider, env); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	if err := n.c.waitSize(n, galeraNodes); err != nil {
 		tb.Fatal(err)
