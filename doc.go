@@ -60,9 +60,12 @@
 // session default) they are retried a few times. The fenced commit is not
 // retried once its saver ran, with one exception: on a MariaDB Galera node,
 // after a certification failure while the lease is provably still the
-// caller's, the whole transaction runs again (the saver too). Its first
-// statement, before the saver, is tried again while the database cannot be
-// reached (a failover). When the connection is lost while COMMIT is in
+// caller's, the whole transaction runs again (the saver too). There, too, a
+// step that found no row holding its lease, and a refused acquire, read the
+// row with a causal read before they report it, and are sent again when the
+// node had only not yet applied a write made on another node. The fenced
+// commit's first statement, before the saver, is tried again while the
+// database cannot be reached (a failover). When the connection is lost while COMMIT is in
 // flight, Run finds out whether the commit took effect (the release waits
 // on the row lock until the transaction ends, and the row records the
 // generation saved), asking again until the operation timeout while the

@@ -139,3 +139,8 @@ func (e *PanicError) Unwrap() error {
 // errWorkExited is the reason logged for the release of a lease whose work
 // or saver called runtime.Goexit: Run never returns to its caller then.
 var errWorkExited = errors.New("gormlease: work or save called runtime.Goexit")
+
+// errLockedNothing is the fenced commit's error when its first statement
+// found no row holding the lease: the lease is lost, unless the statement ran
+// on a Galera node that had not yet applied it (see commitAgain).
+var errLockedNothing = fmt.Errorf("%w", ErrLeaseLost)

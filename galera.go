@@ -106,21 +106,33 @@ func (r *Repository) causalRead(ctx context.Context, query string) string {
 }
 
 // commitAgain decides, after the fenced commit of l failed with err, whether
-// to try it again: on a Galera node, after a serialization failure (which
-// rolled the whole transaction back), when a causal read of the row shows
-// that l is still the caller's: the failure came from another write on the
-// row that did not take the lease, such as the holder's own heartbeat sent
-// through another node. It waits out b before it says yes. It returns the
-// error to return instead when the lease is gone: one wrapping ErrLeaseLost.
+// to try it again, on a Galera node only:
+//   - after a serialization failure (which rolled the whole transaction
+//     back), when a causal read of the row shows that l is still the
+//     caller's: the failure came from another write on the row that did not
+//     take the lease, such as the holder's own heartbeat sent through
+//     another node. It returns the error to return instead when the lease
+//     is gone: one wrapping ErrLeaseLost.
+//   - when the lock found no row holding l, and the node had only not yet
+//     applied l (see ownRowLagged). The saver has not run then.
+//
+// It waits out b before it says yes.
 func (r *Repository) commitAgain(ctx context.Context, l Lease, err error, attempt int, b *backoff) (bool, error) {
+	if errors.Is(err, errLockedNothing) {
+		again, lagErr := r.ownRowLagged(ctx, l, attempt, b)
+		if lagErr != nil {
+			return false, wrapf(lagErr, "commit %q", l.TargetID)
+		}
+		return again, err
+	}
 	if attempt >= commitAttempts || !isSerializationFailure(err) || !r.onGalera(ctx) {
 		return false, err
 	}
-	row, found, getErr := r.Get(ctx, l.TargetID)
+	held, getErr := r.stillHolds(ctx, l)
 	if getErr != nil {
 		return false, err
 	}
-	if !found || row.LeaseToken != l.Token || row.ReleasedAt != nil {
+	if !held {
 		return false, wrapf(fmt.Errorf("%w: another write on the lease row came first (%w)", ErrLeaseLost,
 			unwrapStep(err)), "commit %q", l.TargetID)
 	}
@@ -128,6 +140,70 @@ func (r *Repository) commitAgain(ctx context.Context, l Lease, err error, attemp
 		return false, err
 	}
 	return true, nil
+}
+
+// A node behind the others. A Galera node applies the other nodes' writes
+// shortly after they commit, so a statement sent to it just after a write on
+// another node may not find that write: a heartbeat, fenced commit or
+// release sent to node 2 just after the acquire on node 1 finds the row's
+// old token and changes nothing, and an acquire sent to node 2 just after a
+// release on node 1 finds the lease still held. (Sent at once, between a
+// sixth and a quarter of such statements did so in a test on three nodes.)
+// A pool spread over the nodes does this, or WithHeartbeatDB on another
+// node. So on a Galera node, before such an outcome is reported (ErrLeaseLost,
+// ErrLeaseHeld), a causal read of the row checks it; when the row says
+// otherwise, the node was behind, and the statement is sent again, up to
+// commitAttempts times in all.
+
+// ownRowLagged decides, after a statement on l's own row (a heartbeat, a
+// release, the fenced commit's lock) changed nothing, whether to send it
+// again: on a Galera node, when a causal read shows the row still holding
+// l, unreleased, the statement ran on a node that had not yet applied l's
+// acquire. attempt counts the statement's runs so far; it waits out b before
+// it says yes. It reports false with a nil error when l is gone, as the
+// statement said; false with an error when the row could not be read, or
+// when it still holds l after commitAttempts runs.
+func (r *Repository) ownRowLagged(ctx context.Context, l Lease, attempt int, b *backoff) (bool, error) {
+	if !r.onGalera(ctx) {
+		return false, nil
+	}
+	held, err := r.stillHolds(ctx, l)
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("no row held the lease on this Galera node, and reading it again failed: %w", err)
+	case !held:
+		return false, nil
+	case attempt >= commitAttempts:
+		return false, fmt.Errorf("the row holds the lease, but this Galera node had not applied it after %d attempts", attempt)
+	case !b.wait(ctx):
+		return false, ctx.Err()
+	}
+	return true, nil
+}
+
+// acquireLagged decides, after an acquire of targetID was refused, whether
+// to send it again: on a Galera node, when a causal read shows the row
+// released, the acquire ran on a node that had not yet applied the release.
+// attempt counts the acquire's runs so far; it waits out b before it says yes.
+func (r *Repository) acquireLagged(ctx context.Context, targetID string, attempt int, b *backoff) bool {
+	if attempt >= commitAttempts || !r.onGalera(ctx) {
+		return false
+	}
+	row, found, err := r.Get(ctx, targetID)
+	if err != nil || !found || row.ReleasedAt == nil {
+		return false
+	}
+	return b.wait(ctx)
+}
+
+// stillHolds reports whether a causal read of l's row (see Get) shows l,
+// unreleased.
+func (r *Repository) stillHolds(ctx context.Context, l Lease) (bool, error) {
+	row, found, err := r.Get(ctx, l.TargetID)
+	if err != nil {
+		return false, err
+	}
+	return found && row.LeaseToken == l.Token && row.ReleasedAt == nil, nil
 }
 
 // unwrapStep returns the cause of err when err is a step's error, so that

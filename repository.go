@@ -159,12 +159,17 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout, clea
 	}
 	var gen int64
 	var ok bool
-	err = r.retry(ctx, func(ctx context.Context) (err error) {
+	send := func(ctx context.Context) (err error) {
 		gen, ok, err = r.dialect.acquire(ctx, r.db, acquireArgs{
 			targetID: targetID, token: token, holder: r.holder, timeout: timeout, from: from,
 		})
 		return err
-	})
+	}
+	err = r.retry(ctx, send)
+	b := backoff{pause: retryBackoff, max: retryMaxPause}
+	for attempt := 1; err == nil && !ok && r.acquireLagged(ctx, targetID, attempt, &b); attempt++ {
+		err = r.retry(ctx, send)
+	}
 	switch {
 	case isSerializationFailure(err):
 		// Every attempt was rolled back, having changed nothing, because
@@ -260,6 +265,18 @@ func (r *Repository) heartbeatMany(ctx context.Context, leases []Lease) (map[Lea
 			}
 		}
 	}
+	if len(lost) > 0 && r.onGalera(ctx) {
+		// The node may only have been behind (see ownRowLagged), which
+		// Heartbeat checks, lease by lease.
+		for l := range lost {
+			switch err := r.Heartbeat(ctx, l); {
+			case err == nil:
+				delete(lost, l)
+			case !errors.Is(err, ErrLeaseLost):
+				return nil, err
+			}
+		}
+	}
 	return lost, nil
 }
 
@@ -334,7 +351,7 @@ func (r *Repository) commitOnce(ctx context.Context, l Lease, fn func(tx *gorm.D
 		case err != nil:
 			return fmt.Errorf("lock lease row: %w", err)
 		case n == 0:
-			return ErrLeaseLost
+			return errLockedNothing
 		}
 		if err := fn(saverSession(ctx, tx, tx.Statement.ConnPool)); err != nil {
 			saveErr = saveFailed(l, err)
@@ -416,6 +433,14 @@ func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, stm
 		return n, run(ctx)
 	}
 	err = r.retry(ctx, run)
+	b := backoff{pause: retryBackoff, max: retryMaxPause}
+	for attempt := 1; err == nil && n == 0; attempt++ {
+		again, lagErr := r.ownRowLagged(ctx, l, attempt, &b)
+		if !again {
+			return 0, lagErr
+		}
+		err = r.retry(ctx, run)
+	}
 	if isSerializationFailure(err) {
 		row, found, getErr := r.Get(ctx, l.TargetID)
 		if getErr == nil && (!found || row.LeaseToken != l.Token || row.ReleasedAt != nil) {
