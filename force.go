@@ -20,7 +20,9 @@ const ForcedReleaseFailure = "released by force by an operator"
 // holder's later heartbeats, fenced commit and release all fail with
 // ErrLeaseLost, and the next acquisition gets a generation above the
 // holder's. The row is kept. ForceRelease returns the row as it left it,
-// or an error wrapping ErrNotHeld when there was no lease to end.
+// or an error wrapping ErrNotHeld when there was no lease to end. (On a
+// MariaDB Galera node, it first checks with a causal read that the node had
+// not merely not yet applied the acquire made on another node.)
 //
 // The holder's work is not stopped at once: it learns of the loss at its
 // next heartbeat, or when it tries to save.
@@ -37,7 +39,7 @@ func (r *Repository) ForceRelease(ctx context.Context, targetID string) (JobLeas
 		r.dialect.notifyWaiters())
 	var row JobLease
 	var found bool
-	err = r.retry(ctx, func(ctx context.Context) error {
+	send := func(ctx context.Context) error {
 		return r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 			_, n, err := execSQL(ctx, tx, stmt, token.String(), ForcedReleaseFailure, targetID)
 			if err != nil || n == 0 {
@@ -47,7 +49,14 @@ func (r *Repository) ForceRelease(ctx context.Context, targetID string) (JobLeas
 			found, err = queryRowSQL(ctx, tx, r.getSQL, []any{targetID}, row.columns()...)
 			return err
 		}, r.dialect.fenceTxOptions())
-	})
+	}
+	err = r.retry(ctx, send)
+	// On a Galera node that had not yet applied the acquire, there was
+	// nothing to release here (see rowLagged).
+	b := backoff{pause: retryBackoff, max: retryMaxPause}
+	for attempt := 1; err == nil && !found && r.rowLagged(ctx, targetID, held, attempt, &b); attempt++ {
+		err = r.retry(ctx, send)
+	}
 	switch {
 	case err != nil:
 		return JobLease{}, wrapf(err, "force release %q", targetID)

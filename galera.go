@@ -128,11 +128,13 @@ func (r *Repository) commitAgain(ctx context.Context, l Lease, err error, attemp
 	if attempt >= commitAttempts || !isSerializationFailure(err) || !r.onGalera(ctx) {
 		return false, err
 	}
-	held, getErr := r.stillHolds(ctx, l)
+	holds, getErr := r.rowBehind(ctx, l.TargetID, func(row JobLease) bool {
+		return row.LeaseToken == l.Token && row.ReleasedAt == nil
+	})
 	if getErr != nil {
 		return false, err
 	}
-	if !held {
+	if !holds {
 		return false, wrapf(fmt.Errorf("%w: another write on the lease row came first (%w)", ErrLeaseLost,
 			unwrapStep(err)), "commit %q", l.TargetID)
 	}
@@ -143,17 +145,18 @@ func (r *Repository) commitAgain(ctx context.Context, l Lease, err error, attemp
 }
 
 // A node behind the others. A Galera node applies the other nodes' writes
-// shortly after they commit, so a statement sent to it just after a write on
-// another node may not find that write: a heartbeat, fenced commit or
+// shortly after they commit, so a statement sent to it just after a write
+// on another node may not find that write: a heartbeat, fenced commit or
 // release sent to node 2 just after the acquire on node 1 finds the row's
-// old token and changes nothing, and an acquire sent to node 2 just after a
-// release on node 1 finds the lease still held. (Sent at once, between a
-// sixth and a quarter of such statements did so in a test on three nodes.)
-// A pool spread over the nodes does this, or WithHeartbeatDB on another
-// node. So on a Galera node, before such an outcome is reported (ErrLeaseLost,
-// ErrLeaseHeld), a causal read of the row checks it; when the row says
-// otherwise, the node was behind, and the statement is sent again, up to
-// commitAttempts times in all.
+// old token and changes nothing; an acquire sent to node 2 just after a
+// release on node 1 finds the lease still held; ForceRelease finds nothing
+// to release. (Sent at once, about one such statement in a hundred did so
+// in a test on three nodes on a quiet machine, one in five on a loaded
+// one.) A pool spread over the nodes does this, or WithHeartbeatDB on
+// another node. So on a Galera node, before such an outcome is reported
+// (ErrLeaseLost, ErrLeaseHeld, ErrNotHeld), a causal read of the row checks
+// it; when the row says otherwise, the node was behind, and the statement
+// is sent again, up to commitAttempts times in all.
 
 // ownRowLagged decides, after a statement on l's own row (a heartbeat, a
 // release, the fenced commit's lock) changed nothing, whether to send it
@@ -164,14 +167,13 @@ func (r *Repository) commitAgain(ctx context.Context, l Lease, err error, attemp
 // statement said; false with an error when the row could not be read, or
 // when it still holds l after commitAttempts runs.
 func (r *Repository) ownRowLagged(ctx context.Context, l Lease, attempt int, b *backoff) (bool, error) {
-	if !r.onGalera(ctx) {
-		return false, nil
-	}
-	held, err := r.stillHolds(ctx, l)
+	behind, err := r.rowBehind(ctx, l.TargetID, func(row JobLease) bool {
+		return row.LeaseToken == l.Token && row.ReleasedAt == nil
+	})
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("no row held the lease on this Galera node, and reading it again failed: %w", err)
-	case !held:
+	case !behind:
 		return false, nil
 	case attempt >= commitAttempts:
 		return false, fmt.Errorf("the row holds the lease, but this Galera node had not applied it after %d attempts", attempt)
@@ -181,30 +183,39 @@ func (r *Repository) ownRowLagged(ctx context.Context, l Lease, attempt int, b *
 	return true, nil
 }
 
-// acquireLagged decides, after an acquire of targetID was refused, whether
-// to send it again: on a Galera node, when a causal read shows the row
-// released, the acquire ran on a node that had not yet applied the release.
-// attempt counts the acquire's runs so far; it waits out b before it says yes.
-func (r *Repository) acquireLagged(ctx context.Context, targetID string, attempt int, b *backoff) bool {
-	if attempt >= commitAttempts || !r.onGalera(ctx) {
+// rowLagged decides, after a statement on targetID's row found it not as
+// it needed, whether to send it again: on a Galera node, when a causal read
+// shows the row as needed (want), the statement ran on a node that had not
+// yet applied the write that made it so. attempt counts the statement's runs
+// so far; it waits out b before it says yes. An acquire refused wants the
+// row released; ForceRelease, finding nothing to release, wants it held.
+func (r *Repository) rowLagged(ctx context.Context, targetID string, want func(JobLease) bool, attempt int, b *backoff) bool {
+	if attempt >= commitAttempts {
 		return false
 	}
-	row, found, err := r.Get(ctx, targetID)
-	if err != nil || !found || row.ReleasedAt == nil {
-		return false
-	}
-	return b.wait(ctx)
+	behind, err := r.rowBehind(ctx, targetID, want)
+	return err == nil && behind && b.wait(ctx)
 }
 
-// stillHolds reports whether a causal read of l's row (see Get) shows l,
-// unreleased.
-func (r *Repository) stillHolds(ctx context.Context, l Lease) (bool, error) {
-	row, found, err := r.Get(ctx, l.TargetID)
+// rowBehind reports whether, on a Galera node, a causal read of targetID's
+// row (see Get) finds it and shows it as want says. It reports false on
+// other servers.
+func (r *Repository) rowBehind(ctx context.Context, targetID string, want func(JobLease) bool) (bool, error) {
+	if !r.onGalera(ctx) {
+		return false, nil
+	}
+	row, found, err := r.Get(ctx, targetID)
 	if err != nil {
 		return false, err
 	}
-	return found && row.LeaseToken == l.Token && row.ReleasedAt == nil, nil
+	return found && want(row), nil
 }
+
+// released reports whether row is released.
+func released(row JobLease) bool { return row.ReleasedAt != nil }
+
+// held reports whether row is not released.
+func held(row JobLease) bool { return row.ReleasedAt == nil }
 
 // unwrapStep returns the cause of err when err is a step's error, so that
 // it is not prefixed twice.

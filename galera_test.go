@@ -298,14 +298,15 @@ func TestGalera_GetSeesTakeoverOnAnotherNode(t *testing.T) {
 	assert.Equal(t, taken.Token, g.row.LeaseToken, "Get showed the lease as it was before the takeover")
 }
 
-// A node behind the others: each step on a lease is sent to node 2 just
-// after the write it depends on committed on node 1, before node 2 may
+// A node behind the others: each step on a lease is sent to one node just
+// after the write it depends on committed on another, before the first may
 // have applied it. (Without the causal check, about one step in a hundred
 // failed so on a quiet 2-core machine, one in five on a loaded one; the
-// test failed in 7 runs of 7, each time within 18 rounds.) Heartbeats, the fenced commit and releases of a
-// lease acquired a moment ago on node 1 find it the caller's; an acquire
-// just after a release on node 1 takes the lease. A lease released on node
-// 1 is still reported lost on node 2.
+// test failed in 7 runs of 7, each time within 18 rounds.) Heartbeats, the
+// fenced commit and releases on node 2 of a lease acquired a moment ago on
+// node 1 find it the caller's; an acquire on node 2 just after a release on
+// node 1 takes the lease; ForceRelease on node 1 just after that acquire
+// finds it, and the lease is then reported lost on node 2.
 func TestGalera_NodeBehindTheOthers(t *testing.T) {
 	f := newGaleraFixture(t)
 	first, second := newRepo(t, f.nodes[0]), newRepo(t, f.nodes[1])
@@ -340,7 +341,8 @@ func TestGalera_NodeBehindTheOthers(t *testing.T) {
 		taken, err := second.Acquire(ctx, target, time.Minute)
 		require.NoError(t, err, "round %d: acquire on node 2 just after the release on node 1", i)
 
-		// A lease released on node 1 is lost, on node 2 too.
+		// Released by force on node 1 just after its acquire on node 2,
+		// and so lost on node 2.
 		_, err = first.ForceRelease(ctx, target)
 		require.NoError(t, err)
 		require.ErrorIs(t, second.Heartbeat(ctx, taken), gormlease.ErrLeaseLost, "round %d", i)

@@ -167,7 +167,7 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout, clea
 	}
 	err = r.retry(ctx, send)
 	b := backoff{pause: retryBackoff, max: retryMaxPause}
-	for attempt := 1; err == nil && !ok && r.acquireLagged(ctx, targetID, attempt, &b); attempt++ {
+	for attempt := 1; err == nil && !ok && r.rowLagged(ctx, targetID, released, attempt, &b); attempt++ {
 		err = r.retry(ctx, send)
 	}
 	switch {
