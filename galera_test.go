@@ -312,6 +312,7 @@ func TestGalera_NodeBehindTheOthers(t *testing.T) {
 	first, second := newRepo(t, f.nodes[0]), newRepo(t, f.nodes[1])
 	ctx := context.Background()
 	const rounds = 60
+	againAfterConflict := 0
 	for i := range rounds {
 		target := newTarget(t)
 		held, err := first.Acquire(ctx, target, time.Minute)
@@ -331,7 +332,17 @@ func TestGalera_NodeBehindTheOthers(t *testing.T) {
 			calls++
 			return gormlease.SaveJSON(tx, i)
 		}), "round %d: fenced commit on node 2 just after the acquire on node 1", i)
-		require.Equal(t, 1, calls, "saver calls")
+		saved, _, err := gormlease.LoadJSON[int](ctx, f.check, l.TargetID)
+		require.NoError(t, err)
+		require.Equal(t, i, saved, "round %d: the saved result", i)
+		// A node that lags is caught before the saver runs. The saver may
+		// still run again when its commit fails certification while the
+		// lease is the caller's, as any fenced commit on Galera may (see
+		// TestGalera_OwnHeartbeatOnAnotherNodeKeepsTheResult); it did in
+		// one loaded run of six.
+		if calls > 1 {
+			againAfterConflict++
+		}
 
 		l, err = first.Acquire(ctx, newTarget(t), time.Minute)
 		require.NoError(t, err)
@@ -347,6 +358,7 @@ func TestGalera_NodeBehindTheOthers(t *testing.T) {
 		require.NoError(t, err)
 		require.ErrorIs(t, second.Heartbeat(ctx, taken), gormlease.ErrLeaseLost, "round %d", i)
 	}
+	t.Logf("%d rounds; in %d the saver ran again after its commit failed certification", rounds, againAfterConflict)
 }
 
 // Node killed: Runs on the three nodes, half of them in their work and
