@@ -413,8 +413,10 @@ func (r *Repository) releaseAs(ctx context.Context, db *gorm.DB, l Lease, stmt s
 // updateOwnRow runs stmt, one of r's statements on the caller's own row
 // (see ownRowSQL), with args and then l's target and token, and returns the
 // number of rows it changed. Outside a transaction the statement is retried
-// after a serialization failure (see Repository.retry); inside one, the
-// failure is the transaction's to handle.
+// after a serialization failure (see Repository.retry), and, on a Galera
+// node, sent again when it changed nothing only because the node had not
+// yet applied l (see ownRowLagged); inside one, both are the transaction's
+// to handle.
 //
 // When every attempt failed so, another session kept changing (or, on
 // MySQL, locking) the row meanwhile: a takeover, most likely. updateOwnRow
