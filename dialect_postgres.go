@@ -80,7 +80,7 @@ var errNoAdvisoryLock = errors.New("no advisory lock")
 // it finds everything made.
 func (d postgresDialect) migrate(ctx context.Context, db *gorm.DB) error {
 	lock := true
-	b := backoff{pause: retryBackoff, max: retryMaxPause}
+	b := statementBackoff()
 	for attempt := 1; ; attempt++ {
 		err := db.Transaction(func(tx *gorm.DB) error {
 			if lock {

@@ -53,7 +53,7 @@ func (r *Repository) ForceRelease(ctx context.Context, targetID string) (JobLeas
 	err = r.retry(ctx, send)
 	// On a Galera node that had not yet applied the acquire, there was
 	// nothing to release here (see rowLagged).
-	b := backoff{pause: retryBackoff, max: retryMaxPause}
+	b := statementBackoff()
 	for attempt := 1; err == nil && !found && r.rowLagged(ctx, targetID, held, attempt, &b); attempt++ {
 		err = r.retry(ctx, send)
 	}

@@ -128,9 +128,7 @@ func (r *Repository) commitAgain(ctx context.Context, l Lease, err error, attemp
 	if attempt >= commitAttempts || !isSerializationFailure(err) || !r.onGalera(ctx) {
 		return false, err
 	}
-	holds, getErr := r.rowBehind(ctx, l.TargetID, func(row JobLease) bool {
-		return row.LeaseToken == l.Token && row.ReleasedAt == nil
-	})
+	holds, getErr := r.rowBehind(ctx, l.TargetID, l.heldIn)
 	if getErr != nil {
 		return false, err
 	}
@@ -167,9 +165,7 @@ func (r *Repository) commitAgain(ctx context.Context, l Lease, err error, attemp
 // statement said; false with an error when the row could not be read, or
 // when it still holds l after commitAttempts runs.
 func (r *Repository) ownRowLagged(ctx context.Context, l Lease, attempt int, b *backoff) (bool, error) {
-	behind, err := r.rowBehind(ctx, l.TargetID, func(row JobLease) bool {
-		return row.LeaseToken == l.Token && row.ReleasedAt == nil
-	})
+	behind, err := r.rowBehind(ctx, l.TargetID, l.heldIn)
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("no row held the lease on this Galera node, and reading it again failed: %w", err)

@@ -37,6 +37,9 @@ func (l Lease) check() error {
 	return nil
 }
 
+// heldIn reports whether row holds l: it carries l's token, unreleased.
+func (l Lease) heldIn(row JobLease) bool { return row.LeaseToken == l.Token && row.ReleasedAt == nil }
+
 // Repository runs the steps of the lease protocol, one method a step, each
 // one or two statements on the database. Runner composes them; use the
 // Repository directly to drive the steps yourself. A Repository is safe for
@@ -166,7 +169,7 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout, clea
 		return err
 	}
 	err = r.retry(ctx, send)
-	b := backoff{pause: retryBackoff, max: retryMaxPause}
+	b := statementBackoff()
 	for attempt := 1; err == nil && !ok && r.rowLagged(ctx, targetID, released, attempt, &b); attempt++ {
 		err = r.retry(ctx, send)
 	}
@@ -315,7 +318,7 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 			wakeWaiters(r, l.TargetID)
 		}
 	}()
-	b := backoff{pause: retryBackoff, max: retryMaxPause}
+	b := statementBackoff()
 	for attempt := 1; ; attempt++ {
 		attemptCtx := ctx
 		if r.galera.Load() == galeraYes {
@@ -435,7 +438,7 @@ func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, stm
 		return n, run(ctx)
 	}
 	err = r.retry(ctx, run)
-	b := backoff{pause: retryBackoff, max: retryMaxPause}
+	b := statementBackoff()
 	for attempt := 1; err == nil && n == 0; attempt++ {
 		again, lagErr := r.ownRowLagged(ctx, l, attempt, &b)
 		if !again {
@@ -445,7 +448,7 @@ func (r *Repository) updateOwnRow(ctx context.Context, db *gorm.DB, l Lease, stm
 	}
 	if isSerializationFailure(err) {
 		row, found, getErr := r.Get(ctx, l.TargetID)
-		if getErr == nil && (!found || row.LeaseToken != l.Token || row.ReleasedAt != nil) {
+		if getErr == nil && !(found && l.heldIn(row)) {
 			return 0, nil
 		}
 		err = fmt.Errorf("the row still holds the lease, but concurrent steps on it kept conflicting with this one (%d attempts, the last: %w)",

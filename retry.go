@@ -39,6 +39,12 @@ const (
 	retryMaxPause = 100 * time.Millisecond
 )
 
+// statementBackoff is the pause between attempts of a statement that
+// failed, or whose outcome is checked and sent again.
+func statementBackoff() backoff {
+	return backoff{pause: retryBackoff, max: retryMaxPause}
+}
+
 // backoff is the pause between two attempts of a step: it starts at a first
 // pause and doubles after each wait, up to a ceiling. Each wait is jittered
 // (between half and one and a half times the pause), so that sessions that
@@ -182,7 +188,7 @@ type retriedKey struct{}
 // retried or turned by the step into its outcome.
 func (r *Repository) retry(ctx context.Context, stmt func(ctx context.Context) error) error {
 	ctx = context.WithValue(ctx, retriedKey{}, true)
-	b := backoff{pause: retryBackoff, max: retryMaxPause}
+	b := statementBackoff()
 	for attempt := 1; ; attempt++ {
 		err := stmt(ctx)
 		if err == nil || attempt >= r.attempts || !isSerializationFailure(err) || !b.wait(ctx) {
