@@ -30,7 +30,9 @@ type dialect interface {
 	now() string
 	// acquire takes the lease on a.targetID, in as few statements as the
 	// database allows, when there is no row, the row is released, or its
-	// last heartbeat is older than a.timeout on the database's clock. It reports the new generation and
+	// last heartbeat is older than the timeout recorded in the row (its
+	// holder's; a.timeout for a row that records none) on the database's
+	// clock. It reports the new generation and
 	// whether the lease was taken; a refused acquire is not an error.
 	acquire(ctx context.Context, db *gorm.DB, a acquireArgs) (generation int64, acquired bool, err error)
 	// fenceTxOptions are the options of the fenced commit's transaction.
@@ -121,7 +123,9 @@ type acquireArgs struct {
 	targetID string
 	token    uuid.UUID
 	holder   string
-	timeout  time.Duration
+	// timeout is the new lease's timeout, recorded in the row. The row's
+	// current lease is judged by the timeout its own holder recorded.
+	timeout time.Duration
 	// from, when not anyGeneration, is the generation that the row must
 	// have for the acquire to take it over (0: there must be no row). A
 	// caller that waited for a generation to end takes over from that one

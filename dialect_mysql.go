@@ -129,7 +129,8 @@ func mysqlCheckTimes(ctx context.Context, db *gorm.DB) error {
 // which is the time self-fencing counts from.
 func (mysqlDialect) now() string { return "UTC_TIMESTAMP(6)" }
 
-// mysqlTakeOver takes over an existing row that is released or expired.
+// mysqlTakeOver takes over an existing row that is released or expired,
+// by the timeout its holder recorded (the caller's for a row without one).
 // InnoDB locks the row before checking the WHERE, so two takeovers are
 // serialised and the second finds the row live. LAST_INSERT_ID(expr)
 // returns the new generation in the reply's insert ID: the statement's
@@ -145,7 +146,7 @@ const mysqlTakeOver = `UPDATE job_lease SET
 	failure     = NULL,
 	timeout_ms  = ?
 WHERE target_id = ?
-  AND (released_at IS NOT NULL OR updated_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)
+  AND (released_at IS NOT NULL OR updated_at < UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND)
   AND (? < 0 OR generation = ?)`
 
 // mysqlInsert creates the row of a target never acquired before, or whose
@@ -245,7 +246,7 @@ func (mysqlDialect) notifyWaiters() string { return "" }
 func (d mysqlDialect) stateSQL() string {
 	return `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	TIMESTAMPDIFF(MICROSECOND, updated_at, UTC_TIMESTAMP(6)) / 1e6,
-	TIMESTAMPDIFF(MICROSECOND, saved_at, UTC_TIMESTAMP(6)) / 1e6, false
+	TIMESTAMPDIFF(MICROSECOND, saved_at, UTC_TIMESTAMP(6)) / 1e6, false, timeout_ms
 FROM ` + d.lease + ` WHERE target_id = ?`
 }
 

@@ -125,7 +125,10 @@ func (postgresDialect) now() string { return "clock_timestamp()" }
 // reads the row without locking it: when the lease is live, nothing is
 // inserted or locked, so a refused acquire writes nothing. Otherwise the
 // insert goes ahead, and on a conflict the ON CONFLICT ... WHERE re-checks
-// the latest row under its lock before taking it over. Its arguments are
+// the latest row under its lock before taking it over. Both judge the row by
+// the timeout its holder recorded (timeout_ms), so that a caller with a
+// shorter timeout never takes over a lease that its holder still trusts; a
+// row without one (written before the column existed) by the caller's. Its arguments are
 // the target, the token, the holder, the timeout in microseconds, the
 // generation to take over from (see acquireArgs) and the timeout in
 // milliseconds; the casts give each the one type that all its uses agree on.
@@ -146,7 +149,7 @@ SELECT CAST($1 AS varchar), CAST($2 AS uuid),
 WHERE NOT EXISTS (
 	SELECT 1 FROM job_lease
 	WHERE target_id = $1 AND released_at IS NULL
-	  AND updated_at >= clock_timestamp() - CAST($4 AS bigint) * interval '1 microsecond')
+	  AND updated_at >= clock_timestamp() - COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
 ON CONFLICT (target_id) DO UPDATE SET
 	lease_token = excluded.lease_token,
 	generation  = l.generation + 1,
@@ -157,7 +160,7 @@ ON CONFLICT (target_id) DO UPDATE SET
 	waiting     = false,
 	timeout_ms  = excluded.timeout_ms
 WHERE (l.released_at IS NOT NULL
-    OR l.updated_at < clock_timestamp() - CAST($4 AS bigint) * interval '1 microsecond')
+    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
   AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
 RETURNING l.generation`
 
@@ -199,7 +202,7 @@ func (d postgresDialect) notifyWaiters() string {
 // stateSQL reads what a waiter needs of the row: see leaseState.
 func (d postgresDialect) stateSQL() string {
 	return `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
-	EXTRACT(EPOCH FROM clock_timestamp() - updated_at), EXTRACT(EPOCH FROM clock_timestamp() - saved_at), waiting
+	EXTRACT(EPOCH FROM clock_timestamp() - updated_at), EXTRACT(EPOCH FROM clock_timestamp() - saved_at), waiting, timeout_ms
 FROM ` + d.lease + ` WHERE target_id = $1`
 }
 

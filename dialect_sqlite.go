@@ -89,7 +89,8 @@ func (sqliteDialect) now() string { return sqliteNow }
 
 // sqliteAcquire takes the lease in one statement, as postgresAcquire does:
 // the NOT EXISTS guard makes a refused acquire write nothing, and the
-// ON CONFLICT ... WHERE re-checks the row under the write lock. Ages are
+// ON CONFLICT ... WHERE re-checks the row under the write lock; both judge
+// the row by the timeout its holder recorded. Ages are
 // compared in seconds through julianday(). A target without a row starts
 // above the generation floor (see prune.go); the statement holds the write
 // lock from its start, so no Prune can commit while it runs.
@@ -99,7 +100,7 @@ SELECT ?1, ?2, COALESCE((SELECT generation FROM job_lease_floor WHERE id = 1), 0
 WHERE NOT EXISTS (
 	SELECT 1 FROM job_lease
 	WHERE target_id = ?1 AND released_at IS NULL
-	  AND (julianday('now') - julianday(updated_at)) * 86400.0 <= ?4)
+	  AND (julianday('now') - julianday(updated_at)) * 86400.0 <= COALESCE(timeout_ms / 1000.0, ?4))
 ON CONFLICT (target_id) DO UPDATE SET
 	lease_token = excluded.lease_token,
 	generation  = l.generation + 1,
@@ -109,7 +110,7 @@ ON CONFLICT (target_id) DO UPDATE SET
 	failure     = NULL,
 	timeout_ms  = excluded.timeout_ms
 WHERE (l.released_at IS NOT NULL
-    OR (julianday('now') - julianday(l.updated_at)) * 86400.0 > ?4)
+    OR (julianday('now') - julianday(l.updated_at)) * 86400.0 > COALESCE(l.timeout_ms / 1000.0, ?4))
   AND (?5 < 0 OR l.generation = ?5)
 RETURNING generation`
 
@@ -191,7 +192,7 @@ func (sqliteDialect) notifyWaiters() string { return "" }
 func (d sqliteDialect) stateSQL() string {
 	return `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	(julianday('now') - julianday(updated_at)) * 86400.0,
-	(julianday('now') - julianday(saved_at)) * 86400.0, 0
+	(julianday('now') - julianday(saved_at)) * 86400.0, 0, timeout_ms
 FROM ` + d.lease + ` WHERE target_id = ?`
 }
 

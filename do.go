@@ -190,7 +190,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			if refused {
 				initial = nil
 			}
-			w = subscribe(r.repo, targetID, r.cfg.heartbeatInterval, initial)
+			w = subscribe(r.repo, targetID, r.cfg.heartbeatInterval, r.cfg.operationTimeout, initial)
 			_, _, changed = w.current()
 		}
 		if refused {
@@ -264,7 +264,7 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 // called, shows the lease released or expired, or until ctx is done. It
 // holds the watch only while it waits, not while the next Run works.
 func (r *Runner[T]) waitEnded(ctx context.Context, targetID string) error {
-	w := subscribe(r.repo, targetID, r.cfg.heartbeatInterval, nil)
+	w := subscribe(r.repo, targetID, r.cfg.heartbeatInterval, r.cfg.operationTimeout, nil)
 	defer w.unsubscribe()
 	_, _, changed := w.current()
 	w.poke()

@@ -17,13 +17,17 @@
 //
 //   - Acquire: one statement takes the lease when there is no row, the row
 //     was released, or its last heartbeat is older than the lease timeout on
-//     the database's clock. It mints a fresh token and bumps the generation.
+//     the database's clock. The timeout is the holder's own, recorded in the
+//     row when it acquired, whatever the caller's: a Runner with a shorter
+//     timeout (the next version, in a rolling deploy) never takes over a
+//     lease that its holder still trusts. It records its own timeout, mints
+//     a fresh token and bumps the generation.
 //     Otherwise the caller gets ErrLeaseHeld at once, and nothing is written.
 //   - Heartbeat: every interval, one statement stamps the row where both the
 //     target and the token match. Zero rows means the lease was taken over:
 //     the work is cancelled, with ErrLeaseLost as its context.Cause. The
-//     leases held in one process on one pool share a statement per 1,000
-//     (two on MySQL).
+//     leases that one Runner holds share a statement per 1,000 (two on
+//     MySQL).
 //   - Fenced commit: one transaction locks the row and compares the token
 //     (SELECT ... FOR UPDATE in CommitIfOwner; in Run, the release statement
 //     itself, which locks and checks in one), runs the caller's saver, and

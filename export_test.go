@@ -7,11 +7,7 @@ var PostgresSchema = postgresSchema
 
 // LiveBeatGroups returns the number of heartbeat groups whose goroutine
 // runs: zero whenever no Run holds a lease.
-func LiveBeatGroups() int {
-	beatGroups.Lock()
-	defer beatGroups.Unlock()
-	return len(beatGroups.m)
-}
+func LiveBeatGroups() int { return int(beating.Load()) }
 
 // CommitThroughGorm makes r run its fenced commits in gorm's transaction,
 // as it does once the driver has refused to send BEGIN and the locking
@@ -41,7 +37,7 @@ func Watched(target string) bool {
 	hubs.Lock()
 	defer hubs.Unlock()
 	for _, h := range hubs.m {
-		if w := h.watches[watchKey{DefaultLeaseTable, target}]; w != nil {
+		if w := h.watches[target]; w != nil && h.key.table == DefaultLeaseTable {
 			st, read, _ := w.current()
 			return read && st.found && !st.released
 		}
@@ -90,7 +86,7 @@ func WatchSubscribers(target string) int {
 	defer hubs.Unlock()
 	n := 0
 	for _, h := range hubs.m {
-		if w := h.watches[watchKey{DefaultLeaseTable, target}]; w != nil {
+		if w := h.watches[target]; w != nil && h.key.table == DefaultLeaseTable {
 			n += w.subs
 		}
 	}

@@ -557,3 +557,32 @@ func TestGalera_ClockSkew(t *testing.T) {
 		assert.True(t, fenced, "the holder still trusted its lease when the takeover was sent")
 	})
 }
+
+// A rolling deploy across nodes: the holder on node 1 runs with a 10s lease
+// timeout and has not heartbeated for 1.5s; a Runner with a 1s timeout on
+// node 2 is refused, since the holder's recorded timeout decides, and the
+// holder saves.
+func TestGalera_ShorterTimeoutDoesNotTakeOverALiveLease(t *testing.T) {
+	f := newGaleraFixture(t)
+	target := newTarget(t)
+	holder := newRunner(t, f.nodes[0], galeraOpts(gormlease.WithHeartbeatInterval(3*time.Second))...)
+	release, done := holdOnRunner(t, holder, target, "from node 1")
+	// Aged through node 2, so that node 2's acquire sees the aged row.
+	res := f.nodes[1].Exec("UPDATE job_lease SET updated_at = UTC_TIMESTAMP(6) - INTERVAL 1500000 MICROSECOND WHERE target_id = ?", target)
+	require.NoError(t, res.Error)
+	require.EqualValues(t, 1, res.RowsAffected)
+
+	newcomer := newRunner(t, f.nodes[1], gormlease.WithHeartbeatInterval(200*time.Millisecond),
+		gormlease.WithLeaseTimeout(time.Second), gormlease.WithOperationTimeout(8*time.Second))
+	_, err := newcomer.Run(context.Background(), target, func(context.Context) (string, error) {
+		t.Error("the newcomer on node 2 ran its work while the holder's lease was live")
+		return "", nil
+	}, noSave(t))
+	require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
+
+	close(release)
+	require.NoError(t, recv(t, done, 30*time.Second, "the holder's Run").err)
+	got, _, err := gormlease.LoadJSON[string](context.Background(), f.check, target)
+	require.NoError(t, err)
+	assert.Equal(t, "from node 1", got)
+}

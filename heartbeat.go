@@ -5,20 +5,22 @@ import (
 	"log/slog"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// Heartbeats are batched. Every lease that Runs hold in one process on the
-// same connection pool with the same heartbeat interval and
-// operation timeout joins one beatGroup, whose goroutine renews all of them
+// Heartbeats are batched. Every lease that Runs hold on one Repository
+// with the same heartbeat interval, operation timeout, logger and observer
+// joins one beatGroup of that Repository, whose goroutine renews all of them
 // once per interval, with one statement per heartbeatBatchSize leases (see
 // Repository.HeartbeatMany), up to beatParallelism statements at once, each
 // on a connection taken from the pool only for the statement. The group's
 // goroutine starts when its first lease joins and is stopped, and awaited,
 // by the Run whose lease leaves last; it waits for its statements before it
-// ends, so no goroutine outlives the Runs. A group's statements go through
-// the gorm session of the Run that started it: Runners on one pool share
-// their heartbeats whatever their gorm settings.
+// ends, so no goroutine outlives the Runs. Nothing is shared between
+// Repositories: each Runner has its own (and a second one on
+// WithHeartbeatDB's pool), so a group's statements always go to its
+// members' own table, through their own gorm session.
 //
 // Self-fencing stays per lease: a lease is confirmed until lease timeout
 // minus the safety margin after the last successful heartbeat that renewed
@@ -31,17 +33,14 @@ import (
 // was taken over or released: its work, and only its, is cancelled with
 // ErrLeaseLost.
 
-// beatKey says which leases may share heartbeat statements: those on the
-// same database, renewed at the same pace, with the same bound on each call.
+// beatKey says which leases of one Repository may share heartbeat
+// statements: those renewed at the same pace, with the same bound on each
+// call, reported to the same logger and observer.
 type beatKey struct {
-	pool             any // see poolKey
 	interval         time.Duration
 	operationTimeout time.Duration
-	// Leases share heartbeats only with those of Runners that report to
-	// the same logger and observer (see observerKey): the group's
-	// statements are reported to them.
-	logger   *slog.Logger
-	observer any
+	logger           *slog.Logger
+	observer         any // see observerKey
 }
 
 // observerKey is what identifies m's observer in a beatKey: nil when there
@@ -58,27 +57,20 @@ func observerKey(m *monitor) any {
 	return m.obs
 }
 
-// poolKey is what identifies repo's connection pool in a beatKey: the pool
-// itself, or, for a pool of a type that cannot be a map key (a struct value
-// holding a slice, say), the repository, whose leases then share heartbeats
-// only among themselves.
-func poolKey(repo *Repository) any {
-	pool := repo.db.ConnPool
-	if t := reflect.TypeOf(pool); t == nil || !t.Comparable() {
-		return repo
-	}
-	return pool
+// beats holds a Repository's live heartbeat groups; its mutex also guards
+// every group's members and every member's state.
+type beats struct {
+	mu sync.Mutex
+	m  map[beatKey]*beatGroup
 }
 
-// beatGroups holds the live groups; its mutex also guards every group's
-// members and every member's state.
-var beatGroups = struct {
-	sync.Mutex
-	m map[beatKey]*beatGroup
-}{m: map[beatKey]*beatGroup{}}
+// beating counts the live heartbeat groups of the process, for the tests'
+// leak checks.
+var beating atomic.Int64
 
 // beatGroup renews a set of leases together.
 type beatGroup struct {
+	owner   *beats
 	key     beatKey
 	repo    *Repository
 	mon     *monitor     // of the Run that started the group
@@ -97,7 +89,7 @@ type heartbeat struct {
 	cancelWork context.CancelCauseFunc
 	fence      *time.Timer
 	index      int  // in group.members
-	left       bool // set under beatGroups' mutex when stop has run
+	left       bool // set under the owner's mutex when stop has run
 }
 
 // startHeartbeat starts renewing lease, acquired by a statement sent at
@@ -114,18 +106,23 @@ func startHeartbeat(workCtx context.Context, repo *Repository, cfg config, mon *
 			err: wrapf(ErrLeaseLost, "heartbeat %q: no heartbeat confirmed the lease for %v", lease.TargetID, trust)})
 	})
 
-	key := beatKey{pool: poolKey(repo), interval: cfg.heartbeatInterval, operationTimeout: cfg.operationTimeout,
+	key := beatKey{interval: cfg.heartbeatInterval, operationTimeout: cfg.operationTimeout,
 		logger: mon.log, observer: observerKey(mon)}
-	beatGroups.Lock()
-	defer beatGroups.Unlock()
-	g := beatGroups.m[key]
+	owner := &repo.beats
+	owner.mu.Lock()
+	defer owner.mu.Unlock()
+	g := owner.m[key]
 	if g == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		if mon.obs != nil {
 			ctx = withStatements(ctx, mon)
 		}
-		g = &beatGroup{key: key, repo: repo, mon: mon, cancel: cancel, done: make(chan struct{})}
-		beatGroups.m[key] = g
+		g = &beatGroup{owner: owner, key: key, repo: repo, mon: mon, cancel: cancel, done: make(chan struct{})}
+		if owner.m == nil {
+			owner.m = map[beatKey]*beatGroup{}
+		}
+		owner.m[key] = g
+		beating.Add(1)
 		go g.loop(ctx)
 	}
 	h.group, h.index = g, len(g.members)
@@ -139,14 +136,14 @@ func startHeartbeat(workCtx context.Context, repo *Repository, cfg config, mon *
 // its way to the database, which the database fences like any other.
 // Calling stop again does nothing.
 func (h *heartbeat) stop() {
-	beatGroups.Lock()
+	g := h.group
+	g.owner.mu.Lock()
 	if h.left {
-		beatGroups.Unlock()
+		g.owner.mu.Unlock()
 		return
 	}
 	h.left = true
 	h.fence.Stop()
-	g := h.group
 	// Move the last member into h's place: it is renewed earlier in the
 	// next round, never later, so its heartbeats never drift apart.
 	end := g.members[len(g.members)-1]
@@ -155,10 +152,11 @@ func (h *heartbeat) stop() {
 	g.members = g.members[:len(g.members)-1]
 	last := len(g.members) == 0
 	if last {
-		delete(beatGroups.m, g.key)
+		delete(g.owner.m, g.key)
+		beating.Add(-1)
 		g.cancel()
 	}
-	beatGroups.Unlock()
+	g.owner.mu.Unlock()
 	if last {
 		<-g.done
 	}
@@ -199,8 +197,8 @@ func (g *beatGroup) loop(ctx context.Context) {
 // snapshot returns the group's members, in a stable order, so that each
 // lease is renewed at the same point of every round.
 func (g *beatGroup) snapshot() []*heartbeat {
-	beatGroups.Lock()
-	defer beatGroups.Unlock()
+	g.owner.mu.Lock()
+	defer g.owner.mu.Unlock()
 	return append([]*heartbeat(nil), g.members...)
 }
 
@@ -241,14 +239,14 @@ func (g *beatGroup) beat(ctx context.Context, batch []*heartbeat) []*heartbeat {
 func (g *beatGroup) beatChunk(ctx context.Context, chunk []*heartbeat) bool {
 	leases := make([]Lease, 0, len(chunk))
 	live := make([]*heartbeat, 0, len(chunk))
-	beatGroups.Lock()
+	g.owner.mu.Lock()
 	for _, h := range chunk {
 		if !h.left && h.workCtx.Err() == nil {
 			leases = append(leases, h.lease)
 			live = append(live, h)
 		}
 	}
-	beatGroups.Unlock()
+	g.owner.mu.Unlock()
 	if len(leases) == 0 {
 		return true
 	}
@@ -308,8 +306,8 @@ func (g *beatGroup) observe(ctx context.Context, live []*heartbeat, lost map[Lea
 // settle pushes back the fence of every lease in live that the heartbeat
 // sent at sent renewed, and cancels the work of those in lost.
 func (g *beatGroup) settle(live []*heartbeat, lost map[Lease]bool, sent time.Time) {
-	beatGroups.Lock()
-	defer beatGroups.Unlock()
+	g.owner.mu.Lock()
+	defer g.owner.mu.Unlock()
 	for _, h := range live {
 		switch {
 		case h.left || h.workCtx.Err() != nil:

@@ -208,8 +208,10 @@ func (l *pgListener) receive(ctx context.Context, pc *pgx.Conn) error {
 		case n == nil:
 			return errors.New("notification lost by the driver")
 		default:
-			if table, target, ok := strings.Cut(n.Payload, " "); ok {
-				l.hub.wakeTarget(table, target)
+			// Every table's notifications come on the channel: this
+			// hub's Repository has one.
+			if table, target, ok := strings.Cut(n.Payload, " "); ok && table == l.hub.repo.tables.lease {
+				l.hub.wakeTarget(target)
 			}
 		}
 	}

@@ -284,8 +284,14 @@ func helperProcess(dsn string) int {
 			return fail("%s: %v", helperLeaseTimeoutEnv, err)
 		}
 	}
+	interval := 100 * time.Millisecond
+	if v := os.Getenv(helperIntervalEnv); v != "" {
+		if interval, err = time.ParseDuration(v); err != nil {
+			return fail("%s: %v", helperIntervalEnv, err)
+		}
+	}
 	runner, err := gormlease.NewRunner[string](db, gormlease.WithHolder("proc-"+name),
-		gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(leaseTimeout))
+		gormlease.WithHeartbeatInterval(interval), gormlease.WithLeaseTimeout(leaseTimeout))
 	if err != nil {
 		return fail("runner: %v", err)
 	}
@@ -436,6 +442,10 @@ func heldBy(db *gorm.DB, target, holder string) bool {
 // helperLeaseTimeoutEnv sets the lease timeout of a helper's Runner: 1s
 // when it is not set.
 const helperLeaseTimeoutEnv = "GORMLEASE_TEST_HELPER_LEASE_TIMEOUT"
+
+// helperIntervalEnv sets the heartbeat interval of a helper's Runner:
+// 100ms when it is not set.
+const helperIntervalEnv = "GORMLEASE_TEST_HELPER_INTERVAL"
 
 // helperLifetime bounds a helper process's calls of Do.
 const helperLifetime = time.Minute

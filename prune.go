@@ -132,8 +132,9 @@ func (r *Repository) pruneBatch(ctx context.Context, o PruneOptions, after strin
 	prunable := prunableSQL(d.secondsSince)
 	secs := o.OlderThan.Seconds()
 	floor := r.tables.lease + "_floor"
+	var pruned []any
 	err = r.retry(ctx, func(ctx context.Context) error {
-		deleted, last = 0, ""
+		deleted, last, pruned = 0, "", nil
 		return r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 			// The floor first: concurrent Prunes, and MySQL's inserts that
 			// read it, take their locks in one order.
@@ -167,7 +168,9 @@ func (r *Repository) pruneBatch(ctx context.Context, o PruneOptions, after strin
 				return fmt.Errorf("raise the generation floor: %w", err)
 			}
 			in := "target_id IN (" + strings.TrimSuffix(strings.Repeat("?, ", len(targets)), ", ") + ")"
-			_, n, err := execSQL(ctx, tx, d.rebind("DELETE FROM "+r.tables.lease+" WHERE "+in+" AND "+prunable),
+			// Waiters in other processes may wait on an expired row: the
+			// delete tells them, as a release does.
+			_, n, err := execSQL(ctx, tx, d.rebind("DELETE FROM "+r.tables.lease+" WHERE "+in+" AND "+prunable+d.notifyWaiters()),
 				append(append([]any{}, targets...), secs, secs)...)
 			if err != nil {
 				return fmt.Errorf("delete rows: %w", err)
@@ -183,6 +186,7 @@ func (r *Repository) pruneBatch(ctx context.Context, o PruneOptions, after strin
 				}
 			}
 			deleted = n
+			pruned = targets
 			last = targets[len(targets)-1].(string)
 			if len(targets) < o.BatchSize {
 				last = "" // the last batch
@@ -192,6 +196,9 @@ func (r *Repository) pruneBatch(ctx context.Context, o PruneOptions, after strin
 	})
 	if err != nil {
 		return 0, "", err
+	}
+	for _, id := range pruned {
+		wakeWaiters(r, id.(string)) // in this process: they read the row again
 	}
 	if deleted == 0 {
 		last = ""

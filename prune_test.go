@@ -231,8 +231,10 @@ func TestPrune_DoWaiterRunsWorkWhenRowIsPruned(t *testing.T) {
 		target := newTarget(t)
 		dead, err := repo.Acquire(ctx, target, time.Minute)
 		require.NoError(t, err)
-		age(t, s, db, target, time.Hour) // expired 59 min ago by its own timeout
-		r := newRunner(t, db, gormlease.WithHeartbeatInterval(50*time.Millisecond), gormlease.WithLeaseTimeout(3*time.Hour))
+		// The waiter's first poll after it starts to wait comes 6s later
+		// at the soonest (0.4 of a quarter of its interval): until then it
+		// waits on the row as it read it, live.
+		r := newRunner(t, db, gormlease.WithHeartbeatInterval(time.Minute), gormlease.WithLeaseTimeout(3*time.Hour))
 		type outcome struct {
 			v      string
 			shared bool
@@ -252,10 +254,11 @@ func TestPrune_DoWaiterRunsWorkWhenRowIsPruned(t *testing.T) {
 			done <- outcome{v, shared, err}
 		}()
 		waitFor(t, 10*time.Second, "the caller to wait for the dead holder", func() bool { return gormlease.Watched(target) })
+		age(t, s, db, target, time.Hour) // expired 59 min ago by its own timeout
 		deleted, err := repo.Prune(ctx, 30*time.Minute)
 		require.NoError(t, err)
 		require.EqualValues(t, 1, deleted)
-		got := recv(t, done, 10*time.Second, "Do")
+		got := recv(t, done, 30*time.Second, "Do")
 		require.NoError(t, got.err)
 		assert.Equal(t, "fresh", got.v)
 		assert.False(t, got.shared)

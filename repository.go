@@ -67,6 +67,9 @@ type Repository struct {
 	// galera says whether the database is a MariaDB Galera node: one of
 	// the galera* constants (see onGalera).
 	galera atomic.Int32
+	// beats are the heartbeat groups of the leases that Runs hold through
+	// this Repository.
+	beats beats
 }
 
 // NewRepository returns a Repository on db, which must be a *gorm.DB from
@@ -129,8 +132,10 @@ func (r *Repository) ownRowSQL(set, suffix string) string {
 // Acquire takes the lease on targetID in one statement (on MySQL, two for a
 // target never acquired before), when no one holds it: there is no row for
 // the target, the row was released, or its last heartbeat is older than
-// timeout on the database's clock. It mints a fresh token and returns the
-// new Lease. When another holder's lease is live it returns an error
+// the lease timeout that its holder recorded in it, on the database's clock
+// (for a row that records none, written before the column existed, timeout
+// is used). It records timeout in the row, for whoever looks at the new
+// lease next, mints a fresh token and returns the new Lease. When another holder's lease is live it returns an error
 // wrapping ErrLeaseHeld, at once and without writing. (On MySQL, InnoDB
 // locks the row before it checks it, so while the holder's fenced commit
 // runs, a refused acquire waits for that commit to end.) When the

@@ -266,7 +266,10 @@ func TestRun_SelfFencesWhenDatabaseUnreachable(t *testing.T) {
 func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
-		r := newRunner(t, db)
+		// A short lease timeout, so that the lease soon looks expired while
+		// the saver runs: only the lock can then hold the takeover back.
+		const timeout = 300 * time.Millisecond
+		r := newRunner(t, db, fast(100*time.Millisecond, timeout)...)
 		takeoverDB := s.Open(t, nil)
 		other, err := gormlease.NewRepository(takeoverDB)
 		require.NoError(t, err)
@@ -280,9 +283,15 @@ func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 			return "result", nil
 		}, func(tx *gorm.DB, result string) error {
 			close(inSaver)
+			// The heartbeats have stopped: wait until the last one, as
+			// committed, is older than the lease timeout.
+			waitFor(t, 10*time.Second, "the lease to look expired", func() bool {
+				var n int64
+				require.NoError(t, takeoverDB.Model(&gormlease.JobLease{}).
+					Where("target_id = ? AND updated_at < ?", target, s.Ago(timeout+50*time.Millisecond)).Count(&n).Error)
+				return n == 1
+			})
 			go func() {
-				// A timeout of 1µs makes the lease look expired: only the
-				// lock can hold this takeover back.
 				_, err := other.Acquire(context.Background(), target, time.Microsecond)
 				takeoverDone <- err
 			}()

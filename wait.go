@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,7 +14,7 @@ import (
 // Waiting. A caller that waits for a target (Runner.RunWait, Runner.Do)
 // watches the target's lease row until the generation it waits for ends.
 // All callers in one process that wait for the same target on the same
-// pool share one watch: one goroutine that reads the row, publishes what it
+// pool and table (and gorm logger: see hubKey) share one watch: one goroutine that reads the row, publishes what it
 // read, and sleeps until it is woken or its poll comes due. The watch
 // starts with its first waiter and is stopped, and awaited, by its last;
 // it holds no connection between its reads.
@@ -21,7 +22,7 @@ import (
 // A watch is woken three ways:
 //   - in-process: a release or a fenced commit of this process, on the same
 //     pool and table, wakes the target's watch at once (wakeWaiters);
-//   - by notification, on PostgreSQL: one listener per pool (see
+//   - by notification, on PostgreSQL: one listener per hub (see
 //     pgListener) receives the notifications that ending a waited-for
 //     generation sends, and wakes the target's watch;
 //   - by poll: after each read it sleeps for a jittered pause (0.4 to 0.9
@@ -49,11 +50,19 @@ type leaseState struct {
 	age time.Duration
 	// waiting reports whether the row is marked as waited on (PostgreSQL).
 	waiting bool
+	// timeout is the lease timeout that the generation's holder recorded,
+	// 0 when the row records none.
+	timeout time.Duration
 }
 
 // live reports whether the generation that st shows is held and not
-// expired, judged with timeout.
-func (st leaseState) live(timeout time.Duration) bool {
+// expired, judged, as the acquire judges it, by the timeout its holder
+// recorded, or by fallback when the row records none.
+func (st leaseState) live(fallback time.Duration) bool {
+	timeout := st.timeout
+	if timeout <= 0 {
+		timeout = fallback
+	}
 	return st.found && !st.released && st.age <= timeout
 }
 
@@ -63,14 +72,16 @@ func (r *Repository) readState(ctx context.Context, targetID string) (leaseState
 		st            leaseState
 		failure       sql.NullString
 		age, savedAge sql.NullFloat64
+		timeoutMS     sql.NullInt64
 	)
 	found, err := queryRowSQL(ctx, r.db, r.dialect.stateSQL(), []any{targetID},
-		&st.generation, &st.released, &st.savedGeneration, &failure, &age, &savedAge, &st.waiting)
+		&st.generation, &st.released, &st.savedGeneration, &failure, &age, &savedAge, &st.waiting, &timeoutMS)
 	if err != nil || !found {
 		return leaseState{}, err
 	}
 	st.found = true
 	st.failure = failure.String
+	st.timeout = time.Duration(timeoutMS.Int64) * time.Millisecond
 	st.age = seconds(age.Float64)
 	st.savedAge = -1
 	if savedAge.Valid {
@@ -103,40 +114,58 @@ func failureText(err error) string {
 	return msg
 }
 
-// watchKey names a lease row within a pool.
-type watchKey struct {
-	table, target string
+// hubKey says which waiters may share watches: those that read the same
+// table on the same pool, and report the reads to the same gorm logger.
+type hubKey struct {
+	pool   any // the pool, or for a pool that cannot be a map key its Repository
+	logger any // gorm's logger, or for one that cannot be a map key that Repository
+	table  string
 }
 
-// hub holds the watches on one pool, and its listener where there is one.
+// keyOf returns the hubKey of repo's waiters.
+func keyOf(repo *Repository) hubKey {
+	k := hubKey{pool: repo.db.ConnPool, logger: repo.db.Logger, table: repo.tables.lease}
+	if t := reflect.TypeOf(k.pool); t == nil || !t.Comparable() {
+		k.pool = repo
+	}
+	if t := reflect.TypeOf(k.logger); t != nil && !t.Comparable() {
+		k.logger = repo
+	}
+	return k
+}
+
+// hub holds the watches of the waiters of one hubKey, by target, and its
+// listener where there is one. Its reads go through the Repository of the
+// waiter that started it: any of them reads the same rows the same way.
 type hub struct {
-	key      any // poolKey of the repositories that use it
+	key      hubKey
 	repo     *Repository
-	watches  map[watchKey]*watch
+	watches  map[string]*watch
 	listener *pgListener // nil but on PostgreSQL
 }
 
 // hubs holds the hubs that have watches; its mutex also guards every hub's
-// watches and every watch's subscribers.
+// watches and every watch's subscribers and settings.
 var hubs = struct {
 	sync.Mutex
-	m map[any]*hub
-}{m: map[any]*hub{}}
+	m map[hubKey]*hub
+}{m: map[hubKey]*hub{}}
 
-// watching counts the live watches, so that a release with no waiter in
-// the process skips the hubs' mutex.
+// watching counts the live watches of the process, for the tests' leak
+// checks, and so that a release with no waiter skips its hub's mutex.
 var watching atomic.Int64
 
 // watch follows one lease row for the callers that wait on it.
 type watch struct {
-	hub  *hub
-	key  watchKey
-	repo *Repository
-	subs int
-	// maxPause is the longest pause between polls: the shortest heartbeat
-	// interval of the subscribers.
-	maxPause time.Duration
-	wake     chan struct{} // buffered: a wake-up is never lost, never blocks
+	hub    *hub
+	target string
+	subs   int
+	// maxPause is the longest pause between polls, and readTimeout bounds
+	// each read: the shortest heartbeat interval, and operation timeout, of
+	// the subscribers, so that each waiter is served at least as its own
+	// settings ask.
+	maxPause, readTimeout time.Duration
+	wake                  chan struct{} // buffered: a wake-up is never lost, never blocks
 	// listening is signalled, like wake, when the hub's listener starts
 	// listening.
 	listening chan struct{}
@@ -151,27 +180,27 @@ type watch struct {
 }
 
 // subscribe joins the watch on targetID's row of repo, starting it when
-// there is none, with polls at most interval apart. A new watch starts from
-// initial, the row as the caller just read it, when given, rather than read
-// it again. Call unsubscribe when done waiting.
-func subscribe(repo *Repository, targetID string, interval time.Duration, initial *leaseState) *watch {
+// there is none, with polls at most interval apart and reads bounded by
+// readTimeout. A new watch starts from initial, the row as the caller just
+// read it, when given, rather than read it again. Call unsubscribe when
+// done waiting.
+func subscribe(repo *Repository, targetID string, interval, readTimeout time.Duration, initial *leaseState) *watch {
 	hubs.Lock()
 	defer hubs.Unlock()
-	pk := poolKey(repo)
-	h := hubs.m[pk]
+	k := keyOf(repo)
+	h := hubs.m[k]
 	if h == nil {
-		h = &hub{key: pk, repo: repo, watches: map[watchKey]*watch{}}
+		h = &hub{key: k, repo: repo, watches: map[string]*watch{}}
 		h.listener = newPGListener(h)
-		hubs.m[pk] = h
+		hubs.m[k] = h
 	}
-	k := watchKey{repo.tables.lease, targetID}
-	w := h.watches[k]
+	w := h.watches[targetID]
 	if w == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		w = &watch{hub: h, key: k, repo: repo, maxPause: interval,
+		w = &watch{hub: h, target: targetID, maxPause: interval, readTimeout: readTimeout,
 			wake: make(chan struct{}, 1), listening: make(chan struct{}, 1),
 			changed: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
-		h.watches[k] = w
+		h.watches[targetID] = w
 		watching.Add(1)
 		if len(h.watches) == 1 && h.listener != nil {
 			h.listener.start()
@@ -183,6 +212,7 @@ func subscribe(repo *Repository, targetID string, interval time.Duration, initia
 	}
 	w.subs++
 	w.maxPause = min(w.maxPause, interval)
+	w.readTimeout = min(w.readTimeout, readTimeout)
 	return w
 }
 
@@ -196,7 +226,7 @@ func (w *watch) unsubscribe() {
 		return
 	}
 	h := w.hub
-	delete(h.watches, w.key)
+	delete(h.watches, w.target)
 	watching.Add(-1)
 	var l *pgListener
 	if len(h.watches) == 0 {
@@ -249,8 +279,9 @@ const notifiedPolls = 4
 // still live guarantees a notification when it ends.
 func (w *watch) loop(ctx context.Context, initial *leaseState) {
 	defer close(w.done)
+	h := w.hub
 	hubs.Lock()
-	maxPause := w.maxPause
+	maxPause, readTimeout := w.maxPause, w.readTimeout
 	hubs.Unlock()
 	pause := maxPause / 4
 	var last leaseState
@@ -260,8 +291,8 @@ func (w *watch) loop(ctx context.Context, initial *leaseState) {
 	}
 	for {
 		if read {
-			rctx, cancel := context.WithTimeout(ctx, DefaultOperationTimeout)
-			st, err := w.repo.readState(rctx, w.key.target)
+			rctx, cancel := context.WithTimeout(ctx, readTimeout)
+			st, err := h.repo.readState(rctx, w.target)
 			cancel()
 			if ctx.Err() != nil {
 				return
@@ -275,12 +306,12 @@ func (w *watch) loop(ctx context.Context, initial *leaseState) {
 				w.publish(st)
 			}
 		}
-		if ended := w.hub.markWaiting(ctx, w, &last); ended {
+		if ended := h.markWaiting(ctx, w, &last); ended {
 			read = true // the generation ended since the row was read
 			continue
 		}
 		wait := pause
-		if last.waiting && w.hub.listener.listening() {
+		if last.waiting && h.listener.listening() {
 			wait = notifiedPolls * maxPause
 		}
 		// Jittered between 0.4 and 0.9 of wait, so that a waiter woken by
@@ -303,7 +334,7 @@ func (w *watch) loop(ctx context.Context, initial *leaseState) {
 			read = true
 		}
 		hubs.Lock()
-		maxPause = w.maxPause
+		maxPause, readTimeout = w.maxPause, w.readTimeout
 		hubs.Unlock()
 		pause = min(2*pause, maxPause)
 	}
@@ -318,17 +349,17 @@ func (w *watch) publish(st leaseState) {
 	w.changed = make(chan struct{})
 }
 
-// wakeWaiters wakes the watch on targetID's row of repo in this process,
-// if there is one: a release or fenced commit just ended or saved its
-// generation.
+// wakeWaiters wakes the watch on targetID's row of repo's table, if this
+// process has one: a release or fenced commit through repo just ended or
+// saved its generation.
 func wakeWaiters(repo *Repository, targetID string) {
 	if watching.Load() == 0 {
 		return
 	}
 	hubs.Lock()
 	defer hubs.Unlock()
-	if h := hubs.m[poolKey(repo)]; h != nil {
-		if w := h.watches[watchKey{repo.tables.lease, targetID}]; w != nil {
+	if h := hubs.m[keyOf(repo)]; h != nil {
+		if w := h.watches[targetID]; w != nil {
 			w.poke()
 		}
 	}
@@ -347,11 +378,11 @@ func (h *hub) listenerReady() {
 	}
 }
 
-// wakeTarget wakes h's watch on target's row of table, if there is one.
-func (h *hub) wakeTarget(table, target string) {
+// wakeTarget wakes h's watch on target's row, if there is one.
+func (h *hub) wakeTarget(target string) {
 	hubs.Lock()
 	defer hubs.Unlock()
-	if w := h.watches[watchKey{table, target}]; w != nil {
+	if w := h.watches[target]; w != nil {
 		w.poke()
 	}
 }
@@ -364,11 +395,11 @@ func (h *hub) markWaiting(ctx context.Context, w *watch, st *leaseState) (ended 
 	if h.listener == nil || !st.found || st.released || st.waiting || !h.listener.listening() {
 		return false
 	}
-	d, ok := w.repo.dialect.(postgresDialect)
+	d, ok := h.repo.dialect.(postgresDialect)
 	if !ok {
 		return false
 	}
-	_, n, err := execSQL(ctx, w.repo.db, d.markWaitingSQL(), w.key.target, st.generation)
+	_, n, err := execSQL(ctx, h.repo.db, d.markWaitingSQL(), w.target, st.generation)
 	if err != nil {
 		return false // the polls go on
 	}

@@ -24,7 +24,7 @@ SELECT CAST($1 AS varchar), CAST($2 AS uuid),
 WHERE NOT EXISTS (
 	SELECT 1 FROM raw_lease
 	WHERE target_id = $1 AND released_at IS NULL
-	  AND updated_at >= clock_timestamp() - CAST($4 AS bigint) * interval '1 microsecond')
+	  AND updated_at >= clock_timestamp() - COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
 ON CONFLICT (target_id) DO UPDATE SET
 	lease_token = excluded.lease_token,
 	generation  = l.generation + 1,
@@ -35,7 +35,7 @@ ON CONFLICT (target_id) DO UPDATE SET
 	waiting     = false,
 	timeout_ms  = excluded.timeout_ms
 WHERE (l.released_at IS NOT NULL
-    OR l.updated_at < clock_timestamp() - CAST($4 AS bigint) * interval '1 microsecond')
+    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
   AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
 RETURNING l.generation`
 	rawRelease     = `UPDATE raw_lease SET released_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`

@@ -1,0 +1,256 @@
+package gormlease_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// The settings that govern a shared thing are read from where every party
+// reads them: a lease's timeout from its row, not from the Runner that looks
+// at it; a heartbeat batch's table from its own Repository.
+
+// holdOnRunner starts a Run of r on target whose work signals started and
+// then waits for release. It returns the channels and Run's result.
+func holdOnRunner(t *testing.T, r *gormlease.Runner[string], target, value string) (release chan struct{}, done <-chan runResult[string]) {
+	t.Helper()
+	started, release := make(chan struct{}), make(chan struct{})
+	done = goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+		close(started)
+		select {
+		case <-release:
+			return value, nil
+		case <-ctx.Done():
+			return "", context.Cause(ctx)
+		}
+	}, gormlease.SaveJSON[string])
+	select {
+	case <-started:
+	case res := <-done:
+		t.Fatalf("the holder's Run returned before its work started: %v", res.err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("timed out waiting for the holder's work to start")
+	}
+	return release, done
+}
+
+// A rolling deploy: the holder runs with a 10s lease timeout and has not
+// heartbeated for 1.5s; a Runner of the new version, with a 1s timeout,
+// must not take the lease over, since the holder still trusts it. The
+// newcomer gets ErrLeaseHeld without running its work, List reports the
+// lease live, and the holder saves.
+func TestRun_ShorterTimeoutDoesNotTakeOverALiveLease(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		target := newTarget(t)
+		// The holder's first heartbeat comes 3s after its acquire: the row
+		// stays as aged below until then.
+		holder := newRunner(t, db, fast(3*time.Second, 10*time.Second)...)
+		release, done := holdOnRunner(t, holder, target, "from the holder")
+		age(t, s, db, target, 1500*time.Millisecond)
+
+		newcomer := newRunner(t, db, fast(200*time.Millisecond, time.Second)...)
+		_, err := newcomer.Run(context.Background(), target, func(context.Context) (string, error) {
+			t.Error("the newcomer ran its work while the holder's lease was live")
+			return "", nil
+		}, noSave(t))
+		require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
+
+		info, err := holder.Repository().List(context.Background(), gormlease.ListOptions{Prefix: target})
+		require.NoError(t, err)
+		require.Len(t, info, 1)
+		assert.Equal(t, gormlease.StateLive, info[0].State, "List's state of the held lease")
+
+		close(release)
+		require.NoError(t, recv(t, done, 20*time.Second, "the holder's Run").err)
+		got, _, err := gormlease.LoadJSON[string](context.Background(), db, target)
+		require.NoError(t, err)
+		assert.Equal(t, "from the holder", got)
+	})
+}
+
+// A holder that died with a 1s lease timeout is taken over by a Runner with
+// a 30s timeout once the holder's own 1s has passed, not the newcomer's
+// 30s; before then it is refused.
+func TestRun_LongerTimeoutTakesOverAfterTheHoldersOwnTimeout(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		target, dead := acquireNew(t, newRepository(t, db), time.Second)
+		newcomer := newRunner(t, db, fast(time.Second, 30*time.Second)...)
+		work := func(ctx context.Context) (string, error) {
+			l, _ := gormlease.LeaseFromContext(ctx)
+			assert.Equal(t, dead.Generation+1, l.Generation)
+			return "from the newcomer", nil
+		}
+
+		// 0.5s old: live by the holder's 1s.
+		age(t, s, db, target, 500*time.Millisecond)
+		_, err := newcomer.Run(context.Background(), target, func(context.Context) (string, error) {
+			t.Error("the newcomer ran while the holder's lease was live")
+			return "", nil
+		}, noSave(t))
+		require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
+
+		// 1.5s old: expired by the holder's 1s, though not by the newcomer's 30s.
+		age(t, s, db, target, 1500*time.Millisecond)
+		got, err := newcomer.Run(context.Background(), target, work, gormlease.SaveJSON[string])
+		require.NoError(t, err)
+		assert.Equal(t, "from the newcomer", got)
+
+		err = newRepository(t, db).CommitIfOwner(context.Background(), dead, func(*gorm.DB) error {
+			t.Error("the dead holder's saver ran")
+			return nil
+		})
+		require.ErrorIs(t, err, gormlease.ErrLeaseLost)
+	})
+}
+
+// Waiters judge a holder by the timeout it recorded: RunWait and Do on a
+// Runner with a 30s timeout take over a dead holder's 1s lease soon after
+// its 1s, long before their own 30s would have passed.
+func TestWaiters_JudgeTheHolderByItsOwnTimeout(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		waiter := newRunner(t, db, fast(200*time.Millisecond, 30*time.Second)...)
+		work := func(context.Context) (string, error) { return "after the dead holder", nil }
+
+		t.Run("RunWait", func(t *testing.T) {
+			target, _ := acquireNew(t, newRepository(t, db), time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			got, err := waiter.RunWait(ctx, target, work, gormlease.SaveJSON[string])
+			require.NoError(t, err, "RunWait did not take over the dead holder's lease within 15s")
+			assert.Equal(t, "after the dead holder", got)
+		})
+		t.Run("Do", func(t *testing.T) {
+			target, _ := acquireNew(t, newRepository(t, db), time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			got, shared, err := waiter.Do(ctx, target, work, gormlease.SaveJSON[string], loadJSON(target))
+			require.NoError(t, err, "Do did not take over the dead holder's lease within 15s")
+			assert.Equal(t, "after the dead holder", got)
+			assert.False(t, shared)
+		})
+	})
+}
+
+// Two processes of different settings: the holder's helper runs with a 10s
+// timeout and a 3s heartbeat, the other's with 1s and 100ms. With the
+// holder's row 1.5s old, the other process is refused, and the holder saves.
+func TestProcesses_DifferentTimeoutsKeepOneHolder(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		target := newTarget(t)
+		holder := startProc(t, s.DSN, "long", helperLeaseTimeoutEnv+"=10s", helperIntervalEnv+"=3s")
+		other := startProc(t, s.DSN, "short", helperLeaseTimeoutEnv+"=1s")
+		holder.expect("ready")
+		other.expect("ready")
+
+		holder.send("run " + target + " from-long")
+		require.Equal(t, "working 1", holder.next())
+		age(t, s, db, target, 1500*time.Millisecond)
+		other.send("run " + target + " from-short")
+		require.Equal(t, "held", other.next(), "the process with the shorter timeout took the lease over")
+
+		holder.send("finish")
+		holder.expect("saving")
+		holder.send("save")
+		holder.expect("ok")
+		got, row, err := gormlease.LoadJSON[string](context.Background(), db, target)
+		require.NoError(t, err)
+		assert.Equal(t, "from-long", got)
+		assert.EqualValues(t, 1, row.Generation)
+	})
+}
+
+// Two Runners on one pool, one on the default tables and one on tables of
+// its own, each with a Run in its work at once and the same heartbeat
+// interval: each Run's heartbeats renew its own row, and both save.
+func TestRunners_OnePoolDifferentTablesBothFinish(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		other := gormlease.WithTableNames("shared_pool_lease", "shared_pool_result")
+		require.NoError(t, gormlease.AutoMigrate(db, other))
+		opts := fast(100*time.Millisecond, 2*time.Second)
+		runners := []*gormlease.Runner[string]{
+			newRunner(t, db, opts...),
+			newRunner(t, db, append(opts, other)...),
+		}
+		target := newTarget(t)
+		type held struct {
+			release chan struct{}
+			done    <-chan runResult[string]
+		}
+		var runs []held
+		for _, r := range runners {
+			release, done := holdOnRunner(t, r, target, "saved")
+			runs = append(runs, held{release, done})
+		}
+		// Each row is renewed by heartbeats through its own Runner: its
+		// last heartbeat is newer than its acquire.
+		for i, r := range runners {
+			first, found, err := r.Repository().Get(context.Background(), target)
+			require.NoError(t, err)
+			require.True(t, found, "runner %d's row", i)
+			waitFor(t, 10*time.Second, "a heartbeat of each Runner's own row", func() bool {
+				row, _, err := r.Repository().Get(context.Background(), target)
+				require.NoError(t, err)
+				return row.UpdatedAt.After(first.UpdatedAt)
+			})
+		}
+		for _, h := range runs {
+			close(h.release)
+		}
+		for i, h := range runs {
+			res := recv(t, h.done, 20*time.Second, "a Run")
+			require.NoError(t, res.err, "runner %d", i)
+		}
+	})
+}
+
+// Runners on one pool with different heartbeat intervals and observers
+// each renew their leases at their own pace and report only their own
+// heartbeats.
+func TestRunners_OnePoolEachKeepsItsOwnSettings(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		fastObs, slowObs := &recordingObserver{}, &recordingObserver{}
+		fastRunner := newRunner(t, db, append(fast(100*time.Millisecond, 5*time.Second),
+			gormlease.WithHolder("fast-holder"), gormlease.WithObserver(fastObs))...)
+		slowRunner := newRunner(t, db, append(fast(2*time.Second, 10*time.Second),
+			gormlease.WithHolder("slow-holder"), gormlease.WithObserver(slowObs),
+			gormlease.WithOperationTimeout(5*time.Second))...)
+		fastTarget, slowTarget := newTarget(t), newTarget(t)
+		slowRelease, slowDone := holdOnRunner(t, slowRunner, slowTarget, "slow")
+		fastRelease, fastDone := holdOnRunner(t, fastRunner, fastTarget, "fast")
+
+		// The fast Runner's lease is renewed several times before the slow
+		// one's first heartbeat is due.
+		waitFor(t, 10*time.Second, "five heartbeats of the fast Runner", func() bool {
+			return heartbeatsOf(fastObs, fastTarget) >= 5
+		})
+		slowRow := leaseRow(t, db, slowTarget)
+		assert.Equal(t, "slow-holder", slowRow.Holder)
+		assert.Equal(t, "fast-holder", leaseRow(t, db, fastTarget).Holder)
+		assert.Zero(t, heartbeatsOf(fastObs, slowTarget), "the fast Runner's observer saw the slow Runner's heartbeats")
+		assert.Zero(t, heartbeatsOf(slowObs, fastTarget), "the slow Runner's observer saw the fast Runner's heartbeats")
+
+		close(fastRelease)
+		close(slowRelease)
+		require.NoError(t, recv(t, fastDone, 20*time.Second, "the fast Run").err)
+		require.NoError(t, recv(t, slowDone, 20*time.Second, "the slow Run").err)
+	})
+}
+
+// heartbeatsOf counts the heartbeat spans of target that o saw end without
+// an error.
+func heartbeatsOf(o *recordingObserver, target string) int {
+	n := 0
+	for _, s := range o.spansOf(gormlease.SpanHeartbeat) {
+		if s.span.TargetID == target && s.ended && s.err == nil {
+			n++
+		}
+	}
+	return n
+}
