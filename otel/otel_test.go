@@ -127,7 +127,7 @@ func sums(t *testing.T, rm metricdata.ResourceMetrics, name, key string) map[str
 			require.True(t, ok, "%s is a sum", name)
 			for _, p := range sum.DataPoints {
 				v, _ := p.Attributes.Value(attribute.Key(key))
-				out[v.Emit()] += p.Value
+				out[v.String()] += p.Value
 			}
 		}
 	}
@@ -152,7 +152,7 @@ func histogramCount(rm metricdata.ResourceMetrics, name string) uint64 {
 func attrs(kvs []attribute.KeyValue) map[string]string {
 	out := map[string]string{}
 	for _, kv := range kvs {
-		out[string(kv.Key)] = kv.Value.Emit()
+		out[string(kv.Key)] = kv.Value.String()
 	}
 	return out
 }

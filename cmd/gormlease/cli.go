@@ -160,7 +160,8 @@ func (c *command) parse(args []string) error {
 	return nil
 }
 
-// run opens the database and runs fn.
+// run opens the database and runs fn, and explains fn's error when a
+// table does not exist.
 func (c *command) run(ctx context.Context, fn func(context.Context, *command) error) error {
 	db, err := open(c.dsn)
 	if err != nil {
@@ -174,18 +175,19 @@ func (c *command) run(ctx context.Context, fn func(context.Context, *command) er
 	if err != nil {
 		return err
 	}
-	return fn(ctx, c)
+	return c.explainMissingTable(ctx, db, fn(ctx, c))
 }
 
 // invalid turns an error about bad input into a usage error, and adds
-// the fix to an error about tables that an earlier version made.
+// the fix to an error about a column that an earlier version did not make.
+// (run explains tables that do not exist.)
 func invalid(err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, gormlease.ErrInvalidArgument):
 		return usagef("%s", strings.TrimPrefix(err.Error(), "gormlease: "))
-	case strings.Contains(err.Error(), "timeout_ms") || strings.Contains(err.Error(), "_floor"):
+	case strings.Contains(err.Error(), "timeout_ms"):
 		return fmt.Errorf("%w\nthe tables were made by an earlier version: run gormlease.AutoMigrate, "+
 			"which adds the new column and table and keeps every row", err)
 	}
@@ -327,6 +329,9 @@ func pruneCmd(ctx context.Context, c *command) error {
 	n, err := c.repo.PruneWith(ctx, o)
 	if c.env.terminal && n > 0 {
 		fmt.Fprintln(c.env.stderr)
+	}
+	if err != nil && n == 0 {
+		return invalid(err)
 	}
 	elapsed := time.Since(start)
 	what := "lease rows and their results"

@@ -11,7 +11,9 @@
 // postgres://USER@HOST:5432/DB, mysql://USER:PASSWORD@tcp(HOST:3306)/DB, or
 // file:PATH (or a plain path) for SQLite; and -lease-table and
 // -result-table when the tables have other names than job_lease and
-// job_result. It exits 0 on success, 1 on failure and 2 on bad usage.
+// job_result. It does not create the tables: gormlease.AutoMigrate does,
+// and a command run where they are missing says so. It exits 0 on
+// success, 1 on failure and 2 on bad usage.
 package main
 
 import (

@@ -133,6 +133,59 @@ func TestCommand_OnEveryDatabase(t *testing.T) {
 	}
 }
 
+// On a database without the gormlease tables every command fails, exit
+// 1, with an error that names the lease table it looked for and says how
+// to make the tables, instead of the database's own wording; where only
+// the tables of a later version are missing, it names those.
+func TestCommand_MissingTable(t *testing.T) {
+	t.Parallel()
+	for _, s := range testdb.All(t) {
+		t.Run(s.Name, func(t *testing.T) {
+			t.Parallel()
+			t.Run("EveryCommand", func(t *testing.T) {
+				t.Parallel()
+				dsn := s.EmptyDSN(t)
+				for _, args := range [][]string{
+					{"list"}, {"list", "-prefix", "a/"}, {"show", "a/x"},
+					{"prune", "-older-than", "720h"}, {"release", "-yes", "a/x"},
+				} {
+					r := gl(t, dsn, "", args...)
+					assert.Equal(t, 1, r.code, "%v: %s", args, r.stderr)
+					assert.Contains(t, r.stderr, "gormlease "+args[0]+`: the lease table "job_lease" does not exist`, args)
+					assert.Contains(t, r.stderr, "call gormlease.AutoMigrate(db) from Go", args)
+					assert.Contains(t, r.stderr, "-lease-table", args)
+					assert.Empty(t, r.stdout, args)
+				}
+			})
+
+			t.Run("OtherNames", func(t *testing.T) {
+				t.Parallel()
+				r := gl(t, s.EmptyDSN(t), "", "list", "-lease-table", "cli_lease", "-result-table", "cli_result")
+				assert.Equal(t, 1, r.code, r.stderr)
+				assert.Contains(t, r.stderr, `the lease table "cli_lease" does not exist`)
+				assert.Contains(t, r.stderr, `gormlease.AutoMigrate(db, gormlease.WithTableNames("cli_lease", "cli_result"))`)
+			})
+
+			t.Run("FloorTableMissing", func(t *testing.T) {
+				t.Parallel()
+				dsn := s.EmptyDSN(t)
+				db, err := open(dsn)
+				require.NoError(t, err)
+				t.Cleanup(func() { closeDB(db) })
+				require.NoError(t, gormlease.AutoMigrate(db))
+				require.NoError(t, db.Migrator().DropTable("job_lease_floor"))
+
+				r := gl(t, dsn, "", "prune", "-older-than", "720h")
+				assert.Equal(t, 1, r.code, r.stderr)
+				assert.Contains(t, r.stderr, `the lease table "job_lease" exists but "job_lease_floor" does not`)
+				assert.Contains(t, r.stderr, "call gormlease.AutoMigrate(db) from Go")
+				r = gl(t, dsn, "", "list")
+				assert.Equal(t, 0, r.code, r.stderr)
+			})
+		})
+	}
+}
+
 // Bad usage exits 2 with an error that says what to do.
 func TestCommand_BadUsage(t *testing.T) {
 	t.Parallel()

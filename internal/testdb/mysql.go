@@ -78,6 +78,11 @@ func findMySQL() (*Server, error) {
 			return n, err
 		},
 		newSpace: newSpace,
+		spaceDSN: func(name string) string {
+			c := cfg.Clone()
+			c.DBName = name
+			return "mysql://" + c.FormatDSN()
+		},
 		open: func(params map[string]string) (*gorm.DB, error) {
 			c := cfg.Clone()
 			dsn, err := mysqlDSN(c, params)

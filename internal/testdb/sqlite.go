@@ -62,17 +62,20 @@ func findSQLite() (*Server, error) {
 	if err := makeWAL(path); err != nil {
 		return nil, err
 	}
+	// spaceFile is the file of the database that newSpace makes for name.
+	spaceFile := func(name string) string { return filepath.Join(dir, name+".db") }
 	return &Server{
 		newSpace: func(name string) (func() error, error) {
-			file := filepath.Join(dir, name+".db")
+			file := spaceFile(name)
 			drop := func() error { return removeSQLite(file) }
 			if err := makeWAL(file); err != nil {
 				return drop, err
 			}
 			return drop, nil
 		},
-		Name: "sqlite",
-		DSN:  sqliteDSN(path, nil),
+		spaceDSN: func(name string) string { return sqliteDSN(spaceFile(name), nil) },
+		Name:     "sqlite",
+		DSN:      sqliteDSN(path, nil),
 		Ago: func(d time.Duration) clause.Expr {
 			return gorm.Expr("strftime('%Y-%m-%d %H:%M:%f', julianday('now') - ?)", d.Seconds()/86400)
 		},
@@ -82,7 +85,7 @@ func findSQLite() (*Server, error) {
 			}
 			file := path
 			if space, ok := params[spaceParam]; ok {
-				file = filepath.Join(dir, space+".db")
+				file = spaceFile(space)
 			}
 			log := &statementLog{}
 			pool, err := driver.Open(sqliteDSN(file, params), traceStatements(log))

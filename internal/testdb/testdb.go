@@ -71,6 +71,7 @@ type Server struct {
 
 	open     func(params map[string]string) (*gorm.DB, error)
 	newSpace func(name string) (drop func() error, err error)
+	spaceDSN func(name string) string // the DSN of the space newSpace made
 
 	findErr error // why the server could not be found; set before it is shared
 
@@ -194,6 +195,31 @@ func (s *Server) OpenVia(tb testing.TB, addr string) *gorm.DB {
 // tables. Both are dropped when tb ends.
 func (s *Server) OpenEmpty(tb testing.TB, params map[string]string) *gorm.DB {
 	tb.Helper()
+	withSpace := map[string]string{spaceParam: s.newEmpty(tb)}
+	for k, v := range params {
+		withSpace[k] = v
+	}
+	db, err := s.open(withSpace)
+	if err != nil {
+		tb.Fatalf("open %s: %v", s.Name, err)
+	}
+	tb.Cleanup(func() { closeDB(db) })
+	return db
+}
+
+// EmptyDSN returns a DSN, in the form of s.DSN, for a schema (PostgreSQL),
+// database (MySQL) or file (SQLite) of its own, without the gormlease
+// tables, for a command run on a database that has none. It is dropped
+// when tb ends.
+func (s *Server) EmptyDSN(tb testing.TB) string {
+	tb.Helper()
+	return s.spaceDSN(s.newEmpty(tb))
+}
+
+// newEmpty makes an empty schema, database or file on s, dropped when tb
+// ends, and returns its name.
+func (s *Server) newEmpty(tb testing.TB) string {
+	tb.Helper()
 	name := fmt.Sprintf("gormlease_empty_%d_%d", os.Getpid(), spaceSeq.Add(1))
 	drop, err := s.newSpace(name)
 	if err != nil {
@@ -204,16 +230,7 @@ func (s *Server) OpenEmpty(tb testing.TB, params map[string]string) *gorm.DB {
 			tb.Errorf("drop %s on %s: %v", name, s.Name, err)
 		}
 	})
-	withSpace := map[string]string{spaceParam: name}
-	for k, v := range params {
-		withSpace[k] = v
-	}
-	db, err := s.open(withSpace)
-	if err != nil {
-		tb.Fatalf("open %s: %v", s.Name, err)
-	}
-	tb.Cleanup(func() { closeDB(db) })
-	return db
+	return name
 }
 
 var spaceSeq atomic.Int64
@@ -301,6 +318,7 @@ func findPostgres() (*Server, error) {
 			return n, err
 		},
 		newSpace: newSpace,
+		spaceDSN: func(name string) string { return postgresURL(base, name) },
 		open: func(params map[string]string) (*gorm.DB, error) {
 			cfg := base.Copy()
 			cfg.RuntimeParams["search_path"] = schema

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	mysqldriver "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/ncruces/go-sqlite3"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+)
+
+// Error codes by which the databases say that a table does not exist.
+const (
+	// postgresUndefinedTable is SQLSTATE undefined_table.
+	postgresUndefinedTable = "42P01"
+	// mysqlNoSuchTable is ER_NO_SUCH_TABLE, on MySQL and MariaDB.
+	mysqlNoSuchTable = 1146
+)
+
+// isMissingTable reports whether err is the database saying that a table
+// does not exist. SQLite has no code of its own for it: its error is the
+// generic SQLITE_ERROR, told apart by the message.
+func isMissingTable(err error) bool {
+	var (
+		pgErr     *pgconn.PgError
+		mysqlErr  *mysqldriver.MySQLError
+		sqliteErr *sqlite3.Error
+	)
+	switch {
+	case errors.As(err, &pgErr):
+		return pgErr.Code == postgresUndefinedTable
+	case errors.As(err, &mysqlErr):
+		return mysqlErr.Number == mysqlNoSuchTable
+	case errors.As(err, &sqliteErr):
+		return sqliteErr.Code() == sqlite3.ERROR && strings.Contains(sqliteErr.Error(), "no such table")
+	}
+	return false
+}
+
+// explainMissingTable returns err, or, when err says that a table does not
+// exist, an error that says which of the command's tables are missing in
+// db and how to make them. The command has no migrate subcommand: the
+// tables are made by gormlease.AutoMigrate.
+func (c *command) explainMissingTable(ctx context.Context, db *gorm.DB, err error) error {
+	if !isMissingTable(err) {
+		return err
+	}
+	migrate := "gormlease.AutoMigrate(db)"
+	if c.leaseTable != gormlease.DefaultLeaseTable || c.resultTable != gormlease.DefaultResultTable {
+		migrate = fmt.Sprintf("gormlease.AutoMigrate(db, gormlease.WithTableNames(%q, %q))", c.leaseTable, c.resultTable)
+	}
+	m := db.WithContext(ctx).Migrator()
+	if !m.HasTable(c.leaseTable) {
+		return fmt.Errorf("the lease table %q does not exist in this database\n"+
+			"  to create the tables, call %s from Go (this command has no migrate subcommand);\n"+
+			"  if the tables have other names, give them with -lease-table and -result-table", c.leaseTable, migrate)
+	}
+	// The generation floor table is named after the lease table, as
+	// Repository.Prune names it.
+	var missing []string
+	for _, table := range []string{c.resultTable, c.leaseTable + "_floor"} {
+		if !m.HasTable(table) {
+			missing = append(missing, strconv.Quote(table))
+		}
+	}
+	if len(missing) == 0 { // made since, or where the check does not look
+		return fmt.Errorf("%w\na table that gormlease needs does not exist: create the tables with %s", err, migrate)
+	}
+	verb := "does"
+	if len(missing) > 1 {
+		verb = "do"
+	}
+	return fmt.Errorf("the lease table %q exists but %s %s not\n"+
+		"  the tables were made by an earlier version, or not all made: call %s from Go,\n"+
+		"  which adds what is missing and keeps every row", c.leaseTable, strings.Join(missing, " and "), verb, migrate)
+}
