@@ -141,7 +141,7 @@ func TestAutoMigrate_AddsTimeoutKeepingRows(t *testing.T) {
 		target := newTarget(t)
 		require.NoError(t, db.Exec("INSERT INTO job_lease (target_id, lease_token, generation, holder, updated_at) VALUES (?, ?, 7, 'old', ?)",
 			target, "6f1c1d56-2a8e-4a55-9f4c-3f1f0b6a8c11", s.Ago(time.Hour)).Error)
-		require.NoError(t, gormlease.AutoMigrate(db))
+		require.NoError(t, gormlease.AutoMigrate(context.Background(), db))
 
 		repo := newRepository(t, db)
 		got, err := repo.List(ctx, gormlease.ListOptions{})

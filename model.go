@@ -83,27 +83,24 @@ type JobResult struct {
 func (JobResult) TableName() string { return "job_result" }
 
 // AutoMigrate creates the job_lease and job_result tables, and does nothing
-// for a table that exists. It runs the database's own DDL (the same as in
-// docs/schema.sql, or docs/schema-mysql.sql) rather than gorm's
-// AutoMigrate, so that the columns get the types the lease statements rely
-// on. It is safe to call from several processes at once: on PostgreSQL an
-// advisory lock runs them one after another, and where the server has none
-// (CockroachDB, YugabyteDB) one that collides with another runs its DDL
-// again, which does nothing for what exists. On MySQL it first
-// checks that the DSN reads the database's times right (parseTime=true,
-// loc=UTC), and returns an error wrapping ErrInvalidArgument when not.
-//
-// Of the options it takes WithTableNames, and refuses the others.
-func AutoMigrate(db *gorm.DB, opts ...Option) error {
-	return AutoMigrateContext(context.Background(), db, opts...)
-}
-
-// AutoMigrateContext is AutoMigrate with a context.
-func AutoMigrateContext(ctx context.Context, db *gorm.DB, opts ...Option) error {
+// for a table that exists; ctx bounds the whole migration. It runs the
+// database's own DDL (the same as in docs/schema.sql, or
+// docs/schema-mysql.sql) rather than gorm's AutoMigrate, so that the columns
+// get the types the lease statements rely on. It is safe to call from
+// several processes at once: on PostgreSQL an advisory lock runs them one
+// after another, and where the server has none (CockroachDB, YugabyteDB)
+// one that collides with another runs its DDL again, which does nothing for
+// what exists. On MySQL it first checks that the DSN reads the database's
+// times right (parseTime=true, loc=UTC), and returns an error wrapping
+// ErrInvalidArgument when not. Its one option is WithTableNames.
+func AutoMigrate(ctx context.Context, db *gorm.DB, opts ...TableOption) error {
 	if db == nil {
 		return invalidf("db is nil")
 	}
-	cfg, err := newConfigFor("AutoMigrate", opts, "WithTableNames")
+	if ctx == nil {
+		return invalidf("context is nil")
+	}
+	cfg, err := newConfig(options(opts))
 	if err != nil {
 		return err
 	}

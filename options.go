@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
-	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -32,25 +30,67 @@ const (
 	DefaultSafetyMarginDivisor = 10
 )
 
-// An Option configures a Runner. Options are validated together by
+// An Option configures a Runner: NewRunner takes every option of this
+// package but those of Repository.Prune (see PruneOption). Options are validated together by
 // NewRunner, which names the option at fault.
+//
+// Some options are also of a narrower type, for the functions that can use
+// them: WithHolder and WithTableNames are RepositoryOptions, which
+// NewRepository takes, and WithTableNames is a TableOption, which
+// AutoMigrate and LoadJSON take. Passing an option to a function that
+// cannot use it does not compile.
 type Option interface {
 	apply(*config)
 }
 
-// option is an Option with the name that errors use for it.
-type option struct {
-	name string
-	set  func(*config)
+// A RepositoryOption configures a Repository: NewRepository takes
+// WithHolder and WithTableNames. Every RepositoryOption is an Option too,
+// so NewRunner takes the same values.
+type RepositoryOption interface {
+	Option
+	isRepositoryOption()
 }
 
-func (o option) apply(c *config) { o.set(c) }
+// A TableOption names the tables: WithTableNames is the one. AutoMigrate
+// and LoadJSON take it; it is a RepositoryOption and an Option too, so
+// the same value can be passed to NewRepository and NewRunner.
+type TableOption interface {
+	RepositoryOption
+	isTableOption()
+}
+
+// option is an Option that only a Runner uses.
+type option func(*config)
+
+func (o option) apply(c *config) { o(c) }
+
+// repositoryOption is an option that a Repository uses too.
+type repositoryOption func(*config)
+
+func (o repositoryOption) apply(c *config)   { o(c) }
+func (repositoryOption) isRepositoryOption() {}
+
+// tableOption is an option that names the tables.
+type tableOption func(*config)
+
+func (o tableOption) apply(c *config)   { o(c) }
+func (tableOption) isRepositoryOption() {}
+func (tableOption) isTableOption()      {}
+
+// options returns opts as Options, for newConfig.
+func options[O Option](opts []O) []Option {
+	all := make([]Option, len(opts))
+	for i, o := range opts {
+		all[i] = o
+	}
+	return all
+}
 
 // WithHeartbeatInterval sets how often the Runner renews the lease while the
 // work runs. It must be greater than zero, and the lease timeout must be at
 // least twice as long. The default is DefaultHeartbeatInterval.
 func WithHeartbeatInterval(d time.Duration) Option {
-	return option{name: "WithHeartbeatInterval", set: func(c *config) { c.heartbeatInterval = d }}
+	return option(func(c *config) { c.heartbeatInterval = d })
 }
 
 // WithLeaseTimeout sets how long a lease stays live without a heartbeat,
@@ -58,7 +98,7 @@ func WithHeartbeatInterval(d time.Duration) Option {
 // than this takes the target over. It must be at least twice the heartbeat
 // interval. The default is DefaultLeaseTimeout.
 func WithLeaseTimeout(d time.Duration) Option {
-	return option{name: "WithLeaseTimeout", set: func(c *config) { c.leaseTimeout = d }}
+	return option(func(c *config) { c.leaseTimeout = d })
 }
 
 // WithSafetyMargin sets how long before the lease timeout the Runner stops
@@ -70,7 +110,7 @@ func WithLeaseTimeout(d time.Duration) Option {
 // leave room for at least one heartbeat: interval + margin < timeout.
 // The default is the lease timeout divided by DefaultSafetyMarginDivisor.
 func WithSafetyMargin(d time.Duration) Option {
-	return option{name: "WithSafetyMargin", set: func(c *config) { c.safetyMargin = d; c.safetyMarginSet = true }}
+	return option(func(c *config) { c.safetyMargin = d; c.safetyMarginSet = true })
 }
 
 // WithClockSkew declares the largest difference between the clocks of the
@@ -84,7 +124,7 @@ func WithSafetyMargin(d time.Duration) Option {
 // must be >= 0, and interval + margin + d must be less than the lease
 // timeout. The default is 0: one database server, one clock.
 func WithClockSkew(d time.Duration) Option {
-	return option{name: "WithClockSkew", set: func(c *config) { c.clockSkew = d }}
+	return option(func(c *config) { c.clockSkew = d })
 }
 
 // WithOperationTimeout bounds each database call of the Runner: the acquire,
@@ -92,15 +132,15 @@ func WithClockSkew(d time.Duration) Option {
 // fenced commit with the saver inside it, and the release. It must be greater
 // than zero. The default is DefaultOperationTimeout.
 func WithOperationTimeout(d time.Duration) Option {
-	return option{name: "WithOperationTimeout", set: func(c *config) { c.operationTimeout = d }}
+	return option(func(c *config) { c.operationTimeout = d })
 }
 
-// WithHolder sets the name stored in job_lease.holder while this Runner
-// holds a lease, so that an operator can see who holds a target. It must be
-// valid UTF-8, 1 to MaxHolderLength bytes, without NUL bytes. The default is
-// "hostname/pid".
-func WithHolder(name string) Option {
-	return option{name: "WithHolder", set: func(c *config) { c.holder = name }}
+// WithHolder sets the name stored in job_lease.holder while the Runner, or
+// the Repository, holds a lease, so that an operator can see who holds a
+// target. It must be valid UTF-8, 1 to MaxHolderLength bytes, without NUL
+// bytes. The default is "hostname/pid".
+func WithHolder(name string) RepositoryOption {
+	return repositoryOption(func(c *config) { c.holder = name })
 }
 
 // WithHeartbeatDB sends the Runner's heartbeats through db instead of the
@@ -112,7 +152,7 @@ func WithHolder(name string) Option {
 // commit and release still use the Runner's database. By default
 // heartbeats share the Runner's database handle.
 func WithHeartbeatDB(db *gorm.DB) Option {
-	return option{name: "WithHeartbeatDB", set: func(c *config) { c.heartbeatDB = db; c.heartbeatDBSet = true }}
+	return option(func(c *config) { c.heartbeatDB = db; c.heartbeatDBSet = true })
 }
 
 // WithReuseFor makes Runner.Do return the target's last saved result,
@@ -123,7 +163,7 @@ func WithHeartbeatDB(db *gorm.DB) Option {
 // the window off: Do then runs the work again once the last job has ended.
 // Run and RunWait ignore it.
 func WithReuseFor(d time.Duration) Option {
-	return option{name: "WithReuseFor", set: func(c *config) { c.reuseFor = d }}
+	return option(func(c *config) { c.reuseFor = d })
 }
 
 // WithLogger makes the Runner log its lifecycle to logger, with the target,
@@ -136,7 +176,7 @@ func WithReuseFor(d time.Duration) Option {
 // outcome is unknown, a release that failed). The default, like a nil
 // logger, logs nothing; gorm's logger still shows the lease's statements.
 func WithLogger(logger *slog.Logger) Option {
-	return option{name: "WithLogger", set: func(c *config) { c.logger = logger }}
+	return option(func(c *config) { c.logger = logger })
 }
 
 // WithObserver makes the Runner report its steps and outcomes to o, for
@@ -144,7 +184,7 @@ func WithLogger(logger *slog.Logger) Option {
 // implements it with OpenTelemetry). The default, like a nil o, reports to
 // no one, and costs nothing.
 func WithObserver(o Observer) Option {
-	return option{name: "WithObserver", set: func(c *config) { c.observer = o }}
+	return option(func(c *config) { c.observer = o })
 }
 
 // WithMaxHold bounds how long a Run's work may hold the lease: work still
@@ -155,7 +195,7 @@ func WithObserver(o Observer) Option {
 // timeout, since heartbeats keep the lease live meanwhile. By default the
 // work may run for as long as it keeps its lease.
 func WithMaxHold(d time.Duration) Option {
-	return option{name: "WithMaxHold", set: func(c *config) { c.maxHold = d; c.maxHoldSet = true }}
+	return option(func(c *config) { c.maxHold = d; c.maxHoldSet = true })
 }
 
 // config holds a Runner's settings after validation.
@@ -231,18 +271,6 @@ func (c config) validate() error {
 		return invalidf("WithHolder: holder %s", problem)
 	}
 	return c.tables.check()
-}
-
-// newConfigFor is newConfig for fn, a function that takes only the options
-// named in allowed: it refuses the others, rather than ignore them.
-func newConfigFor(fn string, opts []Option, allowed ...string) (config, error) {
-	for _, o := range opts {
-		if o, ok := o.(option); ok && !slices.Contains(allowed, o.name) {
-			return config{}, invalidf("%s takes only %s, not %s (an option of NewRunner)",
-				fn, strings.Join(allowed, " and "), o.name)
-		}
-	}
-	return newConfig(opts)
 }
 
 // trustWindow is how long after sending its last successful heartbeat the

@@ -19,7 +19,7 @@ import (
 func emptyDB(t *testing.T, s *testdb.Server) *gorm.DB {
 	t.Helper()
 	db := s.OpenEmpty(t, nil)
-	require.NoError(t, gormlease.AutoMigrate(db))
+	require.NoError(t, gormlease.AutoMigrate(context.Background(), db))
 	return db
 }
 

@@ -74,10 +74,10 @@ type Repository struct {
 // nothing to the database; create the tables with AutoMigrate. On SQLite it
 // reads the connection's busy timeout, and refuses one that would make
 // concurrent steps fail with "database is locked" (see MinSQLiteBusyTimeout).
-// Of the options it takes WithTableNames and WithHolder, and refuses the
-// others, which only a Runner uses.
-func NewRepository(db *gorm.DB, opts ...Option) (*Repository, error) {
-	cfg, err := newConfigFor("NewRepository", opts, "WithTableNames", "WithHolder")
+// It takes WithTableNames and WithHolder, the RepositoryOptions; the other
+// options only a Runner uses.
+func NewRepository(db *gorm.DB, opts ...RepositoryOption) (*Repository, error) {
+	cfg, err := newConfig(options(opts))
 	if err != nil {
 		return nil, err
 	}

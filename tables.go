@@ -32,15 +32,16 @@ var defaultTables = tableNames{lease: DefaultLeaseTable, result: DefaultResultTa
 // (DefaultResultTable). Each is a lower-case SQL identifier of letters,
 // digits and underscores, optionally qualified by a schema (PostgreSQL) or
 // database (MySQL) the same way: "app_lease" or "jobs.lease". Pass the
-// same option to AutoMigrate, NewRunner or NewRepository, and LoadJSON.
+// same option to AutoMigrate, NewRunner or NewRepository, and LoadJSON: it
+// is a TableOption, which each of them takes.
 //
 // gorm's NamingStrategy, a TablePrefix included, does not apply to these
 // tables: their names are the defaults unless this option says otherwise,
 // so that changing a gorm setting never moves the leases to another table
 // while the old one is still in use. To prefix them, say so here:
 // WithTableNames("app_job_lease", "app_job_result").
-func WithTableNames(lease, result string) Option {
-	return option{name: "WithTableNames", set: func(c *config) { c.tables = tableNames{lease: lease, result: result} }}
+func WithTableNames(lease, result string) TableOption {
+	return tableOption(func(c *config) { c.tables = tableNames{lease: lease, result: result} })
 }
 
 // check returns an error wrapping ErrInvalidArgument when t cannot name

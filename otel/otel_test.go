@@ -61,10 +61,10 @@ func env(key, def string) string {
 
 var tableSeq atomic.Int64
 
-// openDB opens d with tables of the test's own, and returns the options
-// that name them. Without the database the test is skipped, or fails
+// openDB opens d with tables of the test's own, and returns the option
+// that names them. Without the database the test is skipped, or fails
 // under CI.
-func openDB(t *testing.T, d database) (*gorm.DB, []gormlease.Option, string) {
+func openDB(t *testing.T, d database) (*gorm.DB, gormlease.TableOption, string) {
 	t.Helper()
 	dial, err := d.open(t)
 	require.NoError(t, err)
@@ -83,19 +83,19 @@ func openDB(t *testing.T, d database) (*gorm.DB, []gormlease.Option, string) {
 	t.Cleanup(func() { _ = sqlDB.Close() })
 	n := fmt.Sprintf("%d_%d", os.Getpid(), tableSeq.Add(1))
 	lease, result := "otel_lease_"+n, "otel_result_"+n
-	opts := []gormlease.Option{gormlease.WithTableNames(lease, result)}
-	require.NoError(t, gormlease.AutoMigrate(db, opts...))
+	tables := gormlease.WithTableNames(lease, result)
+	require.NoError(t, gormlease.AutoMigrate(context.Background(), db, tables))
 	t.Cleanup(func() { _ = db.Migrator().DropTable(lease, result) })
-	return db, opts, lease
+	return db, tables, lease
 }
 
 // eachDB runs fn on every database.
-func eachDB(t *testing.T, fn func(t *testing.T, d database, db *gorm.DB, opts []gormlease.Option, table string)) {
+func eachDB(t *testing.T, fn func(t *testing.T, d database, db *gorm.DB, tables gormlease.TableOption, table string)) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
-			db, opts, table := openDB(t, d)
-			fn(t, d, db, opts, table)
+			db, tables, table := openDB(t, d)
+			fn(t, d, db, tables, table)
 		})
 	}
 }
@@ -158,10 +158,10 @@ func attrs(kvs []attribute.KeyValue) map[string]string {
 }
 
 func TestObserver_Run(t *testing.T) {
-	eachDB(t, func(t *testing.T, d database, db *gorm.DB, opts []gormlease.Option, table string) {
+	eachDB(t, func(t *testing.T, d database, db *gorm.DB, tables gormlease.TableOption, table string) {
 		obs, spans, reader := instrumented(t)
-		r, err := gormlease.NewRunner[string](db, append(opts, gormlease.WithObserver(obs), gormlease.WithHolder("otel-test"),
-			gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(2*time.Second))...)
+		r, err := gormlease.NewRunner[string](db, tables, gormlease.WithObserver(obs), gormlease.WithHolder("otel-test"),
+			gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(2*time.Second))
 		require.NoError(t, err)
 		target := "otel-" + uuid.NewString()
 		var heartbeats atomic.Int64
@@ -182,7 +182,7 @@ func TestObserver_Run(t *testing.T) {
 		require.Positive(t, heartbeats.Load(), "a heartbeat")
 
 		// A refusal, by a second Runner while a lease is held.
-		repo, err := gormlease.NewRepository(db, opts[0])
+		repo, err := gormlease.NewRepository(db, tables)
 		require.NoError(t, err)
 		l, err := repo.Acquire(context.Background(), target, time.Minute)
 		require.NoError(t, err)

@@ -225,7 +225,7 @@ func run(o options) (results, error) {
 	defer sqlDB.Close()
 	sqlDB.SetMaxOpenConns(o.pool)
 	sqlDB.SetMaxIdleConns(o.pool)
-	if err := gormlease.AutoMigrate(db); err != nil {
+	if err := gormlease.AutoMigrate(ctx, db); err != nil {
 		return r, err
 	}
 	for _, n := range o.workers {

@@ -128,7 +128,7 @@ func run(dsn string, rows, nLeases int, interval time.Duration) (results, error)
 	if err != nil {
 		return r, err
 	}
-	if err := gormlease.AutoMigrate(db); err != nil {
+	if err := gormlease.AutoMigrate(ctx, db); err != nil {
 		return r, err
 	}
 	// A separate pool for the heartbeats, as WithHeartbeatDB gives them.

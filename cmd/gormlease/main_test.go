@@ -55,7 +55,7 @@ func TestCommand_OnEveryDatabase(t *testing.T) {
 			ctx := context.Background()
 			db := s.DB(t)
 			names := gormlease.WithTableNames("cli_lease", "cli_result")
-			require.NoError(t, gormlease.AutoMigrate(db, names))
+			require.NoError(t, gormlease.AutoMigrate(context.Background(), db, names))
 			repo, err := gormlease.NewRepository(db, names)
 			require.NoError(t, err)
 			live, err := repo.Acquire(ctx, "a/live", time.Hour)
