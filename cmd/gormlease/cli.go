@@ -121,7 +121,7 @@ func newCommand(name string, e env) *command {
 	case "prune":
 		f.DurationVar(&c.olderThan, "older-than", 0, "delete rows released or expired at least this long ago, e.g. 720h (required)")
 		f.BoolVar(&c.keepResults, "keep-results", false, "keep the result rows of the targets pruned")
-		f.IntVar(&c.batch, "batch", gormlease.DefaultPruneBatchSize, "rows deleted per transaction")
+		f.IntVar(&c.batch, "batch", 0, "rows deleted per transaction, up to 10000 (0: Prune's default, 1000)")
 	case "release":
 		f.BoolVar(&c.yes, "yes", false, "release without asking")
 	}
@@ -318,13 +318,19 @@ func (c *command) lookup(ctx context.Context) (gormlease.LeaseInfo, bool, error)
 
 func pruneCmd(ctx context.Context, c *command) error {
 	start := time.Now()
-	o := gormlease.PruneOptions{OlderThan: c.olderThan, KeepResults: c.keepResults, BatchSize: c.batch}
-	if c.env.terminal {
-		o.Progress = func(n int64) {
-			fmt.Fprintf(c.env.stderr, "\rpruned %d rows (%.0f rows/s)", n, float64(n)/time.Since(start).Seconds())
-		}
+	var opts []gormlease.PruneOption
+	if c.keepResults {
+		opts = append(opts, gormlease.WithKeepResults())
 	}
-	n, err := c.repo.PruneWith(ctx, o)
+	if c.batch != 0 {
+		opts = append(opts, gormlease.WithBatchSize(c.batch))
+	}
+	if c.env.terminal {
+		opts = append(opts, gormlease.WithProgress(func(n int64) {
+			fmt.Fprintf(c.env.stderr, "\rpruned %d rows (%.0f rows/s)", n, float64(n)/time.Since(start).Seconds())
+		}))
+	}
+	n, err := c.repo.Prune(ctx, c.olderThan, opts...)
 	if c.env.terminal && n > 0 {
 		fmt.Fprintln(c.env.stderr)
 	}

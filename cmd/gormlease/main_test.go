@@ -151,7 +151,8 @@ func TestCommand_BadUsage(t *testing.T) {
 		{"BadMySQLDSN", "", []string{"list", "-dsn", "mysql://root@127.0.0.1/test"}, "mysql://USER:PASSWORD@tcp(HOST:3306)/DB"},
 		{"NoTarget", dsn, []string{"release"}, "give one target"},
 		{"NoOlderThan", dsn, []string{"prune"}, "give -older-than"},
-		{"TooYoung", dsn, []string{"prune", "-older-than", "1s"}, "MinPruneAge"},
+		{"TooYoung", dsn, []string{"prune", "-older-than", "1s"}, "less than the minimum, 1m0s"},
+		{"BadBatch", dsn, []string{"prune", "-older-than", "1h", "-batch", "-5"}, "WithBatchSize: batch size -5"},
 		{"BadState", dsn, []string{"list", "-state", "held"}, `state "held"`},
 		{"BadTableName", dsn, []string{"list", "-lease-table", "Job-Lease"}, "lease table name"},
 	} {
