@@ -130,7 +130,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 ) (result T, ran bool, err error) {
 	var zero T
 	begin, tried := time.Now(), time.Time{}
-	defer func() { r.waited(ctx, targetID, WaitDo, begin, tried) }()
+	defer func() { r.waited(ctx, targetID, EventDoWait, begin, tried) }()
 	// The row as this call finds it, read by the call itself: the watch,
 	// shared with others, may publish a later state before this call looks.
 	st, err := r.repo.readState(ctx, targetID)
@@ -242,7 +242,7 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 		return zero, err
 	}
 	begin, tried := time.Now(), time.Time{}
-	defer func() { r.waited(ctx, targetID, WaitRunWait, begin, tried) }()
+	defer func() { r.waited(ctx, targetID, EventRunWait, begin, tried) }()
 	leave, err := r.local.enter(ctx, targetID)
 	if err != nil {
 		return zero, wrapf(err, "run %q: waiting in the process", targetID)

@@ -110,7 +110,7 @@ func startHeartbeat(workCtx context.Context, repo *Repository, cfg config, mon *
 	trust := cfg.trustWindow()
 	h := &heartbeat{lease: lease, trust: trust, mon: mon, workCtx: workCtx, cancelWork: cancelWork}
 	h.fence = time.AfterFunc(time.Until(sent.Add(trust)), func() {
-		cancelWork(&lossCause{kind: LostSelfFenced,
+		cancelWork(&lossCause{kind: EventSelfFenced,
 			err: wrapf(ErrLeaseLost, "heartbeat %q: no heartbeat confirmed the lease for %v", lease.TargetID, trust)})
 	})
 
@@ -316,7 +316,7 @@ func (g *beatGroup) settle(live []*heartbeat, lost map[Lease]bool, sent time.Tim
 			// Stopped, or already cancelled: nothing to renew.
 		case lost[h.lease]:
 			h.fence.Stop()
-			h.cancelWork(&lossCause{kind: LostTakenOver, err: wrapf(ErrLeaseLost, "heartbeat %q", h.lease.TargetID)})
+			h.cancelWork(&lossCause{kind: EventLeaseLost, err: wrapf(ErrLeaseLost, "heartbeat %q", h.lease.TargetID)})
 		default:
 			h.fence.Reset(time.Until(sent.Add(h.trust)))
 		}

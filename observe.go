@@ -51,24 +51,6 @@ const (
 	SpanStatement
 )
 
-// String returns the span's name: "run", "acquire", "heartbeat", "commit" or
-// "statement".
-func (k SpanKind) String() string {
-	switch k {
-	case SpanRun:
-		return "run"
-	case SpanAcquire:
-		return "acquire"
-	case SpanHeartbeat:
-		return "heartbeat"
-	case SpanCommit:
-		return "commit"
-	case SpanStatement:
-		return "statement"
-	}
-	return "unknown"
-}
-
 // Span describes a span as it starts.
 type Span struct {
 	Kind SpanKind
@@ -97,63 +79,91 @@ type Span struct {
 // EventKind says what an Event reports.
 type EventKind uint8
 
-// The events a Runner records.
+// The events a Runner records. The outcome of an acquire or of a fenced
+// commit is its Event's Err, matched with errors.Is against the sentinel
+// errors, as the caller of Run would match it.
 const (
-	// EventAcquire is an acquire's outcome (OutcomeAcquired, OutcomeHeld,
-	// OutcomeError) and Duration.
+	// EventAcquire is an acquire, with its Duration. Err is nil when the
+	// lease was taken, an error wrapping ErrLeaseHeld when another holder's
+	// lease was live, and any other error when the acquire failed.
 	EventAcquire EventKind = iota + 1
-	// EventLeaseStart says that a Run now holds a lease; EventLeaseEnd that
-	// it no longer does, with Duration how long it held it. The leases a
-	// process holds now are the starts minus the ends.
+	// EventLeaseStart says that a Run now holds a lease.
 	EventLeaseStart
+	// EventLeaseEnd says that a Run no longer holds its lease, with
+	// Duration how long it held it. The leases a process holds now are the
+	// starts minus the ends.
 	EventLeaseEnd
 	// EventHeartbeat is one heartbeat statement: Duration its round trip,
 	// Leases how many leases it renewed or tried to, Err its error.
 	EventHeartbeat
-	// EventLeaseLost is a Run's loss of its lease, by Outcome: LostTakenOver,
-	// LostSelfFenced or LostMaxHold.
+	// EventLeaseLost is a Run's loss of its lease to a takeover: a
+	// heartbeat, or the fenced commit, found the lease taken over or
+	// released. The work was cancelled, or its result discarded; Err wraps
+	// ErrLeaseLost, and Duration is how long the Run had held the lease.
 	EventLeaseLost
-	// EventCommit is the outcome of a Run that reached its fenced commit:
-	// CommitSaved, CommitLost, CommitUnknown or CommitFailed, and Duration.
+	// EventSelfFenced is a Run that stopped trusting its lease because no
+	// heartbeat confirmed it in time (see WithSafetyMargin): the work was
+	// cancelled with Err, which wraps ErrLeaseLost; Duration is how long
+	// the Run had held the lease.
+	EventSelfFenced
+	// EventMaxHoldExceeded is a Run whose work was still running when
+	// WithMaxHold ran out: the work was cancelled with Err, which wraps
+	// ErrMaxHoldExceeded; Duration is how long the Run had held the lease.
+	EventMaxHoldExceeded
+	// EventCommit is the fenced commit of a Run, with the saver inside it,
+	// and its Duration. Err is nil when the result was saved; it wraps
+	// ErrLeaseLost when the lease was gone and nothing was saved (an
+	// EventLeaseLost follows), ErrCommitUnknown when the connection failed
+	// during COMMIT and Run could not tell whether it took effect, and is
+	// any other error when the saver or the transaction failed and nothing
+	// was saved.
 	EventCommit
-	// EventWait is the time that a RunWait or Do call (Outcome WaitRunWait,
-	// WaitDo) waited for other holders: from the call until its last try
-	// to run the work, or until it took another job's result or returned.
-	// Every call records one, 0 when it did not wait. Calls of Do that
-	// share one job in a process record one between them.
-	EventWait
-)
-
-// Outcomes of events, as Event.Outcome carries them.
-const (
-	OutcomeAcquired = "acquired" // EventAcquire: the lease was taken
-	OutcomeHeld     = "held"     // EventAcquire: another holder's lease is live
-	OutcomeError    = "error"    // EventAcquire: the acquire failed
-
-	LostTakenOver  = "taken_over"  // EventLeaseLost: a heartbeat found the lease taken or released
-	LostSelfFenced = "self_fenced" // EventLeaseLost: no heartbeat confirmed the lease in time
-	LostMaxHold    = "max_hold"    // EventLeaseLost: the work ran past WithMaxHold
-
-	CommitSaved   = "saved"   // EventCommit: the result was saved
-	CommitLost    = "lost"    // EventCommit: the lease was gone, nothing saved
-	CommitUnknown = "unknown" // EventCommit: the connection failed during COMMIT and Run could not tell
-	CommitFailed  = "failed"  // EventCommit: the saver or the transaction failed, nothing saved
-
-	WaitRunWait = "run_wait" // EventWait: of RunWait
-	WaitDo      = "do"       // EventWait: of Do
+	// EventRunWait is the time that a RunWait call waited for other
+	// holders: from the call until its last try to run the work, or until
+	// it returned. Every call records one, with Duration 0 when it did not
+	// wait.
+	EventRunWait
+	// EventDoWait is the time that a Do call waited for other holders: from
+	// the call until its last try to run the work, or until it took another
+	// job's result or returned. Calls of Do that share one job in a process
+	// record one between them, 0 when they did not wait.
+	EventDoWait
 )
 
 // Event is one outcome of a Runner's work.
 type Event struct {
-	Kind       EventKind
-	TargetID   string // empty for EventHeartbeat
-	Generation int64  // 0 when no lease was acquired
-	Holder     string
-	// Outcome is one of the Outcome, Lost, Commit or Wait constants, by Kind.
-	Outcome  string
+	// Kind says what the event reports, and which of the other fields
+	// it sets.
+	Kind EventKind
+	// TargetID is the target of the Run; empty for EventHeartbeat, whose
+	// statement may renew the leases of many targets.
+	TargetID string
+	// Generation is the lease's generation, 0 when no lease was acquired.
+	Generation int64
+	// Holder is the Runner's holder name (WithHolder).
+	Holder string
+	// Duration is how long the step took, or the lease was held, by Kind.
 	Duration time.Duration
-	Leases   int   // EventHeartbeat only
-	Err      error // EventHeartbeat, EventAcquire and EventCommit: the error, if any
+	// Leases is, for EventHeartbeat, the number of leases that the
+	// statement renewed or tried to.
+	Leases int
+	// Err is, for EventAcquire and EventCommit, the step's outcome (see
+	// there); for EventHeartbeat the statement's error; for
+	// EventLeaseLost, EventSelfFenced and EventMaxHoldExceeded the cause
+	// that the work's context reports. It is nil otherwise.
+	Err error
+}
+
+// lossName names the kind of loss kind in log lines: a takeover, self-fencing
+// or the max hold.
+func lossName(kind EventKind) string {
+	switch kind {
+	case EventSelfFenced:
+		return "self_fenced"
+	case EventMaxHoldExceeded:
+		return "max_hold"
+	}
+	return "taken_over"
 }
 
 // slowHeartbeatFraction defines a slow heartbeat: one whose statement took
@@ -263,22 +273,22 @@ func dbSystem(dialector string) string {
 
 // lossCause is the cause with which a Run's work is cancelled when its
 // lease is lost or its hold too long: the error, and the kind of loss for
-// the observer (one of the Lost constants).
+// the observer (EventLeaseLost, EventSelfFenced or EventMaxHoldExceeded).
 type lossCause struct {
-	kind string
+	kind EventKind
 	err  error
 }
 
 func (e *lossCause) Error() string { return e.err.Error() }
 func (e *lossCause) Unwrap() error { return e.err }
 
-// lossKind returns the kind of loss that err reports, or "".
-func lossKind(err error) string {
+// lossKind returns the kind of loss that err reports, or 0.
+func lossKind(err error) EventKind {
 	var c *lossCause
 	if errors.As(err, &c) {
 		return c.kind
 	}
-	return ""
+	return 0
 }
 
 // acquired reports the acquire that began at sent: its log line, event and
@@ -291,14 +301,11 @@ func (r *Runner[T]) acquired(ctx context.Context, targetID string, lease Lease, 
 		return
 	}
 	d := time.Since(sent)
-	outcome := OutcomeAcquired
 	switch {
 	case errors.Is(err, ErrLeaseHeld):
-		outcome = OutcomeHeld
 		m.logLease(ctx, slog.LevelDebug, "gormlease: lease held by another holder", Lease{TargetID: targetID},
 			slog.Duration("duration", d))
 	case err != nil:
-		outcome = OutcomeError
 		m.logLease(ctx, slog.LevelWarn, "gormlease: acquire failed", Lease{TargetID: targetID},
 			slog.Duration("duration", d), slog.Any("error", err))
 	default:
@@ -307,8 +314,7 @@ func (r *Runner[T]) acquired(ctx context.Context, targetID string, lease Lease, 
 	if end != nil {
 		end(err)
 	}
-	m.record(ctx, Event{Kind: EventAcquire, TargetID: targetID, Generation: lease.Generation,
-		Outcome: outcome, Duration: d, Err: err})
+	m.record(ctx, Event{Kind: EventAcquire, TargetID: targetID, Generation: lease.Generation, Duration: d, Err: err})
 	if err == nil {
 		m.record(ctx, Event{Kind: EventLeaseStart, TargetID: targetID, Generation: lease.Generation})
 	}
@@ -326,27 +332,28 @@ func (r *Runner[T]) leaseEnded(ctx context.Context, lease Lease, sent time.Time)
 // lost reports the loss of lease, acquired at sent, with cause.
 func (r *Runner[T]) lost(ctx context.Context, lease Lease, sent time.Time, cause error) {
 	kind := lossKind(cause)
-	if kind == "" {
-		kind = LostTakenOver
+	if kind == 0 {
+		kind = EventLeaseLost
 	}
 	held := slog.Duration("held", time.Since(sent))
 	switch kind {
-	case LostMaxHold:
+	case EventMaxHoldExceeded:
 		r.mon.logLease(ctx, slog.LevelWarn, "gormlease: work cancelled past the max hold, nothing saved", lease,
 			held, slog.Duration("max_hold", r.cfg.maxHold))
-	case LostSelfFenced:
+	case EventSelfFenced:
 		r.mon.logLease(ctx, slog.LevelWarn, "gormlease: lease lost: no heartbeat confirmed it in time, work cancelled", lease,
-			held, slog.String("cause", kind), slog.Duration("trust_window", r.cfg.trustWindow()))
+			held, slog.String("cause", lossName(kind)), slog.Duration("trust_window", r.cfg.trustWindow()))
 	default:
 		r.mon.logLease(ctx, slog.LevelWarn, "gormlease: lease lost: taken over or released, work cancelled", lease,
-			held, slog.String("cause", kind))
+			held, slog.String("cause", lossName(kind)))
 	}
-	r.mon.record(ctx, Event{Kind: EventLeaseLost, TargetID: lease.TargetID, Generation: lease.Generation,
-		Outcome: kind, Duration: time.Since(sent)})
+	r.mon.record(ctx, Event{Kind: kind, TargetID: lease.TargetID, Generation: lease.Generation,
+		Duration: time.Since(sent), Err: cause})
 }
 
-// committed reports the fenced commit of lease that began at begin.
-func (r *Runner[T]) committed(ctx context.Context, lease Lease, outcome string, begin time.Time,
+// committed reports the fenced commit that began at begin, of lease,
+// acquired at sent.
+func (r *Runner[T]) committed(ctx context.Context, lease Lease, outcome commitOutcome, sent, begin time.Time,
 	err error, end func(error),
 ) {
 	m := &r.mon
@@ -355,12 +362,12 @@ func (r *Runner[T]) committed(ctx context.Context, lease Lease, outcome string, 
 	}
 	d := slog.Duration("duration", time.Since(begin))
 	switch outcome {
-	case CommitSaved:
+	case commitSaved:
 		m.logLease(ctx, slog.LevelDebug, "gormlease: result saved, lease released", lease, d)
-	case CommitLost:
+	case commitLost:
 		m.logLease(ctx, slog.LevelWarn, "gormlease: lease lost: taken over before the commit, nothing saved", lease,
-			d, slog.String("cause", LostTakenOver))
-	case CommitUnknown:
+			d, slog.String("cause", lossName(EventLeaseLost)))
+	case commitUnknown:
 		m.logLease(ctx, slog.LevelError, "gormlease: commit outcome unknown: check what was saved before running again",
 			lease, d, slog.Any("error", err))
 	default:
@@ -370,22 +377,32 @@ func (r *Runner[T]) committed(ctx context.Context, lease Lease, outcome string, 
 		end(err)
 	}
 	m.record(ctx, Event{Kind: EventCommit, TargetID: lease.TargetID, Generation: lease.Generation,
-		Outcome: outcome, Duration: time.Since(begin), Err: err})
-	if outcome == CommitLost {
+		Duration: time.Since(begin), Err: err})
+	if outcome == commitLost {
 		m.record(ctx, Event{Kind: EventLeaseLost, TargetID: lease.TargetID, Generation: lease.Generation,
-			Outcome: LostTakenOver})
+			Duration: time.Since(sent), Err: err})
 	}
 }
 
-// waited reports the wait of a RunWait or Do call (kind WaitRunWait or
-// WaitDo) on targetID, which began at begin and waited until until (now,
-// when until is zero).
-func (r *Runner[T]) waited(ctx context.Context, targetID, kind string, begin, until time.Time) {
+// commitOutcome is how the fenced commit of a Run ended.
+type commitOutcome uint8
+
+const (
+	commitSaved   commitOutcome = iota // the result was saved
+	commitLost                         // the lease was gone, nothing saved
+	commitUnknown                      // the connection failed during COMMIT and Run could not tell
+	commitFailed                       // the saver or the transaction failed, nothing saved
+)
+
+// waited reports the wait of a RunWait or Do call (kind EventRunWait or
+// EventDoWait) on targetID, which began at begin and waited until until
+// (now, when until is zero).
+func (r *Runner[T]) waited(ctx context.Context, targetID string, kind EventKind, begin, until time.Time) {
 	if r.mon.obs == nil {
 		return
 	}
 	if until.IsZero() {
 		until = time.Now()
 	}
-	r.mon.record(ctx, Event{Kind: EventWait, TargetID: targetID, Outcome: kind, Duration: until.Sub(begin)})
+	r.mon.record(ctx, Event{Kind: kind, TargetID: targetID, Duration: until.Sub(begin)})
 }

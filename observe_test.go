@@ -183,7 +183,7 @@ func TestObserve_SavedRun(t *testing.T) {
 
 		acq := obs.eventsOf(gormlease.EventAcquire)
 		require.Len(t, acq, 1)
-		assert.Equal(t, gormlease.OutcomeAcquired, acq[0].Outcome)
+		assert.NoError(t, acq[0].Err, "the outcome of an acquire that took the lease")
 		assert.Equal(t, gen, acq[0].Generation)
 		assert.Equal(t, obsHolder, acq[0].Holder)
 		require.Len(t, obs.eventsOf(gormlease.EventLeaseStart), 1)
@@ -192,11 +192,14 @@ func TestObserve_SavedRun(t *testing.T) {
 		assert.Positive(t, ends[0].Duration)
 		commits := obs.eventsOf(gormlease.EventCommit)
 		require.Len(t, commits, 1)
-		assert.Equal(t, gormlease.CommitSaved, commits[0].Outcome)
+		assert.NoError(t, commits[0].Err, "the outcome of a commit that saved")
+		assert.Positive(t, commits[0].Duration)
 		hb := obs.eventsOf(gormlease.EventHeartbeat)[0]
 		assert.Positive(t, hb.Duration)
 		assert.NoError(t, hb.Err)
-		assert.Empty(t, obs.eventsOf(gormlease.EventLeaseLost))
+		for _, kind := range []gormlease.EventKind{gormlease.EventLeaseLost, gormlease.EventSelfFenced, gormlease.EventMaxHoldExceeded} {
+			assert.Empty(t, obs.eventsOf(kind), "kind %d", kind)
+		}
 
 		runs := obs.spansOf(gormlease.SpanRun)
 		require.Len(t, runs, 1)
@@ -205,11 +208,11 @@ func TestObserve_SavedRun(t *testing.T) {
 		assert.Nil(t, runs[0].parent)
 		for _, kind := range []gormlease.SpanKind{gormlease.SpanAcquire, gormlease.SpanCommit, gormlease.SpanHeartbeat} {
 			spans := obs.spansOf(kind)
-			require.NotEmpty(t, spans, kind.String())
+			require.NotEmpty(t, spans, "span kind %d", kind)
 			for _, sp := range spans {
-				assert.True(t, sp.ended, kind.String())
-				require.NotNil(t, sp.parent, kind.String())
-				assert.Equal(t, gormlease.SpanRun, sp.parent.Kind, kind.String())
+				assert.True(t, sp.ended, "span kind %d", kind)
+				require.NotNil(t, sp.parent, "span kind %d", kind)
+				assert.Equal(t, gormlease.SpanRun, sp.parent.Kind, "span kind %d", kind)
 				assert.Equal(t, target, sp.span.TargetID)
 			}
 		}
@@ -256,7 +259,7 @@ func TestObserve_Refused(t *testing.T) {
 		assert.Empty(t, logs.atLeast(slog.LevelWarn), "a refusal is not a warning")
 		acq := obs.eventsOf(gormlease.EventAcquire)
 		require.Len(t, acq, 1)
-		assert.Equal(t, gormlease.OutcomeHeld, acq[0].Outcome)
+		assert.ErrorIs(t, acq[0].Err, gormlease.ErrLeaseHeld)
 		assert.Empty(t, obs.eventsOf(gormlease.EventLeaseStart))
 		runs := obs.spansOf(gormlease.SpanRun)
 		require.Len(t, runs, 1)
@@ -281,14 +284,38 @@ func TestObserve_TakenOver(t *testing.T) {
 
 		rec := logs.one(t, "lease lost")
 		assertLease(t, rec, slog.LevelWarn, target, leaseRow(t, db, target).Generation-1, obsHolder)
-		assert.Equal(t, gormlease.LostTakenOver, rec.attrs["cause"])
+		assert.Equal(t, "taken_over", rec.attrs["cause"])
 		assert.Contains(t, rec.attrs, "held")
 		assert.Empty(t, logs.atLeast(slog.LevelError))
 		lost := obs.eventsOf(gormlease.EventLeaseLost)
 		require.Len(t, lost, 1)
-		assert.Equal(t, gormlease.LostTakenOver, lost[0].Outcome)
+		assert.ErrorIs(t, lost[0].Err, gormlease.ErrLeaseLost)
+		assert.Positive(t, lost[0].Duration)
+		assert.Empty(t, obs.eventsOf(gormlease.EventSelfFenced))
 		assert.Len(t, obs.eventsOf(gormlease.EventLeaseEnd), 1)
 		assert.Empty(t, obs.eventsOf(gormlease.EventCommit), "no commit was tried")
+	})
+}
+
+// A lease taken over after the work returned is lost at the fenced commit:
+// the commit's event carries ErrLeaseLost, and an EventLeaseLost follows.
+func TestObserve_LostAtCommit(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		r, logs, obs := observed(t, db, gormlease.WithHeartbeatInterval(10*time.Second), gormlease.WithLeaseTimeout(time.Minute))
+		target := newTarget(t)
+		_, err := r.Run(context.Background(), target, stolenBeforeCommit(t, s, db, target), noSave(t))
+		require.ErrorIs(t, err, gormlease.ErrLeaseLost)
+
+		assert.Equal(t, "taken_over", logs.one(t, "taken over before the commit").attrs["cause"])
+		commits := obs.eventsOf(gormlease.EventCommit)
+		require.Len(t, commits, 1)
+		assert.ErrorIs(t, commits[0].Err, gormlease.ErrLeaseLost)
+		assert.NotErrorIs(t, commits[0].Err, gormlease.ErrCommitUnknown)
+		lost := obs.eventsOf(gormlease.EventLeaseLost)
+		require.Len(t, lost, 1)
+		assert.ErrorIs(t, lost[0].Err, gormlease.ErrLeaseLost)
+		assert.Equal(t, target, lost[0].TargetID)
+		assert.Positive(t, lost[0].Duration)
 	})
 }
 
@@ -353,11 +380,12 @@ func TestObserve_SelfFenced(t *testing.T) {
 
 		rec := logs.one(t, "lease lost")
 		assert.Equal(t, slog.LevelWarn, rec.level)
-		assert.Equal(t, gormlease.LostSelfFenced, rec.attrs["cause"])
+		assert.Equal(t, "self_fenced", rec.attrs["cause"])
 		assert.Equal(t, 800*time.Millisecond, rec.attrs["trust_window"])
-		lost := obs.eventsOf(gormlease.EventLeaseLost)
-		require.Len(t, lost, 1)
-		assert.Equal(t, gormlease.LostSelfFenced, lost[0].Outcome)
+		fenced := obs.eventsOf(gormlease.EventSelfFenced)
+		require.Len(t, fenced, 1)
+		assert.ErrorIs(t, fenced[0].Err, gormlease.ErrLeaseLost)
+		assert.Empty(t, obs.eventsOf(gormlease.EventLeaseLost), "self-fencing is not a takeover")
 	})
 }
 
@@ -410,9 +438,10 @@ func TestRun_MaxHold(t *testing.T) {
 		rec := logs.one(t, "max hold")
 		assertLease(t, rec, slog.LevelWarn, target, row.Generation, obsHolder)
 		assert.Equal(t, 300*time.Millisecond, rec.attrs["max_hold"])
-		lost := obs.eventsOf(gormlease.EventLeaseLost)
-		require.Len(t, lost, 1)
-		assert.Equal(t, gormlease.LostMaxHold, lost[0].Outcome)
+		exceeded := obs.eventsOf(gormlease.EventMaxHoldExceeded)
+		require.Len(t, exceeded, 1)
+		assert.ErrorIs(t, exceeded[0].Err, gormlease.ErrMaxHoldExceeded)
+		assert.Empty(t, obs.eventsOf(gormlease.EventLeaseLost), "the lease was given up, not lost")
 
 		// Work that ends in time is saved as usual.
 		_, err := r.Run(context.Background(), target, func(context.Context) (string, error) { return "quick", nil },
@@ -437,14 +466,13 @@ func TestObserve_Wait(t *testing.T) {
 			done <- err
 		}()
 		waitFor(t, 5*time.Second, "a refused try", func() bool { return len(obs.eventsOf(gormlease.EventAcquire)) > 0 })
-		require.Equal(t, gormlease.OutcomeHeld, obs.eventsOf(gormlease.EventAcquire)[0].Outcome)
+		require.ErrorIs(t, obs.eventsOf(gormlease.EventAcquire)[0].Err, gormlease.ErrLeaseHeld)
 		time.Sleep(300 * time.Millisecond) // the lease's hold after the refusal, not a wait for an event
 		require.NoError(t, repo.Release(context.Background(), l))
 		require.NoError(t, recv(t, done, 10*time.Second, "RunWait"))
 
-		waits := obs.eventsOf(gormlease.EventWait)
+		waits := obs.eventsOf(gormlease.EventRunWait)
 		require.Len(t, waits, 1)
-		assert.Equal(t, gormlease.WaitRunWait, waits[0].Outcome)
 		assert.Equal(t, target, waits[0].TargetID)
 		assert.GreaterOrEqual(t, waits[0].Duration, 300*time.Millisecond, "waited until the release")
 		assert.Less(t, waits[0].Duration, time.Since(begin))
@@ -453,10 +481,11 @@ func TestObserve_Wait(t *testing.T) {
 		_, _, err = r.Do(context.Background(), target, func(context.Context) (string, error) { return "v", nil },
 			func(*gorm.DB, string) error { return nil }, func(*gorm.DB) (string, error) { return "", nil })
 		require.NoError(t, err)
-		waits = obs.eventsOf(gormlease.EventWait)
-		require.Len(t, waits, 2)
-		assert.Equal(t, gormlease.WaitDo, waits[1].Outcome)
-		assert.Less(t, waits[1].Duration, time.Second)
+		assert.Len(t, obs.eventsOf(gormlease.EventRunWait), 1, "Do records no RunWait event")
+		waits = obs.eventsOf(gormlease.EventDoWait)
+		require.Len(t, waits, 1)
+		assert.Equal(t, target, waits[0].TargetID)
+		assert.Less(t, waits[0].Duration, time.Second)
 	})
 }
 

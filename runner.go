@@ -166,7 +166,7 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 	var maxHold *time.Timer
 	if r.cfg.maxHold > 0 {
 		maxHold = time.AfterFunc(r.cfg.maxHold, func() {
-			cancelWork(&lossCause{kind: LostMaxHold, err: fmt.Errorf(
+			cancelWork(&lossCause{kind: EventMaxHoldExceeded, err: fmt.Errorf(
 				"gormlease: run %q: work still running after the max hold of %v: %w",
 				targetID, r.cfg.maxHold, ErrMaxHoldExceeded)})
 		})
@@ -195,38 +195,38 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 	commitCtx, endCommit := m.start(ctx, Span{Kind: SpanCommit, TargetID: targetID, Generation: lease.Generation})
 	begin := time.Now()
 	outcome, err := r.commit(commitCtx, lease, func(tx *gorm.DB) error { return callSave(tx, save, result) })
-	r.committed(ctx, lease, outcome, begin, err, endCommit)
-	if outcome != CommitSaved {
+	r.committed(ctx, lease, outcome, sent, begin, err, endCommit)
+	if outcome != commitSaved {
 		return zero, err
 	}
 	return result, nil
 }
 
 // commit runs the fenced commit of a Run that holds lease, with save, and
-// returns its outcome (one of the Commit constants) and Run's error.
-func (r *Runner[T]) commit(ctx context.Context, lease Lease, save func(tx *gorm.DB) error) (string, error) {
+// returns its outcome and Run's error.
+func (r *Runner[T]) commit(ctx context.Context, lease Lease, save func(tx *gorm.DB) error) (commitOutcome, error) {
 	commitCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
 	defer cancel()
 	err := r.repo.commit(commitCtx, lease, save, true)
 	if err == nil {
-		return CommitSaved, nil
+		return commitSaved, nil
 	}
 	if errors.Is(err, ErrLeaseLost) {
-		return CommitLost, err
+		return commitLost, err
 	}
 	var unknown *commitUnknownError
 	if errors.As(err, &unknown) {
 		switch committed, known := r.settleCommit(ctx, lease); {
 		case known && committed:
-			return CommitSaved, nil
+			return commitSaved, nil
 		case known:
-			return CommitFailed, wrapf(unknown.cause, "commit %q: the connection failed during COMMIT and the database shows nothing saved", lease.TargetID)
+			return commitFailed, wrapf(unknown.cause, "commit %q: the connection failed during COMMIT and the database shows nothing saved", lease.TargetID)
 		}
-		return CommitUnknown, err
+		return commitUnknown, err
 	}
 	// The transaction was rolled back: the lease is still ours, or already
 	// gone, and releasing is safe.
-	return CommitFailed, r.releaseAfter(ctx, lease, err)
+	return commitFailed, r.releaseAfter(ctx, lease, err)
 }
 
 // checkCall returns an error wrapping ErrInvalidArgument when the

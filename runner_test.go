@@ -196,10 +196,7 @@ func TestRun_TakeoverBeforeCommitSavesNothing(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		r := newRunner(t, db)
 		target := newTarget(t)
-		_, err := r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
-			steal(t, s, db, target) // no heartbeat runs before the commit
-			return "stale result", nil
-		}, noSave(t))
+		_, err := r.Run(context.Background(), target, stolenBeforeCommit(t, s, db, target), noSave(t))
 		require.ErrorIs(t, err, gormlease.ErrLeaseLost)
 		assert.Nil(t, leaseRow(t, db, target).ReleasedAt, "the new holder's lease was released")
 	})

@@ -187,7 +187,7 @@ func (o *Observer) Record(ctx context.Context, e gormlease.Event) {
 	secs := e.Duration.Seconds()
 	switch e.Kind {
 	case gormlease.EventAcquire:
-		set := metric.WithAttributes(attribute.String(AttrOutcome, e.Outcome))
+		set := metric.WithAttributes(attribute.String(AttrOutcome, acquireOutcome(e.Err)))
 		o.acquires.Add(ctx, 1, set)
 		o.acquireDur.Record(ctx, secs, set)
 	case gormlease.EventLeaseStart:
@@ -202,14 +202,46 @@ func (o *Observer) Record(ctx context.Context, e gormlease.Event) {
 		}
 		o.heartbeatDur.Record(ctx, secs)
 	case gormlease.EventLeaseLost:
-		o.lost.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrLostCause, e.Outcome)))
+		o.lost.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrLostCause, "taken_over")))
+	case gormlease.EventSelfFenced:
+		o.lost.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrLostCause, "self_fenced")))
+	case gormlease.EventMaxHoldExceeded:
+		o.lost.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrLostCause, "max_hold")))
 	case gormlease.EventCommit:
-		set := metric.WithAttributes(attribute.String(AttrOutcome, e.Outcome))
+		set := metric.WithAttributes(attribute.String(AttrOutcome, commitOutcome(e.Err)))
 		o.commits.Add(ctx, 1, set)
 		o.commitDur.Record(ctx, secs, set)
-	case gormlease.EventWait:
-		o.waitDur.Record(ctx, secs, metric.WithAttributes(attribute.String(AttrWaitCall, e.Outcome)))
+	case gormlease.EventRunWait:
+		o.waitDur.Record(ctx, secs, metric.WithAttributes(attribute.String(AttrWaitCall, "run_wait")))
+	case gormlease.EventDoWait:
+		o.waitDur.Record(ctx, secs, metric.WithAttributes(attribute.String(AttrWaitCall, "do")))
 	}
+}
+
+// acquireOutcome names the outcome of an acquire that ended with err, for
+// AttrOutcome: acquired, held or error.
+func acquireOutcome(err error) string {
+	switch {
+	case err == nil:
+		return "acquired"
+	case errors.Is(err, gormlease.ErrLeaseHeld):
+		return "held"
+	}
+	return "error"
+}
+
+// commitOutcome names the outcome of a fenced commit that ended with err,
+// for AttrOutcome: saved, lost, unknown or failed.
+func commitOutcome(err error) string {
+	switch {
+	case err == nil:
+		return "saved"
+	case errors.Is(err, gormlease.ErrLeaseLost):
+		return "lost"
+	case errors.Is(err, gormlease.ErrCommitUnknown):
+		return "unknown"
+	}
+	return "failed"
 }
 
 // errorType names err for error.type: a timeout, or "other".

@@ -2,6 +2,7 @@ package gormleaseotel_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -245,4 +246,56 @@ func TestObserver_Run(t *testing.T) {
 		}
 		assert.GreaterOrEqual(t, stmts, 3, "acquire, heartbeat and commit statements at least")
 	})
+}
+
+// histogramCounts returns how many values the histogram named name holds,
+// by the value of attribute key.
+func histogramCounts(rm metricdata.ResourceMetrics, name, key string) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == name {
+				for _, p := range h.DataPoints {
+					v, _ := p.Attributes.Value(attribute.Key(key))
+					out[v.String()] += p.Count
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Record names each outcome from the event's kind and its error, as the
+// gormlease documentation of each EventKind says.
+func TestObserver_RecordNamesOutcomes(t *testing.T) {
+	obs, _, reader := instrumented(t)
+	ctx := context.Background()
+	wrap := func(err error) error { return fmt.Errorf("gormlease: step %q: %w", "t", err) }
+	for _, e := range []gormlease.Event{
+		{Kind: gormlease.EventAcquire},
+		{Kind: gormlease.EventAcquire, Err: wrap(gormlease.ErrLeaseHeld)},
+		{Kind: gormlease.EventAcquire, Err: errors.New("connection refused")},
+		{Kind: gormlease.EventCommit},
+		{Kind: gormlease.EventCommit, Err: wrap(gormlease.ErrLeaseLost)},
+		{Kind: gormlease.EventCommit, Err: wrap(gormlease.ErrCommitUnknown)},
+		{Kind: gormlease.EventCommit, Err: errors.New("saver failed")},
+		{Kind: gormlease.EventLeaseLost, Err: wrap(gormlease.ErrLeaseLost)},
+		{Kind: gormlease.EventSelfFenced, Err: wrap(gormlease.ErrLeaseLost)},
+		{Kind: gormlease.EventMaxHoldExceeded, Err: wrap(gormlease.ErrMaxHoldExceeded)},
+		{Kind: gormlease.EventRunWait, Duration: time.Second},
+		{Kind: gormlease.EventDoWait},
+		{Kind: gormlease.EventDoWait},
+	} {
+		obs.Record(ctx, e)
+	}
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(ctx, &rm))
+	assert.Equal(t, map[string]int64{"acquired": 1, "held": 1, "error": 1},
+		sums(t, rm, gormleaseotel.MetricAcquires, gormleaseotel.AttrOutcome))
+	assert.Equal(t, map[string]int64{"saved": 1, "lost": 1, "unknown": 1, "failed": 1},
+		sums(t, rm, gormleaseotel.MetricCommits, gormleaseotel.AttrOutcome))
+	assert.Equal(t, map[string]int64{"taken_over": 1, "self_fenced": 1, "max_hold": 1},
+		sums(t, rm, gormleaseotel.MetricLeasesLost, gormleaseotel.AttrLostCause))
+	assert.Equal(t, map[string]uint64{"run_wait": 1, "do": 2},
+		histogramCounts(rm, gormleaseotel.MetricWaitDuration, gormleaseotel.AttrWaitCall))
 }

@@ -327,7 +327,7 @@ func (b *beats) Record(_ context.Context, e gormlease.Event) {
 		b.mu.Lock()
 		b.stmts = append(b.stmts, beat{start: end.Add(-e.Duration), end: end, leases: e.Leases, failed: e.Err != nil})
 		b.mu.Unlock()
-	case gormlease.EventLeaseLost:
+	case gormlease.EventLeaseLost, gormlease.EventSelfFenced, gormlease.EventMaxHoldExceeded:
 		b.lost.Add(1)
 	}
 }
