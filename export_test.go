@@ -41,7 +41,7 @@ func Watched(target string) bool {
 	hubs.Lock()
 	defer hubs.Unlock()
 	for _, h := range hubs.m {
-		if w := h.watches[watchKey{DefaultLeaseTable, target}]; w != nil {
+		if w := h.watches[watchKey{defaultLeaseTable, target}]; w != nil {
 			st, read, _ := w.current()
 			return read && st.found && !st.released
 		}
@@ -90,7 +90,7 @@ func WatchSubscribers(target string) int {
 	defer hubs.Unlock()
 	n := 0
 	for _, h := range hubs.m {
-		if w := h.watches[watchKey{DefaultLeaseTable, target}]; w != nil {
+		if w := h.watches[watchKey{defaultLeaseTable, target}]; w != nil {
 			n += w.subs
 		}
 	}

@@ -6,7 +6,7 @@ func HasWatch(target string) bool {
 	hubs.Lock()
 	defer hubs.Unlock()
 	for _, h := range hubs.m {
-		if h.watches[watchKey{DefaultLeaseTable, target}] != nil {
+		if h.watches[watchKey{defaultLeaseTable, target}] != nil {
 			return true
 		}
 	}

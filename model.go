@@ -11,13 +11,13 @@ import (
 )
 
 const (
-	// MaxTargetIDLength is the longest target ID, in bytes, that gormlease
+	// maxTargetIDLength is the longest target ID, in bytes, that gormlease
 	// accepts: the target_id columns hold 255 bytes on every database
 	// (varchar(255) on PostgreSQL, varbinary(255) on MySQL).
-	MaxTargetIDLength = 255
+	maxTargetIDLength = 255
 
-	// MaxHolderLength is the longest holder name, in bytes (see WithHolder).
-	MaxHolderLength = 255
+	// maxHolderLength is the longest holder name, in bytes (see WithHolder).
+	maxHolderLength = 255
 )
 
 // JobLease is a row of the job_lease table: the lease on one target.
@@ -27,7 +27,10 @@ const (
 // the database's clock, never the application's; create the table with
 // AutoMigrate or the DDL in docs/, not with gorm's own AutoMigrate.
 type JobLease struct {
-	// TargetID names the target: the thing the work runs for at most once at a time.
+	// TargetID names the target: the thing the work runs for at most once
+	// at a time. It is 1 to 255 bytes of valid UTF-8, without NUL bytes:
+	// every call that takes a target ID refuses another with an error
+	// wrapping ErrInvalidArgument.
 	TargetID string `gorm:"column:target_id;primaryKey"`
 	// LeaseToken is minted afresh at every acquisition. Every later step of the
 	// lease (heartbeat, commit, release) matches it, so a holder whose lease was
@@ -140,7 +143,7 @@ func checkText(s string, max int) string {
 // checkTargetID returns an error wrapping ErrInvalidArgument when id cannot
 // be a target ID.
 func checkTargetID(id string) error {
-	if problem := checkText(id, MaxTargetIDLength); problem != "" {
+	if problem := checkText(id, maxTargetIDLength); problem != "" {
 		if len(id) > 40 {
 			id = truncateUTF8(id, 40) + "..."
 		}

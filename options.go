@@ -24,10 +24,9 @@ const (
 	// saver inside it, and the release. WithOperationTimeout overrides it.
 	DefaultOperationTimeout = 10 * time.Second
 
-	// DefaultSafetyMarginDivisor sets the default safety margin to the lease
+	// defaultSafetyMarginDivisor sets the default safety margin to the lease
 	// timeout divided by this number (12 s for the default 2 min timeout).
-	// WithSafetyMargin overrides it.
-	DefaultSafetyMarginDivisor = 10
+	defaultSafetyMarginDivisor = 10
 )
 
 // An Option configures a Runner: NewRunner takes every option of this
@@ -108,7 +107,7 @@ func WithLeaseTimeout(d time.Duration) Option {
 // The margin covers the time the work takes to notice cancellation and
 // any drift between the clocks' rates. It must be greater than zero and
 // leave room for at least one heartbeat: interval + margin < timeout.
-// The default is the lease timeout divided by DefaultSafetyMarginDivisor.
+// The default is a tenth of the lease timeout: 12 s of the default 2 min.
 func WithSafetyMargin(d time.Duration) Option {
 	return option(func(c *config) { c.safetyMargin = d; c.safetyMarginSet = true })
 }
@@ -137,8 +136,8 @@ func WithOperationTimeout(d time.Duration) Option {
 
 // WithHolder sets the name stored in job_lease.holder while the Runner, or
 // the Repository, holds a lease, so that an operator can see who holds a
-// target. It must be valid UTF-8, 1 to MaxHolderLength bytes, without NUL
-// bytes. The default is "hostname/pid".
+// target. It must be valid UTF-8, 1 to 255 bytes, without NUL bytes. The
+// default is "hostname/pid".
 func WithHolder(name string) RepositoryOption {
 	return repositoryOption(func(c *config) { c.holder = name })
 }
@@ -233,7 +232,7 @@ func newConfig(opts []Option) (config, error) {
 		o.apply(&c)
 	}
 	if !c.safetyMarginSet {
-		c.safetyMargin = c.leaseTimeout / DefaultSafetyMarginDivisor
+		c.safetyMargin = c.leaseTimeout / defaultSafetyMarginDivisor
 	}
 	return c, c.validate()
 }
@@ -267,7 +266,7 @@ func (c config) validate() error {
 	if c.heartbeatDBSet && c.heartbeatDB == nil {
 		return invalidf("WithHeartbeatDB: db is nil")
 	}
-	if problem := checkText(c.holder, MaxHolderLength); problem != "" {
+	if problem := checkText(c.holder, maxHolderLength); problem != "" {
 		return invalidf("WithHolder: holder %s", problem)
 	}
 	return c.tables.check()
@@ -280,12 +279,12 @@ func (c config) trustWindow() time.Duration {
 	return c.leaseTimeout - c.safetyMargin - c.clockSkew
 }
 
-// defaultHolder names this process: "hostname/pid", cut to MaxHolderLength.
+// defaultHolder names this process: "hostname/pid", cut to maxHolderLength.
 func defaultHolder() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "unknown"
 	}
 	h := fmt.Sprintf("%s/%d", host, os.Getpid())
-	return truncateUTF8(h, MaxHolderLength)
+	return truncateUTF8(h, maxHolderLength)
 }

@@ -551,10 +551,12 @@ func TestRun_BadInputWritesNothing(t *testing.T) {
 				assert.Zero(t, n, "rows written")
 			})
 		}
-		// The longest target ID that fits works end to end, multi-byte too.
-		longest := strings.Repeat("界", MaxRunes(gormlease.MaxTargetIDLength, "界"))
-		longest += strings.Repeat("x", gormlease.MaxTargetIDLength-len(longest))
-		longest = longest[:gormlease.MaxTargetIDLength-3] + targetSuffix(t)
+		// The longest target ID that fits, 255 bytes, works end to end,
+		// multi-byte too.
+		const maxTargetID = 255
+		longest := strings.Repeat("界", MaxRunes(maxTargetID, "界"))
+		longest += strings.Repeat("x", maxTargetID-len(longest))
+		longest = longest[:maxTargetID-3] + targetSuffix(t)
 		_, err := r.Run(context.Background(), longest, func(context.Context) (string, error) { return "ok", nil },
 			gormlease.SaveJSON[string])
 		require.NoError(t, err, "a %d-byte target ID", len(longest))

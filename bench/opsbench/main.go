@@ -192,7 +192,7 @@ FROM generate_series(1, ?) AS i`, rows).Error; err != nil {
 	}
 	fmt.Printf("pruned %d rows in %v: %.0f rows/s\n", r.pruned, r.pruneTook.Round(time.Millisecond), r.pruneRate())
 	fmt.Println("heartbeats while pruning:", r.pruning)
-	r.liveLeft, _, err = listAll(ctx, repo, gormlease.ListOptions{Prefix: "live/", State: gormlease.StateLive, Limit: gormlease.MaxListLimit})
+	r.liveLeft, _, err = listAll(ctx, repo, gormlease.ListOptions{Prefix: "live/", State: gormlease.StateLive, Limit: 10000})
 	if err != nil {
 		return r, err
 	}

@@ -101,19 +101,22 @@ type command struct {
 	repo   *gormlease.Repository
 }
 
+// listPage is the rows per page of list without -limit.
+const listPage = 100
+
 func newCommand(name string, e env) *command {
 	c := &command{name: name, env: e, flags: flag.NewFlagSet("gormlease "+name, flag.ContinueOnError)}
 	f := c.flags
 	f.SetOutput(e.stderr)
 	f.StringVar(&c.dsn, "dsn", "", "the database (default $"+dsnEnv+"): "+dsnForms)
-	f.StringVar(&c.leaseTable, "lease-table", gormlease.DefaultLeaseTable, "the lease table")
-	f.StringVar(&c.resultTable, "result-table", gormlease.DefaultResultTable, "the result table")
+	f.StringVar(&c.leaseTable, "lease-table", gormlease.JobLease{}.TableName(), "the lease table")
+	f.StringVar(&c.resultTable, "result-table", gormlease.JobResult{}.TableName(), "the result table")
 	switch name {
 	case "list":
 		f.StringVar(&c.prefix, "prefix", "", "only targets that start with this")
 		f.StringVar(&c.state, "state", "", "only leases in this state: live, expired or released")
 		f.StringVar(&c.after, "after", "", "start after this target (the last of the previous page)")
-		f.IntVar(&c.limit, "limit", gormlease.DefaultListLimit, fmt.Sprintf("rows per page, at most %d", gormlease.MaxListLimit))
+		f.IntVar(&c.limit, "limit", listPage, "rows per page, at most 10000")
 		f.BoolVar(&c.all, "all", false, "list every page, not only the first")
 		f.BoolVar(&c.json, "json", false, "write JSON, one object a line")
 	case "show":
