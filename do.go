@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/observe"
 )
 
 // ErrSharedJobFailed is matched, with errors.Is, by the error that
@@ -130,7 +132,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 ) (result T, ran bool, err error) {
 	var zero T
 	begin, tried := time.Now(), time.Time{}
-	defer func() { r.waited(ctx, targetID, EventDoWait, begin, tried) }()
+	defer func() { r.waited(ctx, targetID, observe.EventDoWait, begin, tried) }()
 	// The row as this call finds it, read by the call itself: the watch,
 	// shared with others, may publish a later state before this call looks.
 	st, err := r.repo.readState(ctx, targetID)
@@ -253,7 +255,7 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 		return zero, err
 	}
 	begin, tried := time.Now(), time.Time{}
-	defer func() { r.waited(ctx, targetID, EventRunWait, begin, tried) }()
+	defer func() { r.waited(ctx, targetID, observe.EventRunWait, begin, tried) }()
 	leave, err := r.local.enter(ctx, targetID)
 	if err != nil {
 		return zero, wrapf(err, "run %q: waiting in the process", targetID)

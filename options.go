@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/observe"
 )
 
 const (
@@ -179,10 +181,11 @@ func WithLogger(logger *slog.Logger) Option {
 }
 
 // WithObserver makes the Runner report its steps and outcomes to o, for
-// metrics and traces (see Observer; github.com/gormlease/gormlease/otel
-// implements it with OpenTelemetry). The default, like a nil o, reports to
+// metrics and traces (see package github.com/gormlease/gormlease/observe;
+// the module github.com/gormlease/gormlease/otel implements an Observer
+// with OpenTelemetry). The default, like a nil o, reports to
 // no one, and costs nothing.
-func WithObserver(o Observer) Option {
+func WithObserver(o observe.Observer) Option {
 	return option(func(c *config) { c.observer = o })
 }
 
@@ -211,7 +214,7 @@ type config struct {
 	tables            tableNames
 	reuseFor          time.Duration
 	logger            *slog.Logger
-	observer          Observer
+	observer          observe.Observer
 	maxHold           time.Duration
 	maxHoldSet        bool
 }

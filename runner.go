@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/observe"
 )
 
 // Runner runs work once per target at a time, under a heartbeat lease, and
@@ -120,14 +122,14 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 	m := &r.mon
 	if m.obs != nil {
 		var end func(error)
-		ctx, end = m.start(ctx, Span{Kind: SpanRun, TargetID: targetID})
+		ctx, end = m.start(ctx, observe.Span{Kind: observe.SpanRun, TargetID: targetID})
 		ctx = withStatements(ctx, m)
 		defer func() { end(err) }()
 	} else if statementObserver(ctx) != nil {
 		ctx = withStatements(ctx, nil) // a Run inside the work of an observed one
 	}
 
-	acquireCtx, endAcquire := m.start(ctx, Span{Kind: SpanAcquire, TargetID: targetID})
+	acquireCtx, endAcquire := m.start(ctx, observe.Span{Kind: observe.SpanAcquire, TargetID: targetID})
 	acquireCtx, cancel := context.WithTimeout(acquireCtx, r.cfg.operationTimeout)
 	sent := time.Now()
 	lease, err := r.repo.acquire(acquireCtx, targetID, r.cfg.leaseTimeout, r.cfg.operationTimeout, from)
@@ -166,7 +168,7 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 	var maxHold *time.Timer
 	if r.cfg.maxHold > 0 {
 		maxHold = time.AfterFunc(r.cfg.maxHold, func() {
-			cancelWork(&lossCause{kind: EventMaxHoldExceeded, err: fmt.Errorf(
+			cancelWork(&lossCause{kind: observe.EventMaxHoldExceeded, err: fmt.Errorf(
 				"gormlease: run %q: work still running after the max hold of %v: %w",
 				targetID, r.cfg.maxHold, ErrMaxHoldExceeded)})
 		})
@@ -192,7 +194,7 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 		return zero, r.releaseAfter(ctx, lease, wrapf(workErr, step, targetID))
 	}
 
-	commitCtx, endCommit := m.start(ctx, Span{Kind: SpanCommit, TargetID: targetID, Generation: lease.Generation})
+	commitCtx, endCommit := m.start(ctx, observe.Span{Kind: observe.SpanCommit, TargetID: targetID, Generation: lease.Generation})
 	begin := time.Now()
 	outcome, err := r.commit(commitCtx, lease, func(tx *gorm.DB) error { return callSave(tx, save, result) })
 	r.committed(ctx, lease, outcome, sent, begin, err, endCommit)

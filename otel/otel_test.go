@@ -27,6 +27,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/observe"
 	gormleaseotel "github.com/gormlease/gormlease/otel"
 )
 
@@ -271,20 +272,20 @@ func TestObserver_RecordNamesOutcomes(t *testing.T) {
 	obs, _, reader := instrumented(t)
 	ctx := context.Background()
 	wrap := func(err error) error { return fmt.Errorf("gormlease: step %q: %w", "t", err) }
-	for _, e := range []gormlease.Event{
-		{Kind: gormlease.EventAcquire},
-		{Kind: gormlease.EventAcquire, Err: wrap(gormlease.ErrLeaseHeld)},
-		{Kind: gormlease.EventAcquire, Err: errors.New("connection refused")},
-		{Kind: gormlease.EventCommit},
-		{Kind: gormlease.EventCommit, Err: wrap(gormlease.ErrLeaseLost)},
-		{Kind: gormlease.EventCommit, Err: wrap(gormlease.ErrCommitUnknown)},
-		{Kind: gormlease.EventCommit, Err: errors.New("saver failed")},
-		{Kind: gormlease.EventLeaseLost, Err: wrap(gormlease.ErrLeaseLost)},
-		{Kind: gormlease.EventSelfFenced, Err: wrap(gormlease.ErrLeaseLost)},
-		{Kind: gormlease.EventMaxHoldExceeded, Err: wrap(gormlease.ErrMaxHoldExceeded)},
-		{Kind: gormlease.EventRunWait, Duration: time.Second},
-		{Kind: gormlease.EventDoWait},
-		{Kind: gormlease.EventDoWait},
+	for _, e := range []observe.Event{
+		{Kind: observe.EventAcquire},
+		{Kind: observe.EventAcquire, Err: wrap(gormlease.ErrLeaseHeld)},
+		{Kind: observe.EventAcquire, Err: errors.New("connection refused")},
+		{Kind: observe.EventCommit},
+		{Kind: observe.EventCommit, Err: wrap(gormlease.ErrLeaseLost)},
+		{Kind: observe.EventCommit, Err: wrap(gormlease.ErrCommitUnknown)},
+		{Kind: observe.EventCommit, Err: errors.New("saver failed")},
+		{Kind: observe.EventLeaseLost, Err: wrap(gormlease.ErrLeaseLost)},
+		{Kind: observe.EventSelfFenced, Err: wrap(gormlease.ErrLeaseLost)},
+		{Kind: observe.EventMaxHoldExceeded, Err: wrap(gormlease.ErrMaxHoldExceeded)},
+		{Kind: observe.EventRunWait, Duration: time.Second},
+		{Kind: observe.EventDoWait},
+		{Kind: observe.EventDoWait},
 	} {
 		obs.Record(ctx, e)
 	}
