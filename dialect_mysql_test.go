@@ -34,7 +34,7 @@ func TestAutoMigrate_RejectsMySQLDSNWithoutUTCTimes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			db := s.OpenEmpty(t, tc.params)
-			err := gormlease.AutoMigrate(db)
+			err := gormlease.AutoMigrate(context.Background(), db)
 			require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 			assert.Contains(t, err.Error(), tc.want)
 			assert.False(t, db.Migrator().HasTable("job_lease"), "AutoMigrate created a table")
@@ -52,14 +52,14 @@ func TestAutoMigrate_ConcurrentCallsSucceed(t *testing.T) {
 		var wg sync.WaitGroup
 		errs := make(chan error, n)
 		for range n {
-			wg.Go(func() { errs <- gormlease.AutoMigrate(db) })
+			wg.Go(func() { errs <- gormlease.AutoMigrate(context.Background(), db) })
 		}
 		wg.Wait()
 		close(errs)
 		for err := range errs {
 			require.NoError(t, err)
 		}
-		require.NoError(t, gormlease.AutoMigrate(db), "on tables that exist")
+		require.NoError(t, gormlease.AutoMigrate(context.Background(), db), "on tables that exist")
 
 		r, err := gormlease.NewRunner[string](db)
 		require.NoError(t, err)
@@ -95,7 +95,7 @@ func TestAutoMigrate_MySQLMatchesDocsSchema(t *testing.T) {
 	}
 	require.Equal(t, 4, statements, "statements in docs/schema-mysql.sql")
 	fromCode := s.OpenEmpty(t, nil)
-	require.NoError(t, gormlease.AutoMigrate(fromCode))
+	require.NoError(t, gormlease.AutoMigrate(context.Background(), fromCode))
 	for _, table := range []string{"job_lease", "job_result", "job_lease_floor"} {
 		assert.Equal(t, showCreateTable(t, fromCode, table), showCreateTable(t, fromDocs, table), table)
 	}

@@ -132,16 +132,16 @@ func (sqliteDialect) fenceTxOptions() *sql.TxOptions {
 	return &sql.TxOptions{Isolation: sql.LevelSerializable}
 }
 
-// MinSQLiteBusyTimeout is the shortest busy timeout that gormlease accepts
+// minSQLiteBusyTimeout is the shortest busy timeout that gormlease accepts
 // on an SQLite connection. SQLite has one write lock per database file: a
 // step that finds it taken waits for it up to the busy timeout, and without
 // one it fails at once with "database is locked". The ncruces driver sets a
 // busy timeout of one minute unless the DSN sets PRAGMAs; a DSN that does
 // must set busy_timeout too, first: _pragma=busy_timeout(10000).
-const MinSQLiteBusyTimeout = time.Second
+const minSQLiteBusyTimeout = time.Second
 
 // checkSettings refuses an SQLite connection whose busy timeout is
-// shorter than MinSQLiteBusyTimeout, with an error wrapping
+// shorter than minSQLiteBusyTimeout, with an error wrapping
 // ErrInvalidArgument that says how to fix the DSN. It reads one PRAGMA from
 // one connection of the pool; a DSN sets the same PRAGMAs on every one.
 func (sqliteDialect) checkSettings(ctx context.Context, db *gorm.DB) error {
@@ -150,10 +150,10 @@ func (sqliteDialect) checkSettings(ctx context.Context, db *gorm.DB) error {
 	if err := quiet.WithContext(ctx).Raw("PRAGMA busy_timeout").Scan(&ms).Error; err != nil {
 		return wrapf(err, "read sqlite busy_timeout")
 	}
-	if timeout := time.Duration(ms) * time.Millisecond; timeout < MinSQLiteBusyTimeout {
+	if timeout := time.Duration(ms) * time.Millisecond; timeout < minSQLiteBusyTimeout {
 		return invalidf("sqlite busy_timeout is %v, less than %v: concurrent steps would fail with "+
 			"\"database is locked\"; set it in the DSN, before other PRAGMAs, as "+
-			"file:app.db?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)", timeout, MinSQLiteBusyTimeout)
+			"file:app.db?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)", timeout, minSQLiteBusyTimeout)
 	}
 	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/observe"
 )
 
 // ErrSharedJobFailed is matched, with errors.Is, by the error that
@@ -23,6 +25,11 @@ var ErrSharedJobFailed = errors.New("gormlease: shared job failed")
 // waiters do not run the work again themselves: a job that just failed
 // would most likely fail again, and every waiter retrying at once would
 // multiply the load on whatever made it fail. Call Do again to run it anew.
+//
+// A waiter gets the same SharedJobError whether the job ran in its own
+// process or in another: the job's message as text, and an error that
+// unwraps to ErrSharedJobFailed, never to the job's own error, which only
+// the caller that ran the job gets.
 type SharedJobError struct {
 	// TargetID is the target of the job.
 	TargetID string
@@ -30,12 +37,10 @@ type SharedJobError struct {
 	// when it is not known.
 	Generation int64
 	// Message is the job's error message as its lease row keeps it: at
-	// most 255 bytes of it. It comes from another process, possibly
+	// most 255 bytes of it. It may come from another process, possibly
 	// another user's request, and says what went wrong; the job's own
 	// error, with its types, stays with the caller that ran it.
 	Message string
-	// cause is the job's own error, when the job ran in this process.
-	cause error
 }
 
 // Error implements error.
@@ -46,12 +51,8 @@ func (e *SharedJobError) Error() string {
 	return fmt.Sprintf("gormlease: shared job %q failed: %s", e.TargetID, e.Message)
 }
 
-// Is reports whether target is ErrSharedJobFailed.
-func (e *SharedJobError) Is(target error) bool { return target == ErrSharedJobFailed }
-
-// Unwrap returns the job's own error when it ran in this process, and nil
-// otherwise.
-func (e *SharedJobError) Unwrap() error { return e.cause }
+// Unwrap returns ErrSharedJobFailed, wherever the job ran.
+func (e *SharedJobError) Unwrap() error { return ErrSharedJobFailed }
 
 // endedWithoutSaving is the message of a job that ended without saving and
 // left no failure: it was released by Repository.Release, or by force.
@@ -99,8 +100,8 @@ func (r *Runner[T]) Do(ctx context.Context, targetID string,
 	if load == nil {
 		return zero, false, invalidf("load function is nil")
 	}
-	f, first := r.local.join(ctx, targetID, func(fctx context.Context) (T, bool, error) {
-		return r.do(fctx, targetID, work, save, load)
+	f, first := r.local.join(ctx, targetID, func(fctx context.Context, generation *int64) (T, bool, error) {
+		return r.do(fctx, targetID, withGeneration(work, generation), save, load)
 	})
 	select {
 	case <-f.done:
@@ -114,10 +115,11 @@ func (r *Runner[T]) Do(ctx context.Context, targetID string,
 		return f.value, !first || !f.ran, nil
 	case !first && f.ran:
 		// The job ran here, for the first caller: to the others it is a
-		// shared job that failed.
+		// shared job that failed, as it is to the callers in other
+		// processes, which read its failure from the lease row.
 		var lost *SharedJobError
 		if !errors.As(f.err, &lost) {
-			return zero, true, &SharedJobError{TargetID: targetID, Message: failureText(f.err), cause: f.err}
+			return zero, true, &SharedJobError{TargetID: targetID, Generation: f.generation, Message: failureText(f.err)}
 		}
 	}
 	return zero, !first || !f.ran, f.err
@@ -130,7 +132,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 ) (result T, ran bool, err error) {
 	var zero T
 	begin, tried := time.Now(), time.Time{}
-	defer func() { r.waited(ctx, targetID, WaitDo, begin, tried) }()
+	defer func() { r.waited(ctx, targetID, observe.EventDoWait, begin, tried) }()
 	// The row as this call finds it, read by the call itself: the watch,
 	// shared with others, may publish a later state before this call looks.
 	st, err := r.repo.readState(ctx, targetID)
@@ -203,6 +205,17 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	}
 }
 
+// withGeneration returns work, which records in *generation the
+// generation of the lease it runs under.
+func withGeneration[T any](work func(context.Context) (T, error), generation *int64) func(context.Context) (T, error) {
+	return func(ctx context.Context) (T, error) {
+		if l, ok := LeaseFromContext(ctx); ok {
+			*generation = l.Generation
+		}
+		return work(ctx)
+	}
+}
+
 // load calls load in a transaction, which read/write splitting plugins
 // send to the primary, bounded by the operation timeout.
 func (r *Runner[T]) load(ctx context.Context, targetID string, load func(*gorm.DB) (T, error)) (v T, err error) {
@@ -242,7 +255,7 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 		return zero, err
 	}
 	begin, tried := time.Now(), time.Time{}
-	defer func() { r.waited(ctx, targetID, WaitRunWait, begin, tried) }()
+	defer func() { r.waited(ctx, targetID, observe.EventRunWait, begin, tried) }()
 	leave, err := r.local.enter(ctx, targetID)
 	if err != nil {
 		return zero, wrapf(err, "run %q: waiting in the process", targetID)
@@ -294,16 +307,18 @@ type flight[T any] struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 	// Set before done is closed.
-	value T
-	ran   bool
-	err   error
+	value      T
+	ran        bool
+	generation int64 // of the lease the work ran under; 0 if it did not run
+	err        error
 }
 
 // join joins the shared job on targetID, starting it with run when there is
-// none; first reports whether it started it. The job's context keeps
+// none; first reports whether it started it. run records in *generation the
+// generation of the lease its work runs under. The job's context keeps
 // ctx's values, not its cancellation. Call leave when done with it.
 func (lc *localCalls[T]) join(ctx context.Context, targetID string,
-	run func(context.Context) (T, bool, error),
+	run func(ctx context.Context, generation *int64) (T, bool, error),
 ) (f *flight[T], first bool) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
@@ -322,7 +337,7 @@ func (lc *localCalls[T]) join(ctx context.Context, targetID string,
 			defer lc.forget(targetID, f)
 			// Stays the answer when the work or the saver calls runtime.Goexit.
 			f.err = wrapf(errWorkExited, "do %q", targetID)
-			f.value, f.ran, f.err = run(fctx)
+			f.value, f.ran, f.err = run(fctx, &f.generation)
 		}()
 	}
 	f.callers++

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -100,8 +101,18 @@ func TestDo_ConcurrentCallersShareOneJob(t *testing.T) {
 	})
 }
 
+// errUpstream is the error of a job that fails, in the tests of what its
+// waiters get.
+var errUpstream = errors.New("upstream API answered 503")
+
 // When the shared job fails, the callers that waited for it get an error
-// that says so, and nobody runs the work again.
+// that says so, and nobody runs the work again. They get the same error
+// wherever the job ran: callers of Do that shared the job in its process,
+// a caller on another Runner (which waits through the database, as another
+// process does), and callers in a helper process. Each error is a
+// *SharedJobError with the same text and fields, that unwraps to
+// ErrSharedJobFailed and not to the job's own error, which only the caller
+// that ran the job gets.
 func TestDo_HolderFailsWaitersGetSharedFailure(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
@@ -112,31 +123,67 @@ func TestDo_HolderFailsWaitersGetSharedFailure(t *testing.T) {
 		work := func(ctx context.Context) (string, error) {
 			runs.Add(1)
 			<-release
-			return "", errors.New("upstream API answered 503")
+			return "", fmt.Errorf("fetch the report: %w", errUpstream)
 		}
 		holder := goDo(context.Background(), a, target, work)
 		waitFor(t, 10*time.Second, "the work to start", func() bool { return runs.Load() == 1 })
-		waiters := []<-chan doResult{goDo(context.Background(), b, target, work), goDo(context.Background(), b, target, work)}
+		waiters := []<-chan doResult{goDo(context.Background(), a, target, work), goDo(context.Background(), a, target, work)}
+		waitFor(t, 10*time.Second, "the callers to join the job", func() bool { return gormlease.DoCallers(a, target) == 3 })
+		waiters = append(waiters, goDo(context.Background(), b, target, work), goDo(context.Background(), b, target, work))
 		waitWatched(t, target)
+		proc := startDoProcs(t, s, 1, noExpiry)[0]
+		proc.send(fmt.Sprintf("do %s 2 never quick", target))
+		require.Equal(t, "waiting", proc.status(target, 2))
 		close(release)
 
 		res := recv(t, holder, 20*time.Second, "the holder's Do")
-		require.Error(t, res.err)
+		require.ErrorIs(t, res.err, errUpstream, "the holder gets the job's own error")
 		assert.NotErrorIs(t, res.err, gormlease.ErrSharedJobFailed, "the holder's own failure")
-		assert.ErrorContains(t, res.err, "upstream API answered 503")
-		for _, ch := range waiters {
+		var texts []string
+		for i, ch := range waiters {
 			res := recv(t, ch, 20*time.Second, "a waiter's Do")
-			require.ErrorIs(t, res.err, gormlease.ErrSharedJobFailed)
+			require.ErrorIs(t, res.err, gormlease.ErrSharedJobFailed, "waiter %d", i)
+			assert.NotErrorIs(t, res.err, errUpstream, "waiter %d sees through to the job's own error", i)
+			assert.Same(t, gormlease.ErrSharedJobFailed, errors.Unwrap(res.err), "waiter %d", i)
 			var shared *gormlease.SharedJobError
-			require.ErrorAs(t, res.err, &shared)
-			assert.Contains(t, shared.Message, "upstream API answered 503")
-			assert.EqualValues(t, 1, shared.Generation)
+			require.ErrorAs(t, res.err, &shared, "waiter %d", i)
+			assert.Equal(t, gormlease.SharedJobError{TargetID: target, Generation: 1,
+				Message: fmt.Sprintf("work %q: fetch the report: upstream API answered 503", target)}, *shared, "waiter %d", i)
+			texts = append(texts, res.err.Error())
 		}
+		for _, out := range proc.outcomes(2) {
+			msg, ok := strings.CutPrefix(out, "error sharedfailed ")
+			require.True(t, ok, "the helper's waiter got %q", out)
+			texts = append(texts, msg)
+		}
+		for i := range texts {
+			assert.Equal(t, texts[0], texts[i], "waiter %d's text", i)
+		}
+		assert.Empty(t, proc.working, "the helper ran the work")
 		assert.EqualValues(t, 1, runs.Load(), "a waiter ran the work again")
 		row := leaseRow(t, db, target)
 		require.NotNil(t, row.Failure)
 		assert.Contains(t, *row.Failure, "upstream API answered 503")
 		assert.Nil(t, row.SavedGeneration)
+	})
+}
+
+// A load that panics is returned as a *PanicError whose Step is "load".
+func TestDo_LoadPanics(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		r := newRunner(t, db, gormlease.WithReuseFor(time.Hour))
+		target := newTarget(t)
+		work := func(context.Context) (string, error) { return "report", nil }
+		_, shared, err := r.Do(context.Background(), target, work, gormlease.SaveJSON[string], loadJSON(target))
+		require.NoError(t, err)
+		require.False(t, shared)
+		_, _, err = r.Do(context.Background(), target, work, gormlease.SaveJSON[string],
+			func(*gorm.DB) (string, error) { panic("load exploded") })
+		var pe *gormlease.PanicError
+		require.ErrorAs(t, err, &pe, "the reused result's load")
+		assert.Equal(t, "load", pe.Step)
+		assert.Equal(t, "load exploded", pe.Value)
 	})
 }
 

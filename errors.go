@@ -111,12 +111,17 @@ func (e *commitUnknownError) Error() string {
 
 func (e *commitUnknownError) Unwrap() []error { return []error{ErrCommitUnknown, e.cause} }
 
-// PanicError is returned by Runner.Run when the work or the saver panics.
-// Run recovers the panic, releases the lease and returns a *PanicError; it
-// does not re-panic. Use errors.As to get at the value and the stack. When
-// the panic value is an error, errors.Is and errors.As see through to it.
+// PanicError is returned by Runner.Run, RunWait and Do when the work or the
+// saver panics, and by Do when its load panics. They recover the panic,
+// release the lease they hold (a saver's transaction is rolled back first)
+// and return a *PanicError; they do not re-panic. Use errors.As to get at the value and
+// the stack. When the panic value is an error, errors.Is and errors.As see
+// through to it.
 type PanicError struct {
-	// Step is "work" or "save": the function that panicked.
+	// Step names the function that panicked, and is one of:
+	//   - "work": the work function of Run, RunWait or Do;
+	//   - "save": the saver, inside the fenced commit;
+	//   - "load": the load function of Do, which reads a shared result.
 	Step string
 	// Value is the value passed to panic.
 	Value any

@@ -88,7 +88,7 @@ func TestErrors_PrefixOnce(t *testing.T) {
 		_, _, err = gormlease.LoadJSON[string](ctx, db, newTarget(t))
 		add("NoResult", err, gormlease.ErrNoResult)
 		if s.Name == "mysql" {
-			err = gormlease.AutoMigrate(s.OpenEmpty(t, map[string]string{"parseTime": "false"}))
+			err = gormlease.AutoMigrate(context.Background(), s.OpenEmpty(t, map[string]string{"parseTime": "false"}))
 			add("MigrateRefused", err, gormlease.ErrInvalidArgument)
 		}
 

@@ -37,7 +37,7 @@ func exampleDB() *gorm.DB {
 // if its lease is still its own.
 func ExampleRunner_Run() {
 	db := exampleDB()
-	if err := gormlease.AutoMigrate(db); err != nil {
+	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
 		log.Fatal(err)
 	}
 	runner, err := gormlease.NewRunner[Report](db,

@@ -37,7 +37,7 @@ func Watched(target string) bool {
 	hubs.Lock()
 	defer hubs.Unlock()
 	for _, h := range hubs.m {
-		if w := h.watches[target]; w != nil && h.key.table == DefaultLeaseTable {
+		if w := h.watches[target]; w != nil && h.key.table == defaultLeaseTable {
 			st, read, _ := w.current()
 			return read && st.found && !st.released
 		}
@@ -86,7 +86,7 @@ func WatchSubscribers(target string) int {
 	defer hubs.Unlock()
 	n := 0
 	for _, h := range hubs.m {
-		if w := h.watches[target]; w != nil && h.key.table == DefaultLeaseTable {
+		if w := h.watches[target]; w != nil && h.key.table == defaultLeaseTable {
 			n += w.subs
 		}
 	}

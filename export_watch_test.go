@@ -6,7 +6,7 @@ func HasWatch(target string) bool {
 	hubs.Lock()
 	defer hubs.Unlock()
 	for _, h := range hubs.m {
-		if h.watches[target] != nil && h.key.table == DefaultLeaseTable {
+		if h.watches[target] != nil && h.key.table == defaultLeaseTable {
 			return true
 		}
 	}

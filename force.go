@@ -7,16 +7,18 @@ import (
 	"gorm.io/gorm"
 )
 
-// ForcedReleaseFailure is the failure that ForceRelease records in the
+// forcedReleaseFailure is the failure that ForceRelease records in the
 // lease row: what callers of Runner.Do that waited for the job read in
 // their SharedJobError.
-const ForcedReleaseFailure = "released by force by an operator"
+const forcedReleaseFailure = "released by force by an operator"
 
 // ForceRelease ends the lease on targetID, whoever holds it, live or
 // expired: for an operator, when a holder is known to be gone and its
 // lease should not wait out its timeout. It is fenced, as a takeover is:
 // in one statement the row gets a fresh token that no one holds, the next
-// generation and its release time, and records ForcedReleaseFailure. The
+// generation and its release time, and records the failure "released by
+// force by an operator", the Message of the SharedJobError that callers of
+// Runner.Do waiting for the job get. The
 // holder's later heartbeats, fenced commit and release all fail with
 // ErrLeaseLost, and the next acquisition gets a generation above the
 // holder's. The row is kept. ForceRelease returns the row as it left it,
@@ -41,7 +43,7 @@ func (r *Repository) ForceRelease(ctx context.Context, targetID string) (JobLeas
 	var found bool
 	send := func(ctx context.Context) error {
 		return r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-			_, n, err := execSQL(ctx, tx, stmt, token.String(), ForcedReleaseFailure, targetID)
+			_, n, err := execSQL(ctx, tx, stmt, token.String(), forcedReleaseFailure, targetID)
 			if err != nil || n == 0 {
 				found = false
 				return err

@@ -32,7 +32,7 @@ func TestForceRelease_FencesTheHolder(t *testing.T) {
 		assert.NotEqual(t, l.Token, row.LeaseToken)
 		assert.NotNil(t, row.ReleasedAt)
 		if assert.NotNil(t, row.Failure) {
-			assert.Equal(t, gormlease.ForcedReleaseFailure, *row.Failure)
+			assert.Equal(t, "released by force by an operator", *row.Failure)
 		}
 
 		require.ErrorIs(t, repo.Heartbeat(ctx, l), gormlease.ErrLeaseLost)

@@ -50,7 +50,7 @@ func galeraOpts(extra ...gormlease.Option) []gormlease.Option {
 }
 
 // newRepo makes a Repository on db, failing t on error.
-func newRepo(t *testing.T, db *gorm.DB, opts ...gormlease.Option) *gormlease.Repository {
+func newRepo(t *testing.T, db *gorm.DB, opts ...gormlease.RepositoryOption) *gormlease.Repository {
 	t.Helper()
 	r, err := gormlease.NewRepository(db, opts...)
 	require.NoError(t, err)

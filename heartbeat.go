@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gormlease/gormlease/observe"
 )
 
 // Heartbeats are batched. Every lease that Runs hold on one Repository
@@ -102,7 +104,7 @@ func startHeartbeat(workCtx context.Context, repo *Repository, cfg config, mon *
 	trust := cfg.trustWindow()
 	h := &heartbeat{lease: lease, trust: trust, mon: mon, workCtx: workCtx, cancelWork: cancelWork}
 	h.fence = time.AfterFunc(time.Until(sent.Add(trust)), func() {
-		cancelWork(&lossCause{kind: LostSelfFenced,
+		cancelWork(&lossCause{kind: observe.EventSelfFenced,
 			err: wrapf(ErrLeaseLost, "heartbeat %q: no heartbeat confirmed the lease for %v", lease.TargetID, trust)})
 	})
 
@@ -287,9 +289,9 @@ func (g *beatGroup) observe(ctx context.Context, live []*heartbeat, lost map[Lea
 	if m.obs == nil {
 		return
 	}
-	m.record(ctx, Event{Kind: EventHeartbeat, Duration: rtt, Leases: len(live), Err: err})
+	m.record(ctx, observe.Event{Kind: observe.EventHeartbeat, Duration: rtt, Leases: len(live), Err: err})
 	for _, h := range live {
-		_, end := h.mon.start(h.workCtx, Span{Kind: SpanHeartbeat, TargetID: h.lease.TargetID,
+		_, end := h.mon.start(h.workCtx, observe.Span{Kind: observe.SpanHeartbeat, TargetID: h.lease.TargetID,
 			Generation: h.lease.Generation, Start: sent})
 		switch {
 		case end == nil:
@@ -314,7 +316,7 @@ func (g *beatGroup) settle(live []*heartbeat, lost map[Lease]bool, sent time.Tim
 			// Stopped, or already cancelled: nothing to renew.
 		case lost[h.lease]:
 			h.fence.Stop()
-			h.cancelWork(&lossCause{kind: LostTakenOver, err: wrapf(ErrLeaseLost, "heartbeat %q", h.lease.TargetID)})
+			h.cancelWork(&lossCause{kind: observe.EventLeaseLost, err: wrapf(ErrLeaseLost, "heartbeat %q", h.lease.TargetID)})
 		default:
 			h.fence.Reset(time.Until(sent.Add(h.trust)))
 		}

@@ -82,6 +82,16 @@ func steal(t *testing.T, s *testdb.Server, db *gorm.DB, target string) {
 	require.EqualValues(t, 1, res.RowsAffected, "steal %q", target)
 }
 
+// stolenBeforeCommit is work that steals target's lease (see steal) and
+// returns a result: a takeover that no heartbeat sees before the commit,
+// when the interval is longer than the work.
+func stolenBeforeCommit(t *testing.T, s *testdb.Server, db *gorm.DB, target string) func(context.Context) (string, error) {
+	return func(context.Context) (string, error) {
+		steal(t, s, db, target)
+		return "stale result", nil
+	}
+}
+
 // age sets target's last heartbeat d back on the database's clock.
 func age(t *testing.T, s *testdb.Server, db *gorm.DB, target string, d time.Duration) {
 	t.Helper()

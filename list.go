@@ -27,15 +27,15 @@ const (
 )
 
 const (
-	// DefaultListLimit is the number of rows that List returns when
+	// defaultListLimit is the number of rows that List returns when
 	// ListOptions.Limit is 0.
-	DefaultListLimit = 100
-	// MaxListLimit is the largest ListOptions.Limit that List accepts.
-	MaxListLimit = 10000
+	defaultListLimit = 100
+	// maxListLimit is the largest ListOptions.Limit that List accepts.
+	maxListLimit = 10000
 )
 
 // ListOptions choose the rows that Repository.List returns. The zero value
-// lists the first DefaultListLimit rows of every state.
+// lists the first 100 rows of every state.
 type ListOptions struct {
 	// Prefix keeps the targets whose ID starts with it, byte for byte
 	// (no wildcards); "" keeps all.
@@ -46,8 +46,7 @@ type ListOptions struct {
 	// rows after it, in the order of the target IDs. "" starts at the
 	// first.
 	After string
-	// Limit is the most rows returned: 0 means DefaultListLimit, and it
-	// may not exceed MaxListLimit.
+	// Limit is the most rows returned, up to 10,000; 0 means 100.
 	Limit int
 }
 
@@ -77,18 +76,18 @@ func (o ListOptions) check() (ListOptions, error) {
 		return o, invalidf("list: state %q is not one of live, expired, released", o.State)
 	}
 	switch {
-	case o.Limit < 0 || o.Limit > MaxListLimit:
-		return o, invalidf("list: limit %d is not between 0 and %d", o.Limit, MaxListLimit)
+	case o.Limit < 0 || o.Limit > maxListLimit:
+		return o, invalidf("list: limit %d is not between 0 and %d", o.Limit, maxListLimit)
 	case o.Limit == 0:
-		o.Limit = DefaultListLimit
+		o.Limit = defaultListLimit
 	}
 	if o.Prefix != "" {
-		if problem := checkText(o.Prefix, MaxTargetIDLength); problem != "" {
+		if problem := checkText(o.Prefix, maxTargetIDLength); problem != "" {
 			return o, invalidf("list: prefix %q %s", truncateUTF8(o.Prefix, 40), problem)
 		}
 	}
 	if o.After != "" {
-		if problem := checkText(o.After, MaxTargetIDLength); problem != "" {
+		if problem := checkText(o.After, maxTargetIDLength); problem != "" {
 			return o, invalidf("list: after %q %s", truncateUTF8(o.After, 40), problem)
 		}
 	}

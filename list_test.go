@@ -94,7 +94,7 @@ func TestList_RejectsBadOptions(t *testing.T) {
 	t.Parallel()
 	repo := newRepository(t, testdb.SQLite(t).DB(t))
 	for _, o := range []gormlease.ListOptions{
-		{State: "held"}, {Limit: -1}, {Limit: gormlease.MaxListLimit + 1}, {Prefix: "a\x00"},
+		{State: "held"}, {Limit: -1}, {Limit: 10001}, {Prefix: "a\x00"},
 	} {
 		_, err := repo.List(context.Background(), o)
 		require.ErrorIs(t, err, gormlease.ErrInvalidArgument, "%+v", o)
@@ -141,7 +141,7 @@ func TestAutoMigrate_AddsTimeoutKeepingRows(t *testing.T) {
 		target := newTarget(t)
 		require.NoError(t, db.Exec("INSERT INTO job_lease (target_id, lease_token, generation, holder, updated_at) VALUES (?, ?, 7, 'old', ?)",
 			target, "6f1c1d56-2a8e-4a55-9f4c-3f1f0b6a8c11", s.Ago(time.Hour)).Error)
-		require.NoError(t, gormlease.AutoMigrate(db))
+		require.NoError(t, gormlease.AutoMigrate(context.Background(), db))
 
 		repo := newRepository(t, db)
 		got, err := repo.List(ctx, gormlease.ListOptions{})

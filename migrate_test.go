@@ -201,11 +201,11 @@ func TestAutoMigrate_UpgradesPreviousTables(t *testing.T) {
 		db := s.OpenEmpty(t, nil) // on SQLite, a new file
 		makePreviousTables(t, s, db)
 		leases, results := previousRows(t, db)
-		require.NoError(t, gormlease.AutoMigrate(db))
+		require.NoError(t, gormlease.AutoMigrate(context.Background(), db))
 		cols := leaseColumns(t, db)
 		upgraded, _ := previousRows(t, db)
 
-		require.NoError(t, gormlease.AutoMigrate(db), "a second time")
+		require.NoError(t, gormlease.AutoMigrate(context.Background(), db), "a second time")
 		assert.Equal(t, cols, leaseColumns(t, db), "the second AutoMigrate changed the columns")
 		again, _ := previousRows(t, db)
 		assert.Equal(t, upgraded, again, "the second AutoMigrate changed the rows")
@@ -236,7 +236,7 @@ func migrateAtOnce(db *gorm.DB, n int) error {
 	for range n {
 		wg.Go(func() {
 			<-start
-			errs <- gormlease.AutoMigrate(db)
+			errs <- gormlease.AutoMigrate(context.Background(), db)
 		})
 	}
 	close(start)

@@ -11,13 +11,13 @@ import (
 )
 
 const (
-	// MaxTargetIDLength is the longest target ID, in bytes, that gormlease
+	// maxTargetIDLength is the longest target ID, in bytes, that gormlease
 	// accepts: the target_id columns hold 255 bytes on every database
 	// (varchar(255) on PostgreSQL, varbinary(255) on MySQL).
-	MaxTargetIDLength = 255
+	maxTargetIDLength = 255
 
-	// MaxHolderLength is the longest holder name, in bytes (see WithHolder).
-	MaxHolderLength = 255
+	// maxHolderLength is the longest holder name, in bytes (see WithHolder).
+	maxHolderLength = 255
 )
 
 // JobLease is a row of the job_lease table: the lease on one target.
@@ -27,7 +27,10 @@ const (
 // the database's clock, never the application's; create the table with
 // AutoMigrate or the DDL in docs/, not with gorm's own AutoMigrate.
 type JobLease struct {
-	// TargetID names the target: the thing the work runs for at most once at a time.
+	// TargetID names the target: the thing the work runs for at most once
+	// at a time. It is 1 to 255 bytes of valid UTF-8, without NUL bytes:
+	// every call that takes a target ID refuses another with an error
+	// wrapping ErrInvalidArgument.
 	TargetID string `gorm:"column:target_id;primaryKey"`
 	// LeaseToken is minted afresh at every acquisition. Every later step of the
 	// lease (heartbeat, commit, release) matches it, so a holder whose lease was
@@ -83,27 +86,24 @@ type JobResult struct {
 func (JobResult) TableName() string { return "job_result" }
 
 // AutoMigrate creates the job_lease and job_result tables, and does nothing
-// for a table that exists. It runs the database's own DDL (the same as in
-// docs/schema.sql, or docs/schema-mysql.sql) rather than gorm's
-// AutoMigrate, so that the columns get the types the lease statements rely
-// on. It is safe to call from several processes at once: on PostgreSQL an
-// advisory lock runs them one after another, and where the server has none
-// (CockroachDB, YugabyteDB) one that collides with another runs its DDL
-// again, which does nothing for what exists. On MySQL it first
-// checks that the DSN reads the database's times right (parseTime=true,
-// loc=UTC), and returns an error wrapping ErrInvalidArgument when not.
-//
-// Of the options it takes WithTableNames, and refuses the others.
-func AutoMigrate(db *gorm.DB, opts ...Option) error {
-	return AutoMigrateContext(context.Background(), db, opts...)
-}
-
-// AutoMigrateContext is AutoMigrate with a context.
-func AutoMigrateContext(ctx context.Context, db *gorm.DB, opts ...Option) error {
+// for a table that exists; ctx bounds the whole migration. It runs the
+// database's own DDL (the same as in docs/schema.sql, or
+// docs/schema-mysql.sql) rather than gorm's AutoMigrate, so that the columns
+// get the types the lease statements rely on. It is safe to call from
+// several processes at once: on PostgreSQL an advisory lock runs them one
+// after another, and where the server has none (CockroachDB, YugabyteDB)
+// one that collides with another runs its DDL again, which does nothing for
+// what exists. On MySQL it first checks that the DSN reads the database's
+// times right (parseTime=true, loc=UTC), and returns an error wrapping
+// ErrInvalidArgument when not. Its one option is WithTableNames.
+func AutoMigrate(ctx context.Context, db *gorm.DB, opts ...TableOption) error {
 	if db == nil {
 		return invalidf("db is nil")
 	}
-	cfg, err := newConfigFor("AutoMigrate", opts, "WithTableNames")
+	if ctx == nil {
+		return invalidf("context is nil")
+	}
+	cfg, err := newConfig(options(opts))
 	if err != nil {
 		return err
 	}
@@ -143,7 +143,7 @@ func checkText(s string, max int) string {
 // checkTargetID returns an error wrapping ErrInvalidArgument when id cannot
 // be a target ID.
 func checkTargetID(id string) error {
-	if problem := checkText(id, MaxTargetIDLength); problem != "" {
+	if problem := checkText(id, maxTargetIDLength); problem != "" {
 		if len(id) > 40 {
 			id = truncateUTF8(id, 40) + "..."
 		}

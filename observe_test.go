@@ -15,6 +15,7 @@ import (
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/observe"
 )
 
 // logRecord is a log record as recordingHandler keeps it.
@@ -93,22 +94,22 @@ func assertLease(t *testing.T, r logRecord, level slog.Level, target string, gen
 
 // spanRecord is a span as recordingObserver keeps it, once ended.
 type spanRecord struct {
-	span   gormlease.Span
-	parent *gormlease.Span
+	span   observe.Span
+	parent *observe.Span
 	err    error
 	ended  bool
 }
 
-// recordingObserver is a gormlease.Observer that keeps every span and event.
+// recordingObserver is an observe.Observer that keeps every span and event.
 type recordingObserver struct {
 	mu     sync.Mutex
 	spans  []*spanRecord
-	events []gormlease.Event
+	events []observe.Event
 }
 
 type spanKey struct{}
 
-func (o *recordingObserver) Start(ctx context.Context, s gormlease.Span) (context.Context, func(error)) {
+func (o *recordingObserver) Start(ctx context.Context, s observe.Span) (context.Context, func(error)) {
 	rec := &spanRecord{span: s}
 	if p, ok := ctx.Value(spanKey{}).(*spanRecord); ok {
 		rec.parent = &p.span
@@ -126,19 +127,19 @@ func (o *recordingObserver) Start(ctx context.Context, s gormlease.Span) (contex
 	}
 }
 
-func (o *recordingObserver) Record(_ context.Context, e gormlease.Event) {
+func (o *recordingObserver) Record(_ context.Context, e observe.Event) {
 	o.mu.Lock()
 	o.events = append(o.events, e)
 	o.mu.Unlock()
 }
 
 // eventsOf returns the events of kind.
-func (o *recordingObserver) eventsOf(kind gormlease.EventKind) []gormlease.Event {
-	return filter(&o.mu, &o.events, func(e gormlease.Event) bool { return e.Kind == kind })
+func (o *recordingObserver) eventsOf(kind observe.EventKind) []observe.Event {
+	return filter(&o.mu, &o.events, func(e observe.Event) bool { return e.Kind == kind })
 }
 
 // spansOf returns the spans of kind.
-func (o *recordingObserver) spansOf(kind gormlease.SpanKind) []spanRecord {
+func (o *recordingObserver) spansOf(kind observe.SpanKind) []spanRecord {
 	var out []spanRecord
 	for _, s := range filter(&o.mu, &o.spans, func(s *spanRecord) bool { return s.span.Kind == kind }) {
 		o.mu.Lock()
@@ -168,7 +169,7 @@ func TestObserve_SavedRun(t *testing.T) {
 		v, err := r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
 			// Work long enough for a heartbeat to renew the lease.
 			waitFor(t, 5*time.Second, "a heartbeat", func() bool {
-				return len(obs.eventsOf(gormlease.EventHeartbeat)) > 0
+				return len(obs.eventsOf(observe.EventHeartbeat)) > 0
 			})
 			return "done", nil
 		}, func(*gorm.DB, string) error { return nil })
@@ -181,43 +182,46 @@ func TestObserve_SavedRun(t *testing.T) {
 		assertLease(t, logs.one(t, "result saved"), slog.LevelDebug, target, gen, obsHolder)
 		assert.Empty(t, logs.atLeast(slog.LevelWarn), "a saved run logs nothing above Debug")
 
-		acq := obs.eventsOf(gormlease.EventAcquire)
+		acq := obs.eventsOf(observe.EventAcquire)
 		require.Len(t, acq, 1)
-		assert.Equal(t, gormlease.OutcomeAcquired, acq[0].Outcome)
+		assert.NoError(t, acq[0].Err, "the outcome of an acquire that took the lease")
 		assert.Equal(t, gen, acq[0].Generation)
 		assert.Equal(t, obsHolder, acq[0].Holder)
-		require.Len(t, obs.eventsOf(gormlease.EventLeaseStart), 1)
-		ends := obs.eventsOf(gormlease.EventLeaseEnd)
+		require.Len(t, obs.eventsOf(observe.EventLeaseStart), 1)
+		ends := obs.eventsOf(observe.EventLeaseEnd)
 		require.Len(t, ends, 1)
 		assert.Positive(t, ends[0].Duration)
-		commits := obs.eventsOf(gormlease.EventCommit)
+		commits := obs.eventsOf(observe.EventCommit)
 		require.Len(t, commits, 1)
-		assert.Equal(t, gormlease.CommitSaved, commits[0].Outcome)
-		hb := obs.eventsOf(gormlease.EventHeartbeat)[0]
+		assert.NoError(t, commits[0].Err, "the outcome of a commit that saved")
+		assert.Positive(t, commits[0].Duration)
+		hb := obs.eventsOf(observe.EventHeartbeat)[0]
 		assert.Positive(t, hb.Duration)
 		assert.NoError(t, hb.Err)
-		assert.Empty(t, obs.eventsOf(gormlease.EventLeaseLost))
+		for _, kind := range []observe.EventKind{observe.EventLeaseLost, observe.EventSelfFenced, observe.EventMaxHoldExceeded} {
+			assert.Empty(t, obs.eventsOf(kind), "kind %d", kind)
+		}
 
-		runs := obs.spansOf(gormlease.SpanRun)
+		runs := obs.spansOf(observe.SpanRun)
 		require.Len(t, runs, 1)
 		assert.True(t, runs[0].ended)
 		assert.NoError(t, runs[0].err)
 		assert.Nil(t, runs[0].parent)
-		for _, kind := range []gormlease.SpanKind{gormlease.SpanAcquire, gormlease.SpanCommit, gormlease.SpanHeartbeat} {
+		for _, kind := range []observe.SpanKind{observe.SpanAcquire, observe.SpanCommit, observe.SpanHeartbeat} {
 			spans := obs.spansOf(kind)
-			require.NotEmpty(t, spans, kind.String())
+			require.NotEmpty(t, spans, "span kind %d", kind)
 			for _, sp := range spans {
-				assert.True(t, sp.ended, kind.String())
-				require.NotNil(t, sp.parent, kind.String())
-				assert.Equal(t, gormlease.SpanRun, sp.parent.Kind, kind.String())
+				assert.True(t, sp.ended, "span kind %d", kind)
+				require.NotNil(t, sp.parent, "span kind %d", kind)
+				assert.Equal(t, observe.SpanRun, sp.parent.Kind, "span kind %d", kind)
 				assert.Equal(t, target, sp.span.TargetID)
 			}
 		}
-		assert.Equal(t, gen, obs.spansOf(gormlease.SpanCommit)[0].span.Generation)
+		assert.Equal(t, gen, obs.spansOf(observe.SpanCommit)[0].span.Generation)
 
 		// Every lease statement is seen, under the step that ran it.
-		stmts := obs.spansOf(gormlease.SpanStatement)
-		parents := map[gormlease.SpanKind]int{}
+		stmts := obs.spansOf(observe.SpanStatement)
+		parents := map[observe.SpanKind]int{}
 		for _, sp := range stmts {
 			assert.True(t, sp.ended)
 			assert.Equal(t, dbSystems[s.Name], sp.span.System)
@@ -230,8 +234,8 @@ func TestObserve_SavedRun(t *testing.T) {
 				parents[0]++ // the shared heartbeat statements
 			}
 		}
-		assert.Positive(t, parents[gormlease.SpanAcquire], "acquire statements")
-		assert.Positive(t, parents[gormlease.SpanCommit], "commit statements")
+		assert.Positive(t, parents[observe.SpanAcquire], "acquire statements")
+		assert.Positive(t, parents[observe.SpanCommit], "commit statements")
 		assert.Positive(t, parents[0], "heartbeat statements")
 	})
 }
@@ -254,11 +258,11 @@ func TestObserve_Refused(t *testing.T) {
 
 		assertLease(t, logs.one(t, "lease held"), slog.LevelDebug, target, 0, obsHolder)
 		assert.Empty(t, logs.atLeast(slog.LevelWarn), "a refusal is not a warning")
-		acq := obs.eventsOf(gormlease.EventAcquire)
+		acq := obs.eventsOf(observe.EventAcquire)
 		require.Len(t, acq, 1)
-		assert.Equal(t, gormlease.OutcomeHeld, acq[0].Outcome)
-		assert.Empty(t, obs.eventsOf(gormlease.EventLeaseStart))
-		runs := obs.spansOf(gormlease.SpanRun)
+		assert.ErrorIs(t, acq[0].Err, gormlease.ErrLeaseHeld)
+		assert.Empty(t, obs.eventsOf(observe.EventLeaseStart))
+		runs := obs.spansOf(observe.SpanRun)
 		require.Len(t, runs, 1)
 		assert.ErrorIs(t, runs[0].err, gormlease.ErrLeaseHeld)
 	})
@@ -281,14 +285,38 @@ func TestObserve_TakenOver(t *testing.T) {
 
 		rec := logs.one(t, "lease lost")
 		assertLease(t, rec, slog.LevelWarn, target, leaseRow(t, db, target).Generation-1, obsHolder)
-		assert.Equal(t, gormlease.LostTakenOver, rec.attrs["cause"])
+		assert.Equal(t, "taken_over", rec.attrs["cause"])
 		assert.Contains(t, rec.attrs, "held")
 		assert.Empty(t, logs.atLeast(slog.LevelError))
-		lost := obs.eventsOf(gormlease.EventLeaseLost)
+		lost := obs.eventsOf(observe.EventLeaseLost)
 		require.Len(t, lost, 1)
-		assert.Equal(t, gormlease.LostTakenOver, lost[0].Outcome)
-		assert.Len(t, obs.eventsOf(gormlease.EventLeaseEnd), 1)
-		assert.Empty(t, obs.eventsOf(gormlease.EventCommit), "no commit was tried")
+		assert.ErrorIs(t, lost[0].Err, gormlease.ErrLeaseLost)
+		assert.Positive(t, lost[0].Duration)
+		assert.Empty(t, obs.eventsOf(observe.EventSelfFenced))
+		assert.Len(t, obs.eventsOf(observe.EventLeaseEnd), 1)
+		assert.Empty(t, obs.eventsOf(observe.EventCommit), "no commit was tried")
+	})
+}
+
+// A lease taken over after the work returned is lost at the fenced commit:
+// the commit's event carries ErrLeaseLost, and an EventLeaseLost follows.
+func TestObserve_LostAtCommit(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		r, logs, obs := observed(t, db, gormlease.WithHeartbeatInterval(10*time.Second), gormlease.WithLeaseTimeout(time.Minute))
+		target := newTarget(t)
+		_, err := r.Run(context.Background(), target, stolenBeforeCommit(t, s, db, target), noSave(t))
+		require.ErrorIs(t, err, gormlease.ErrLeaseLost)
+
+		assert.Equal(t, "taken_over", logs.one(t, "taken over before the commit").attrs["cause"])
+		commits := obs.eventsOf(observe.EventCommit)
+		require.Len(t, commits, 1)
+		assert.ErrorIs(t, commits[0].Err, gormlease.ErrLeaseLost)
+		assert.NotErrorIs(t, commits[0].Err, gormlease.ErrCommitUnknown)
+		lost := obs.eventsOf(observe.EventLeaseLost)
+		require.Len(t, lost, 1)
+		assert.ErrorIs(t, lost[0].Err, gormlease.ErrLeaseLost)
+		assert.Equal(t, target, lost[0].TargetID)
+		assert.Positive(t, lost[0].Duration)
 	})
 }
 
@@ -327,7 +355,7 @@ func TestObserve_SlowHeartbeat(t *testing.T) {
 		assert.Equal(t, 200*time.Millisecond, rec.attrs["interval"])
 		assert.EqualValues(t, 1, rec.attrs["leases"])
 		var slowest time.Duration
-		for _, e := range obs.eventsOf(gormlease.EventHeartbeat) {
+		for _, e := range obs.eventsOf(observe.EventHeartbeat) {
 			slowest = max(slowest, e.Duration)
 		}
 		assert.Greater(t, slowest, 100*time.Millisecond)
@@ -353,11 +381,12 @@ func TestObserve_SelfFenced(t *testing.T) {
 
 		rec := logs.one(t, "lease lost")
 		assert.Equal(t, slog.LevelWarn, rec.level)
-		assert.Equal(t, gormlease.LostSelfFenced, rec.attrs["cause"])
+		assert.Equal(t, "self_fenced", rec.attrs["cause"])
 		assert.Equal(t, 800*time.Millisecond, rec.attrs["trust_window"])
-		lost := obs.eventsOf(gormlease.EventLeaseLost)
-		require.Len(t, lost, 1)
-		assert.Equal(t, gormlease.LostSelfFenced, lost[0].Outcome)
+		fenced := obs.eventsOf(observe.EventSelfFenced)
+		require.Len(t, fenced, 1)
+		assert.ErrorIs(t, fenced[0].Err, gormlease.ErrLeaseLost)
+		assert.Empty(t, obs.eventsOf(observe.EventLeaseLost), "self-fencing is not a takeover")
 	})
 }
 
@@ -410,9 +439,10 @@ func TestRun_MaxHold(t *testing.T) {
 		rec := logs.one(t, "max hold")
 		assertLease(t, rec, slog.LevelWarn, target, row.Generation, obsHolder)
 		assert.Equal(t, 300*time.Millisecond, rec.attrs["max_hold"])
-		lost := obs.eventsOf(gormlease.EventLeaseLost)
-		require.Len(t, lost, 1)
-		assert.Equal(t, gormlease.LostMaxHold, lost[0].Outcome)
+		exceeded := obs.eventsOf(observe.EventMaxHoldExceeded)
+		require.Len(t, exceeded, 1)
+		assert.ErrorIs(t, exceeded[0].Err, gormlease.ErrMaxHoldExceeded)
+		assert.Empty(t, obs.eventsOf(observe.EventLeaseLost), "the lease was given up, not lost")
 
 		// Work that ends in time is saved as usual.
 		_, err := r.Run(context.Background(), target, func(context.Context) (string, error) { return "quick", nil },
@@ -436,15 +466,14 @@ func TestObserve_Wait(t *testing.T) {
 				func(*gorm.DB, string) error { return nil })
 			done <- err
 		}()
-		waitFor(t, 5*time.Second, "a refused try", func() bool { return len(obs.eventsOf(gormlease.EventAcquire)) > 0 })
-		require.Equal(t, gormlease.OutcomeHeld, obs.eventsOf(gormlease.EventAcquire)[0].Outcome)
+		waitFor(t, 5*time.Second, "a refused try", func() bool { return len(obs.eventsOf(observe.EventAcquire)) > 0 })
+		require.ErrorIs(t, obs.eventsOf(observe.EventAcquire)[0].Err, gormlease.ErrLeaseHeld)
 		time.Sleep(300 * time.Millisecond) // the lease's hold after the refusal, not a wait for an event
 		require.NoError(t, repo.Release(context.Background(), l))
 		require.NoError(t, recv(t, done, 10*time.Second, "RunWait"))
 
-		waits := obs.eventsOf(gormlease.EventWait)
+		waits := obs.eventsOf(observe.EventRunWait)
 		require.Len(t, waits, 1)
-		assert.Equal(t, gormlease.WaitRunWait, waits[0].Outcome)
 		assert.Equal(t, target, waits[0].TargetID)
 		assert.GreaterOrEqual(t, waits[0].Duration, 300*time.Millisecond, "waited until the release")
 		assert.Less(t, waits[0].Duration, time.Since(begin))
@@ -453,10 +482,11 @@ func TestObserve_Wait(t *testing.T) {
 		_, _, err = r.Do(context.Background(), target, func(context.Context) (string, error) { return "v", nil },
 			func(*gorm.DB, string) error { return nil }, func(*gorm.DB) (string, error) { return "", nil })
 		require.NoError(t, err)
-		waits = obs.eventsOf(gormlease.EventWait)
-		require.Len(t, waits, 2)
-		assert.Equal(t, gormlease.WaitDo, waits[1].Outcome)
-		assert.Less(t, waits[1].Duration, time.Second)
+		assert.Len(t, obs.eventsOf(observe.EventRunWait), 1, "Do records no RunWait event")
+		waits = obs.eventsOf(observe.EventDoWait)
+		require.Len(t, waits, 1)
+		assert.Equal(t, target, waits[0].TargetID)
+		assert.Less(t, waits[0].Duration, time.Second)
 	})
 }
 

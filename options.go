@@ -4,11 +4,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
-	"strings"
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/observe"
 )
 
 const (
@@ -26,31 +26,72 @@ const (
 	// saver inside it, and the release. WithOperationTimeout overrides it.
 	DefaultOperationTimeout = 10 * time.Second
 
-	// DefaultSafetyMarginDivisor sets the default safety margin to the lease
+	// defaultSafetyMarginDivisor sets the default safety margin to the lease
 	// timeout divided by this number (12 s for the default 2 min timeout).
-	// WithSafetyMargin overrides it.
-	DefaultSafetyMarginDivisor = 10
+	defaultSafetyMarginDivisor = 10
 )
 
-// An Option configures a Runner. Options are validated together by
+// An Option configures a Runner: NewRunner takes every option of this
+// package but those of Repository.Prune (see PruneOption). Options are validated together by
 // NewRunner, which names the option at fault.
+//
+// Some options are also of a narrower type, for the functions that can use
+// them: WithHolder and WithTableNames are RepositoryOptions, which
+// NewRepository takes, and WithTableNames is a TableOption, which
+// AutoMigrate and LoadJSON take. Passing an option to a function that
+// cannot use it does not compile.
 type Option interface {
 	apply(*config)
 }
 
-// option is an Option with the name that errors use for it.
-type option struct {
-	name string
-	set  func(*config)
+// A RepositoryOption configures a Repository: NewRepository takes
+// WithHolder and WithTableNames. Every RepositoryOption is an Option too,
+// so NewRunner takes the same values.
+type RepositoryOption interface {
+	Option
+	isRepositoryOption()
 }
 
-func (o option) apply(c *config) { o.set(c) }
+// A TableOption names the tables: WithTableNames is the one. AutoMigrate
+// and LoadJSON take it; it is a RepositoryOption and an Option too, so
+// the same value can be passed to NewRepository and NewRunner.
+type TableOption interface {
+	RepositoryOption
+	isTableOption()
+}
+
+// option is an Option that only a Runner uses.
+type option func(*config)
+
+func (o option) apply(c *config) { o(c) }
+
+// repositoryOption is an option that a Repository uses too.
+type repositoryOption func(*config)
+
+func (o repositoryOption) apply(c *config)   { o(c) }
+func (repositoryOption) isRepositoryOption() {}
+
+// tableOption is an option that names the tables.
+type tableOption func(*config)
+
+func (o tableOption) apply(c *config)   { o(c) }
+func (tableOption) isRepositoryOption() {}
+func (tableOption) isTableOption()      {}
+
+// options returns opts as Options, for newConfig.
+func options[O Option](opts []O) []Option {
+	all := make([]Option, len(opts))
+	for i, o := range opts {
+		all[i] = o
+	}
+	return all
+}
 
 // WithHeartbeatInterval sets how often the Runner renews the lease while the
 // work runs. It must be greater than zero, and the lease timeout must be at
 // least twice as long. The default is DefaultHeartbeatInterval.
 func WithHeartbeatInterval(d time.Duration) Option {
-	return option{name: "WithHeartbeatInterval", set: func(c *config) { c.heartbeatInterval = d }}
+	return option(func(c *config) { c.heartbeatInterval = d })
 }
 
 // WithLeaseTimeout sets how long a lease stays live without a heartbeat,
@@ -58,7 +99,7 @@ func WithHeartbeatInterval(d time.Duration) Option {
 // than this takes the target over. It must be at least twice the heartbeat
 // interval. The default is DefaultLeaseTimeout.
 func WithLeaseTimeout(d time.Duration) Option {
-	return option{name: "WithLeaseTimeout", set: func(c *config) { c.leaseTimeout = d }}
+	return option(func(c *config) { c.leaseTimeout = d })
 }
 
 // WithSafetyMargin sets how long before the lease timeout the Runner stops
@@ -68,9 +109,9 @@ func WithLeaseTimeout(d time.Duration) Option {
 // The margin covers the time the work takes to notice cancellation and
 // any drift between the clocks' rates. It must be greater than zero and
 // leave room for at least one heartbeat: interval + margin < timeout.
-// The default is the lease timeout divided by DefaultSafetyMarginDivisor.
+// The default is a tenth of the lease timeout: 12 s of the default 2 min.
 func WithSafetyMargin(d time.Duration) Option {
-	return option{name: "WithSafetyMargin", set: func(c *config) { c.safetyMargin = d; c.safetyMarginSet = true }}
+	return option(func(c *config) { c.safetyMargin = d; c.safetyMarginSet = true })
 }
 
 // WithClockSkew declares the largest difference between the clocks of the
@@ -84,7 +125,7 @@ func WithSafetyMargin(d time.Duration) Option {
 // must be >= 0, and interval + margin + d must be less than the lease
 // timeout. The default is 0: one database server, one clock.
 func WithClockSkew(d time.Duration) Option {
-	return option{name: "WithClockSkew", set: func(c *config) { c.clockSkew = d }}
+	return option(func(c *config) { c.clockSkew = d })
 }
 
 // WithOperationTimeout bounds each database call of the Runner: the acquire,
@@ -92,15 +133,15 @@ func WithClockSkew(d time.Duration) Option {
 // fenced commit with the saver inside it, and the release. It must be greater
 // than zero. The default is DefaultOperationTimeout.
 func WithOperationTimeout(d time.Duration) Option {
-	return option{name: "WithOperationTimeout", set: func(c *config) { c.operationTimeout = d }}
+	return option(func(c *config) { c.operationTimeout = d })
 }
 
-// WithHolder sets the name stored in job_lease.holder while this Runner
-// holds a lease, so that an operator can see who holds a target. It must be
-// valid UTF-8, 1 to MaxHolderLength bytes, without NUL bytes. The default is
-// "hostname/pid".
-func WithHolder(name string) Option {
-	return option{name: "WithHolder", set: func(c *config) { c.holder = name }}
+// WithHolder sets the name stored in job_lease.holder while the Runner, or
+// the Repository, holds a lease, so that an operator can see who holds a
+// target. It must be valid UTF-8, 1 to 255 bytes, without NUL bytes. The
+// default is "hostname/pid".
+func WithHolder(name string) RepositoryOption {
+	return repositoryOption(func(c *config) { c.holder = name })
 }
 
 // WithHeartbeatDB sends the Runner's heartbeats through db instead of the
@@ -112,7 +153,7 @@ func WithHolder(name string) Option {
 // commit and release still use the Runner's database. By default
 // heartbeats share the Runner's database handle.
 func WithHeartbeatDB(db *gorm.DB) Option {
-	return option{name: "WithHeartbeatDB", set: func(c *config) { c.heartbeatDB = db; c.heartbeatDBSet = true }}
+	return option(func(c *config) { c.heartbeatDB = db; c.heartbeatDBSet = true })
 }
 
 // WithReuseFor makes Runner.Do return the target's last saved result,
@@ -123,7 +164,7 @@ func WithHeartbeatDB(db *gorm.DB) Option {
 // the window off: Do then runs the work again once the last job has ended.
 // Run and RunWait ignore it.
 func WithReuseFor(d time.Duration) Option {
-	return option{name: "WithReuseFor", set: func(c *config) { c.reuseFor = d }}
+	return option(func(c *config) { c.reuseFor = d })
 }
 
 // WithLogger makes the Runner log its lifecycle to logger, with the target,
@@ -136,15 +177,16 @@ func WithReuseFor(d time.Duration) Option {
 // outcome is unknown, a release that failed). The default, like a nil
 // logger, logs nothing; gorm's logger still shows the lease's statements.
 func WithLogger(logger *slog.Logger) Option {
-	return option{name: "WithLogger", set: func(c *config) { c.logger = logger }}
+	return option(func(c *config) { c.logger = logger })
 }
 
 // WithObserver makes the Runner report its steps and outcomes to o, for
-// metrics and traces (see Observer; github.com/gormlease/gormlease/otel
-// implements it with OpenTelemetry). The default, like a nil o, reports to
+// metrics and traces (see package github.com/gormlease/gormlease/observe;
+// the module github.com/gormlease/gormlease/otel implements an Observer
+// with OpenTelemetry). The default, like a nil o, reports to
 // no one, and costs nothing.
-func WithObserver(o Observer) Option {
-	return option{name: "WithObserver", set: func(c *config) { c.observer = o }}
+func WithObserver(o observe.Observer) Option {
+	return option(func(c *config) { c.observer = o })
 }
 
 // WithMaxHold bounds how long a Run's work may hold the lease: work still
@@ -155,7 +197,7 @@ func WithObserver(o Observer) Option {
 // timeout, since heartbeats keep the lease live meanwhile. By default the
 // work may run for as long as it keeps its lease.
 func WithMaxHold(d time.Duration) Option {
-	return option{name: "WithMaxHold", set: func(c *config) { c.maxHold = d; c.maxHoldSet = true }}
+	return option(func(c *config) { c.maxHold = d; c.maxHoldSet = true })
 }
 
 // config holds a Runner's settings after validation.
@@ -172,7 +214,7 @@ type config struct {
 	tables            tableNames
 	reuseFor          time.Duration
 	logger            *slog.Logger
-	observer          Observer
+	observer          observe.Observer
 	maxHold           time.Duration
 	maxHoldSet        bool
 }
@@ -193,7 +235,7 @@ func newConfig(opts []Option) (config, error) {
 		o.apply(&c)
 	}
 	if !c.safetyMarginSet {
-		c.safetyMargin = c.leaseTimeout / DefaultSafetyMarginDivisor
+		c.safetyMargin = c.leaseTimeout / defaultSafetyMarginDivisor
 	}
 	return c, c.validate()
 }
@@ -227,22 +269,10 @@ func (c config) validate() error {
 	if c.heartbeatDBSet && c.heartbeatDB == nil {
 		return invalidf("WithHeartbeatDB: db is nil")
 	}
-	if problem := checkText(c.holder, MaxHolderLength); problem != "" {
+	if problem := checkText(c.holder, maxHolderLength); problem != "" {
 		return invalidf("WithHolder: holder %s", problem)
 	}
 	return c.tables.check()
-}
-
-// newConfigFor is newConfig for fn, a function that takes only the options
-// named in allowed: it refuses the others, rather than ignore them.
-func newConfigFor(fn string, opts []Option, allowed ...string) (config, error) {
-	for _, o := range opts {
-		if o, ok := o.(option); ok && !slices.Contains(allowed, o.name) {
-			return config{}, invalidf("%s takes only %s, not %s (an option of NewRunner)",
-				fn, strings.Join(allowed, " and "), o.name)
-		}
-	}
-	return newConfig(opts)
 }
 
 // trustWindow is how long after sending its last successful heartbeat the
@@ -252,12 +282,12 @@ func (c config) trustWindow() time.Duration {
 	return c.leaseTimeout - c.safetyMargin - c.clockSkew
 }
 
-// defaultHolder names this process: "hostname/pid", cut to MaxHolderLength.
+// defaultHolder names this process: "hostname/pid", cut to maxHolderLength.
 func defaultHolder() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "unknown"
 	}
 	h := fmt.Sprintf("%s/%d", host, os.Getpid())
-	return truncateUTF8(h, MaxHolderLength)
+	return truncateUTF8(h, maxHolderLength)
 }

@@ -1,6 +1,10 @@
 package gormlease_test
 
 import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -62,4 +66,71 @@ func TestNewRunner_RejectsBadOptions(t *testing.T) {
 	_, err = gormlease.NewRunner[string](db,
 		gormlease.WithHeartbeatInterval(time.Second), gormlease.WithLeaseTimeout(2*time.Second))
 	assert.NoError(t, err)
+}
+
+// An option that a function cannot use does not compile: NewRepository
+// takes RepositoryOptions, AutoMigrate and LoadJSON TableOptions, and the
+// narrower options are Options too, so the one value serves every call.
+// The snippets are compiled with the go command, in this module.
+func TestOptions_UnusableOptionDoesNotCompile(t *testing.T) {
+	t.Parallel()
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command to compile the snippets with")
+	}
+	build := func(t *testing.T, body string) (string, error) {
+		src := filepath.Join(t.TempDir(), "snippet.go")
+		require.NoError(t, os.WriteFile(src, []byte(`package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/gormlease/gormlease"
+)
+
+var _ = time.Second
+
+func main() {
+	ctx := context.Background()
+	_ = ctx
+`+body+`
+}
+`), 0o600))
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, goCmd, "build", "-o", os.DevNull, src).CombinedOutput()
+		return string(out), err
+	}
+
+	t.Run("NarrowOptionsServeWiderCalls", func(t *testing.T) {
+		t.Parallel()
+		out, err := build(t, `
+	tables := gormlease.WithTableNames("app_lease", "app_result")
+	holder := gormlease.WithHolder("ops")
+	_ = gormlease.AutoMigrate(ctx, nil, tables)
+	_, _, _ = gormlease.LoadJSON[string](ctx, nil, "t", tables)
+	_, _ = gormlease.NewRepository(nil, tables, holder)
+	_, _ = gormlease.NewRunner[string](nil, tables, holder, gormlease.WithLeaseTimeout(time.Minute))
+	var _ gormlease.Option = tables
+	var _ gormlease.RepositoryOption = tables`)
+		require.NoError(t, err, "%s", out)
+	})
+	for _, tc := range []struct{ name, call, want string }{
+		{"RunnerOptionToNewRepository", `_, _ = gormlease.NewRepository(nil, gormlease.WithLeaseTimeout(time.Minute))`,
+			"gormlease.Option does not implement gormlease.RepositoryOption"},
+		{"RunnerOptionToAutoMigrate", `_ = gormlease.AutoMigrate(ctx, nil, gormlease.WithObserver(nil))`,
+			"gormlease.Option does not implement gormlease.TableOption"},
+		{"HolderToAutoMigrate", `_ = gormlease.AutoMigrate(ctx, nil, gormlease.WithHolder("ops"))`,
+			"gormlease.RepositoryOption does not implement gormlease.TableOption"},
+		{"RunnerOptionToLoadJSON", `_, _, _ = gormlease.LoadJSON[string](ctx, nil, "t", gormlease.WithLeaseTimeout(time.Minute))`,
+			"gormlease.Option does not implement gormlease.TableOption"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			out, err := build(t, "\t"+tc.call)
+			require.Error(t, err, "the snippet compiled:\n%s", tc.call)
+			assert.Contains(t, out, tc.want)
+		})
+	}
 }

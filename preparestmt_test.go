@@ -44,7 +44,7 @@ func TestPrepareStmt_DoneContextIsAnError(t *testing.T) {
 					name string
 					call func(ctx context.Context) error
 				}{
-					{"AutoMigrate", func(ctx context.Context) error { return gormlease.AutoMigrateContext(ctx, db) }},
+					{"AutoMigrate", func(ctx context.Context) error { return gormlease.AutoMigrate(ctx, db) }},
 					{"Acquire", func(ctx context.Context) error {
 						_, err := repo.Acquire(ctx, newTarget(t), time.Minute)
 						return err

@@ -27,69 +27,89 @@ import (
 // row is gone: that is why the insert also starts above the row it saw.
 // What remains is an acquire statement that stalls, between reading and
 // inserting, for longer than another acquire, a release and olderThan
-// together: MinPruneAge keeps olderThan far beyond any statement's life.
+// together: minPruneAge keeps olderThan far beyond any statement's life.
 
 const (
-	// DefaultPruneBatchSize is the number of rows that Prune deletes in
-	// one transaction when PruneOptions.BatchSize is 0.
-	DefaultPruneBatchSize = 1000
-	// MaxPruneBatchSize is the largest PruneOptions.BatchSize accepted.
-	MaxPruneBatchSize = 10000
-	// MinPruneAge is the shortest olderThan that Prune accepts: a row is
+	// defaultPruneBatchSize is the number of rows that Prune deletes in
+	// one transaction without WithBatchSize.
+	defaultPruneBatchSize = 1000
+	// maxPruneBatchSize is the largest batch size WithBatchSize accepts.
+	maxPruneBatchSize = 10000
+	// minPruneAge is the shortest olderThan that Prune accepts: a row is
 	// deleted only when it was released, or expired, at least this long
 	// ago on the database's clock, far longer than any statement of a
 	// lease step runs.
-	MinPruneAge = time.Minute
+	minPruneAge = time.Minute
 )
 
-// PruneOptions are the settings of Repository.PruneWith.
-type PruneOptions struct {
-	// OlderThan is how long ago, at least, a row must have been released,
-	// or have expired, to be deleted; at least MinPruneAge.
-	OlderThan time.Duration
-	// KeepResults keeps the result table's rows (SaveJSON's) of the
-	// targets whose lease rows are deleted; by default they are deleted
-	// with them, in the same transaction.
-	KeepResults bool
-	// BatchSize is the most rows deleted per transaction: 0 means
-	// DefaultPruneBatchSize.
-	BatchSize int
-	// Progress, when set, is called after each batch with the number of
-	// rows deleted so far.
-	Progress func(deleted int64)
+// A PruneOption changes how Repository.Prune deletes: WithBatchSize,
+// WithKeepResults and WithProgress. Prune validates them together with
+// olderThan and names the option at fault.
+type PruneOption interface {
+	applyPrune(*pruneConfig)
 }
 
-// Prune deletes the lease rows that were released, or whose lease
-// expired, more than olderThan ago on the database's clock, with the
-// result rows of their targets: PruneWith with the default options. It
-// returns the number of lease rows deleted.
-func (r *Repository) Prune(ctx context.Context, olderThan time.Duration) (deleted int64, err error) {
-	return r.PruneWith(ctx, PruneOptions{OlderThan: olderThan})
+// pruneOption is a PruneOption.
+type pruneOption func(*pruneConfig)
+
+func (o pruneOption) applyPrune(c *pruneConfig) { o(c) }
+
+// pruneConfig holds the settings of one Prune.
+type pruneConfig struct {
+	olderThan   time.Duration
+	keepResults bool
+	batchSize   int
+	progress    func(deleted int64)
 }
 
-// PruneWith deletes the lease rows that were released, or whose lease
-// expired (by the timeout its acquisition recorded; a row without one
-// counts as expired since its last heartbeat), more than o.OlderThan ago
-// on the database's clock. It never deletes a live lease. It works in
-// batches of o.BatchSize rows, each a short transaction of its own that
-// also deletes the batch's result rows (unless o.KeepResults) and raises
-// the generation floor, so that a target acquired again later gets a
-// generation above every one it had. It returns the number of lease rows
-// deleted, also when it stops early: when ctx is done, with an error
-// wrapping ctx.Err(), or on a database error.
+// WithBatchSize sets the most rows that Prune deletes in one transaction,
+// from 1 to 10,000. The default is 1,000.
+func WithBatchSize(n int) PruneOption {
+	return pruneOption(func(c *pruneConfig) { c.batchSize = n })
+}
+
+// WithKeepResults makes Prune keep the result table's rows (SaveJSON's) of
+// the targets whose lease rows it deletes. By default they are deleted with
+// them, in the same transaction.
+func WithKeepResults() PruneOption {
+	return pruneOption(func(c *pruneConfig) { c.keepResults = true })
+}
+
+// WithProgress makes Prune call fn after each batch that deleted rows, on
+// Prune's goroutine, with the number of lease rows deleted so far. By
+// default Prune reports only its total, when it returns.
+func WithProgress(fn func(deleted int64)) PruneOption {
+	return pruneOption(func(c *pruneConfig) { c.progress = fn })
+}
+
+// Prune deletes the lease rows that were released, or whose lease expired
+// (by the timeout its acquisition recorded; a row without one counts as
+// expired since its last heartbeat), more than olderThan ago on the
+// database's clock, with the result rows of their targets (unless
+// WithKeepResults). olderThan must be at least a minute. It never deletes a
+// live lease. It works in batches (see WithBatchSize), each a short
+// transaction of its own that also raises the generation floor, so that a
+// target acquired again later gets a generation above every one it had. It
+// returns the number of lease rows deleted, also when it stops early: when
+// ctx is done, with an error wrapping ctx.Err(), or on a database error.
 //
 // It is safe to run at any time, from several processes at once, with
 // leases being acquired, renewed and released: each batch locks the rows
 // it deletes (skipping those that others hold locked) and checks them
 // again under the lock, so a row acquired meanwhile stays.
-func (r *Repository) PruneWith(ctx context.Context, o PruneOptions) (deleted int64, err error) {
+func (r *Repository) Prune(ctx context.Context, olderThan time.Duration, opts ...PruneOption) (deleted int64, err error) {
+	o := pruneConfig{olderThan: olderThan, batchSize: defaultPruneBatchSize}
+	for i, opt := range opts {
+		if opt == nil {
+			return 0, invalidf("prune: option %d is nil", i)
+		}
+		opt.applyPrune(&o)
+	}
 	switch {
-	case o.OlderThan < MinPruneAge:
-		return 0, invalidf("prune: older than %v is less than %v (MinPruneAge)", o.OlderThan, MinPruneAge)
-	case o.BatchSize < 0 || o.BatchSize > MaxPruneBatchSize:
-		return 0, invalidf("prune: batch size %d is not between 0 and %d", o.BatchSize, MaxPruneBatchSize)
-	case o.BatchSize == 0:
-		o.BatchSize = DefaultPruneBatchSize
+	case o.olderThan < minPruneAge:
+		return 0, invalidf("prune: older than %v is less than the minimum, %v", o.olderThan, minPruneAge)
+	case o.batchSize < 1 || o.batchSize > maxPruneBatchSize:
+		return 0, invalidf("WithBatchSize: batch size %d is not between 1 and %d", o.batchSize, maxPruneBatchSize)
 	}
 	after := ""
 	for {
@@ -101,8 +121,8 @@ func (r *Repository) PruneWith(ctx context.Context, o PruneOptions) (deleted int
 		if err != nil {
 			return deleted, wrapf(err, "prune")
 		}
-		if n > 0 && o.Progress != nil {
-			o.Progress(deleted)
+		if n > 0 && o.progress != nil {
+			o.progress(deleted)
 		}
 		if last == "" {
 			return deleted, nil
@@ -119,10 +139,10 @@ func prunableSQL(age func(col string) string) string {
 		" OR (released_at IS NULL AND " + age("updated_at") + " > COALESCE(timeout_ms, 0) / 1000.0 + ?))"
 }
 
-// pruneBatch deletes, in one transaction, up to o.BatchSize prunable rows
+// pruneBatch deletes, in one transaction, up to o.batchSize prunable rows
 // whose target IDs come after after. It returns the number deleted and the
 // last target ID it looked at, "" when there are no more.
-func (r *Repository) pruneBatch(ctx context.Context, o PruneOptions, after string) (deleted int64, last string, err error) {
+func (r *Repository) pruneBatch(ctx context.Context, o pruneConfig, after string) (deleted int64, last string, err error) {
 	d := r.dialect
 	lock := " FOR UPDATE SKIP LOCKED"
 	floorLock := " FOR UPDATE"
@@ -130,7 +150,7 @@ func (r *Repository) pruneBatch(ctx context.Context, o PruneOptions, after strin
 		lock, floorLock = "", "" // the transaction holds the database's write lock
 	}
 	prunable := prunableSQL(d.secondsSince)
-	secs := o.OlderThan.Seconds()
+	secs := o.olderThan.Seconds()
 	floor := r.tables.lease + "_floor"
 	var pruned []any
 	err = r.retry(ctx, func(ctx context.Context) error {
@@ -142,7 +162,7 @@ func (r *Repository) pruneBatch(ctx context.Context, o PruneOptions, after strin
 				return fmt.Errorf("lock the generation floor: %w", err)
 			}
 			rows, err := querySQL(ctx, tx, d.rebind("SELECT target_id, generation FROM "+r.tables.lease+
-				" WHERE target_id > ? AND "+prunable+" ORDER BY target_id LIMIT "+strconv.Itoa(o.BatchSize)+lock),
+				" WHERE target_id > ? AND "+prunable+" ORDER BY target_id LIMIT "+strconv.Itoa(o.batchSize)+lock),
 				after, secs, secs)
 			if err != nil {
 				return fmt.Errorf("select rows: %w", err)
@@ -180,7 +200,7 @@ func (r *Repository) pruneBatch(ctx context.Context, o PruneOptions, after strin
 				// back: the result rows below are those of all the rows.
 				return fmt.Errorf("deleted %d of the %d rows it locked", n, len(targets))
 			}
-			if !o.KeepResults {
+			if !o.keepResults {
 				if _, _, err := execSQL(ctx, tx, d.rebind("DELETE FROM "+r.tables.result+" WHERE "+in), targets...); err != nil {
 					return fmt.Errorf("delete results: %w", err)
 				}
@@ -188,7 +208,7 @@ func (r *Repository) pruneBatch(ctx context.Context, o PruneOptions, after strin
 			deleted = n
 			pruned = targets
 			last = targets[len(targets)-1].(string)
-			if len(targets) < o.BatchSize {
+			if len(targets) < o.batchSize {
 				last = "" // the last batch
 			}
 			return nil

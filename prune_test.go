@@ -19,7 +19,7 @@ import (
 func emptyDB(t *testing.T, s *testdb.Server) *gorm.DB {
 	t.Helper()
 	db := s.OpenEmpty(t, nil)
-	require.NoError(t, gormlease.AutoMigrate(db))
+	require.NoError(t, gormlease.AutoMigrate(context.Background(), db))
 	return db
 }
 
@@ -101,11 +101,11 @@ func TestPrune_GenerationKeepsIncreasing(t *testing.T) {
 			require.NoError(t, err)
 		}
 		ageRelease(t, s, db, "t", 2*time.Hour)
-		deleted, err := repo.PruneWith(ctx, gormlease.PruneOptions{OlderThan: time.Hour, KeepResults: true})
+		deleted, err := repo.Prune(ctx, time.Hour, gormlease.WithKeepResults())
 		require.NoError(t, err)
 		require.EqualValues(t, 1, deleted)
 		_, _, err = gormlease.LoadJSON[string](ctx, db, "t")
-		require.NoError(t, err, "KeepResults kept the result")
+		require.NoError(t, err, "WithKeepResults kept the result")
 
 		l, err := repo.Acquire(ctx, "t", time.Minute)
 		require.NoError(t, err)
@@ -130,28 +130,35 @@ func TestPrune_StopsOnContextDone(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var progress []int64
-		deleted, err := repo.PruneWith(ctx, gormlease.PruneOptions{OlderThan: time.Hour, BatchSize: 2,
-			Progress: func(n int64) { progress = append(progress, n); cancel() }})
+		deleted, err := repo.Prune(ctx, time.Hour, gormlease.WithBatchSize(2),
+			gormlease.WithProgress(func(n int64) { progress = append(progress, n); cancel() }))
 		require.ErrorIs(t, err, context.Canceled)
 		assert.EqualValues(t, 2, deleted)
 		assert.Equal(t, []int64{2}, progress)
-		deleted, err = repo.PruneWith(context.Background(), gormlease.PruneOptions{OlderThan: time.Hour, BatchSize: 2,
-			Progress: func(n int64) { progress = append(progress, n) }})
+		deleted, err = repo.Prune(context.Background(), time.Hour, gormlease.WithBatchSize(2),
+			gormlease.WithProgress(func(n int64) { progress = append(progress, n) }))
 		require.NoError(t, err)
 		assert.EqualValues(t, 3, deleted)
 		assert.Equal(t, []int64{2, 2, 3}, progress)
 	})
 }
 
-// Prune refuses an olderThan under MinPruneAge and a bad batch size.
+// Prune refuses an olderThan under a minute, a bad batch size and a nil
+// option, naming the setting at fault.
 func TestPrune_RejectsBadOptions(t *testing.T) {
 	t.Parallel()
 	repo := newRepository(t, testdb.SQLite(t).DB(t))
 	_, err := repo.Prune(context.Background(), time.Second)
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
-	assert.Contains(t, err.Error(), "MinPruneAge")
-	_, err = repo.PruneWith(context.Background(), gormlease.PruneOptions{OlderThan: time.Hour, BatchSize: -1})
+	assert.Contains(t, err.Error(), "older than 1s is less than the minimum, 1m0s")
+	for _, n := range []int{-1, 0, 10001} {
+		_, err = repo.Prune(context.Background(), time.Hour, gormlease.WithBatchSize(n))
+		require.ErrorIs(t, err, gormlease.ErrInvalidArgument, "batch size %d", n)
+		assert.Contains(t, err.Error(), "WithBatchSize")
+	}
+	_, err = repo.Prune(context.Background(), time.Hour, nil)
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "option 0 is nil")
 }
 
 // Prunes, acquires and releases racing on the same rows: a row acquired
@@ -179,7 +186,7 @@ func TestPrune_RacesWithAcquireAndAnotherPrune(t *testing.T) {
 		pruned := make(chan int64, 2)
 		for range 2 {
 			wg.Go(func() {
-				d, err := repo.PruneWith(ctx, gormlease.PruneOptions{OlderThan: time.Hour, BatchSize: 7})
+				d, err := repo.Prune(ctx, time.Hour, gormlease.WithBatchSize(7))
 				assert.NoError(t, err)
 				pruned <- d
 			})
@@ -208,7 +215,7 @@ func TestPrune_RacesWithAcquireAndAnotherPrune(t *testing.T) {
 			require.NoError(t, repo.Heartbeat(ctx, l), l.TargetID)
 			require.NoError(t, repo.CommitIfOwner(ctx, l, func(*gorm.DB) error { return nil }), l.TargetID)
 		}
-		rest, err := repo.List(ctx, gormlease.ListOptions{Limit: gormlease.MaxListLimit})
+		rest, err := repo.List(ctx, gormlease.ListOptions{Limit: 10000})
 		require.NoError(t, err)
 		assert.Len(t, rest, n, "every target acquired has its row")
 		assert.LessOrEqual(t, total, int64(n))

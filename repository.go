@@ -75,12 +75,13 @@ type Repository struct {
 // NewRepository returns a Repository on db, which must be a *gorm.DB from
 // gorm.Open on a supported database, not inside a transaction. It writes
 // nothing to the database; create the tables with AutoMigrate. On SQLite it
-// reads the connection's busy timeout, and refuses one that would make
-// concurrent steps fail with "database is locked" (see MinSQLiteBusyTimeout).
-// Of the options it takes WithTableNames and WithHolder, and refuses the
-// others, which only a Runner uses.
-func NewRepository(db *gorm.DB, opts ...Option) (*Repository, error) {
-	cfg, err := newConfigFor("NewRepository", opts, "WithTableNames", "WithHolder")
+// reads the connection's busy timeout, and refuses one under a second, which
+// would make concurrent steps fail with "database is locked": set it in the
+// DSN, before any other PRAGMA, as _pragma=busy_timeout(10000).
+// It takes WithTableNames and WithHolder, the RepositoryOptions; the other
+// options only a Runner uses.
+func NewRepository(db *gorm.DB, opts ...RepositoryOption) (*Repository, error) {
+	cfg, err := newConfig(options(opts))
 	if err != nil {
 		return nil, err
 	}

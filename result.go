@@ -71,14 +71,14 @@ func jsonNUL(data []byte) int {
 
 // LoadJSON reads the result that SaveJSON stored for targetID and decodes it
 // into a T. It also returns the row, for its generation and time. When
-// nothing was saved it returns an error wrapping ErrNoResult. Of the
-// options it takes WithTableNames, and refuses the others. It reads
+// nothing was saved it returns an error wrapping ErrNoResult. Its one
+// option is WithTableNames, for a result table of another name. It reads
 // through db as any gorm read, so a read/write splitting plugin may send it
 // to a replica that has not seen the latest save yet; with
 // gorm.io/plugin/dbresolver, pass db.Clauses(dbresolver.Write) to read the
 // primary. (Runner.Do calls its load in a transaction, which such plugins
 // send to the primary.)
-func LoadJSON[T any](ctx context.Context, db *gorm.DB, targetID string, opts ...Option) (T, JobResult, error) {
+func LoadJSON[T any](ctx context.Context, db *gorm.DB, targetID string, opts ...TableOption) (T, JobResult, error) {
 	var value T
 	if db == nil {
 		return value, JobResult{}, invalidf("db is nil")
@@ -86,7 +86,7 @@ func LoadJSON[T any](ctx context.Context, db *gorm.DB, targetID string, opts ...
 	if err := checkTargetID(targetID); err != nil {
 		return value, JobResult{}, err
 	}
-	cfg, err := newConfigFor("LoadJSON", opts, "WithTableNames")
+	cfg, err := newConfig(options(opts))
 	if err != nil {
 		return value, JobResult{}, err
 	}

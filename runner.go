@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/observe"
 )
 
 // Runner runs work once per target at a time, under a heartbeat lease, and
@@ -120,14 +122,14 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 	m := &r.mon
 	if m.obs != nil {
 		var end func(error)
-		ctx, end = m.start(ctx, Span{Kind: SpanRun, TargetID: targetID})
+		ctx, end = m.start(ctx, observe.Span{Kind: observe.SpanRun, TargetID: targetID})
 		ctx = withStatements(ctx, m)
 		defer func() { end(err) }()
 	} else if statementObserver(ctx) != nil {
 		ctx = withStatements(ctx, nil) // a Run inside the work of an observed one
 	}
 
-	acquireCtx, endAcquire := m.start(ctx, Span{Kind: SpanAcquire, TargetID: targetID})
+	acquireCtx, endAcquire := m.start(ctx, observe.Span{Kind: observe.SpanAcquire, TargetID: targetID})
 	acquireCtx, cancel := context.WithTimeout(acquireCtx, r.cfg.operationTimeout)
 	sent := time.Now()
 	lease, err := r.repo.acquire(acquireCtx, targetID, r.cfg.leaseTimeout, r.cfg.operationTimeout, from)
@@ -166,7 +168,7 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 	var maxHold *time.Timer
 	if r.cfg.maxHold > 0 {
 		maxHold = time.AfterFunc(r.cfg.maxHold, func() {
-			cancelWork(&lossCause{kind: LostMaxHold, err: fmt.Errorf(
+			cancelWork(&lossCause{kind: observe.EventMaxHoldExceeded, err: fmt.Errorf(
 				"gormlease: run %q: work still running after the max hold of %v: %w",
 				targetID, r.cfg.maxHold, ErrMaxHoldExceeded)})
 		})
@@ -192,41 +194,41 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 		return zero, r.releaseAfter(ctx, lease, wrapf(workErr, step, targetID))
 	}
 
-	commitCtx, endCommit := m.start(ctx, Span{Kind: SpanCommit, TargetID: targetID, Generation: lease.Generation})
+	commitCtx, endCommit := m.start(ctx, observe.Span{Kind: observe.SpanCommit, TargetID: targetID, Generation: lease.Generation})
 	begin := time.Now()
 	outcome, err := r.commit(commitCtx, lease, func(tx *gorm.DB) error { return callSave(tx, save, result) })
-	r.committed(ctx, lease, outcome, begin, err, endCommit)
-	if outcome != CommitSaved {
+	r.committed(ctx, lease, outcome, sent, begin, err, endCommit)
+	if outcome != commitSaved {
 		return zero, err
 	}
 	return result, nil
 }
 
 // commit runs the fenced commit of a Run that holds lease, with save, and
-// returns its outcome (one of the Commit constants) and Run's error.
-func (r *Runner[T]) commit(ctx context.Context, lease Lease, save func(tx *gorm.DB) error) (string, error) {
+// returns its outcome and Run's error.
+func (r *Runner[T]) commit(ctx context.Context, lease Lease, save func(tx *gorm.DB) error) (commitOutcome, error) {
 	commitCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
 	defer cancel()
 	err := r.repo.commit(commitCtx, lease, save, true)
 	if err == nil {
-		return CommitSaved, nil
+		return commitSaved, nil
 	}
 	if errors.Is(err, ErrLeaseLost) {
-		return CommitLost, err
+		return commitLost, err
 	}
 	var unknown *commitUnknownError
 	if errors.As(err, &unknown) {
 		switch committed, known := r.settleCommit(ctx, lease); {
 		case known && committed:
-			return CommitSaved, nil
+			return commitSaved, nil
 		case known:
-			return CommitFailed, wrapf(unknown.cause, "commit %q: the connection failed during COMMIT and the database shows nothing saved", lease.TargetID)
+			return commitFailed, wrapf(unknown.cause, "commit %q: the connection failed during COMMIT and the database shows nothing saved", lease.TargetID)
 		}
-		return CommitUnknown, err
+		return commitUnknown, err
 	}
 	// The transaction was rolled back: the lease is still ours, or already
 	// gone, and releasing is safe.
-	return CommitFailed, r.releaseAfter(ctx, lease, err)
+	return commitFailed, r.releaseAfter(ctx, lease, err)
 }
 
 // checkCall returns an error wrapping ErrInvalidArgument when the

@@ -196,10 +196,7 @@ func TestRun_TakeoverBeforeCommitSavesNothing(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		r := newRunner(t, db)
 		target := newTarget(t)
-		_, err := r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
-			steal(t, s, db, target) // no heartbeat runs before the commit
-			return "stale result", nil
-		}, noSave(t))
+		_, err := r.Run(context.Background(), target, stolenBeforeCommit(t, s, db, target), noSave(t))
 		require.ErrorIs(t, err, gormlease.ErrLeaseLost)
 		assert.Nil(t, leaseRow(t, db, target).ReleasedAt, "the new holder's lease was released")
 	})
@@ -563,10 +560,12 @@ func TestRun_BadInputWritesNothing(t *testing.T) {
 				assert.Zero(t, n, "rows written")
 			})
 		}
-		// The longest target ID that fits works end to end, multi-byte too.
-		longest := strings.Repeat("界", MaxRunes(gormlease.MaxTargetIDLength, "界"))
-		longest += strings.Repeat("x", gormlease.MaxTargetIDLength-len(longest))
-		longest = longest[:gormlease.MaxTargetIDLength-3] + targetSuffix(t)
+		// The longest target ID that fits, 255 bytes, works end to end,
+		// multi-byte too.
+		const maxTargetID = 255
+		longest := strings.Repeat("界", MaxRunes(maxTargetID, "界"))
+		longest += strings.Repeat("x", maxTargetID-len(longest))
+		longest = longest[:maxTargetID-3] + targetSuffix(t)
 		_, err := r.Run(context.Background(), longest, func(context.Context) (string, error) { return "ok", nil },
 			gormlease.SaveJSON[string])
 		require.NoError(t, err, "a %d-byte target ID", len(longest))

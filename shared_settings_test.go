@@ -11,6 +11,7 @@ import (
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/observe"
 )
 
 // The settings that govern a shared thing are read from where every party
@@ -172,7 +173,7 @@ func TestProcesses_DifferentTimeoutsKeepOneHolder(t *testing.T) {
 func TestRunners_OnePoolDifferentTablesBothFinish(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		other := gormlease.WithTableNames("shared_pool_lease", "shared_pool_result")
-		require.NoError(t, gormlease.AutoMigrate(db, other))
+		require.NoError(t, gormlease.AutoMigrate(context.Background(), db, other))
 		opts := fast(100*time.Millisecond, 2*time.Second)
 		runners := []*gormlease.Runner[string]{
 			newRunner(t, db, opts...),
@@ -247,7 +248,7 @@ func TestRunners_OnePoolEachKeepsItsOwnSettings(t *testing.T) {
 // an error.
 func heartbeatsOf(o *recordingObserver, target string) int {
 	n := 0
-	for _, s := range o.spansOf(gormlease.SpanHeartbeat) {
+	for _, s := range o.spansOf(observe.SpanHeartbeat) {
 		if s.span.TargetID == target && s.ended && s.err == nil {
 			n++
 		}

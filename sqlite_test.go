@@ -29,7 +29,7 @@ func TestSQLite_RefusesDSNWithoutBusyTimeout(t *testing.T) {
 			assert.ErrorContains(t, err, "_pragma=busy_timeout(10000)")
 			_, err = gormlease.NewRunner[string](db)
 			assert.ErrorIs(t, err, gormlease.ErrInvalidArgument)
-			err = gormlease.AutoMigrate(db)
+			err = gormlease.AutoMigrate(context.Background(), db)
 			assert.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 			assert.ErrorContains(t, err, "database is locked")
 		})
@@ -51,7 +51,7 @@ func TestSQLite_RefusesDSNWithoutBusyTimeout(t *testing.T) {
 		require.EqualValues(t, time.Minute.Milliseconds(), ms, "the driver's default busy timeout")
 		_, err := gormlease.NewRepository(db)
 		assert.NoError(t, err)
-		assert.NoError(t, gormlease.AutoMigrate(db))
+		assert.NoError(t, gormlease.AutoMigrate(context.Background(), db))
 	})
 }
 

@@ -6,13 +6,14 @@ import (
 )
 
 const (
-	// DefaultLeaseTable is the name of the table of lease rows.
-	// WithTableNames overrides it.
-	DefaultLeaseTable = "job_lease"
+	// defaultLeaseTable is the name of the table of lease rows, as
+	// JobLease.TableName says. WithTableNames overrides it.
+	defaultLeaseTable = "job_lease"
 
-	// DefaultResultTable is the name of the table that SaveJSON and
-	// LoadJSON keep results in. WithTableNames overrides it.
-	DefaultResultTable = "job_result"
+	// defaultResultTable is the name of the table that SaveJSON and
+	// LoadJSON keep results in, as JobResult.TableName says.
+	// WithTableNames overrides it.
+	defaultResultTable = "job_result"
 
 	// maxTableName is the longest table or schema name accepted: PostgreSQL
 	// cuts identifiers at 63 bytes.
@@ -25,22 +26,23 @@ type tableNames struct {
 	lease, result string
 }
 
-var defaultTables = tableNames{lease: DefaultLeaseTable, result: DefaultResultTable}
+var defaultTables = tableNames{lease: defaultLeaseTable, result: defaultResultTable}
 
 // WithTableNames names the two tables: lease holds the lease rows (by
-// default DefaultLeaseTable) and result the rows of SaveJSON and LoadJSON
-// (DefaultResultTable). Each is a lower-case SQL identifier of letters,
+// default "job_lease") and result the rows of SaveJSON and LoadJSON
+// ("job_result"). Each is a lower-case SQL identifier of letters,
 // digits and underscores, optionally qualified by a schema (PostgreSQL) or
 // database (MySQL) the same way: "app_lease" or "jobs.lease". Pass the
-// same option to AutoMigrate, NewRunner or NewRepository, and LoadJSON.
+// same option to AutoMigrate, NewRunner or NewRepository, and LoadJSON: it
+// is a TableOption, which each of them takes.
 //
 // gorm's NamingStrategy, a TablePrefix included, does not apply to these
 // tables: their names are the defaults unless this option says otherwise,
 // so that changing a gorm setting never moves the leases to another table
 // while the old one is still in use. To prefix them, say so here:
 // WithTableNames("app_job_lease", "app_job_result").
-func WithTableNames(lease, result string) Option {
-	return option{name: "WithTableNames", set: func(c *config) { c.tables = tableNames{lease: lease, result: result} }}
+func WithTableNames(lease, result string) TableOption {
+	return tableOption(func(c *config) { c.tables = tableNames{lease: lease, result: result} })
 }
 
 // check returns an error wrapping ErrInvalidArgument when t cannot name
@@ -88,5 +90,5 @@ func (t tableNames) expand(query string) string {
 	if t == defaultTables {
 		return query
 	}
-	return strings.NewReplacer(DefaultLeaseTable, t.lease, DefaultResultTable, t.result).Replace(query)
+	return strings.NewReplacer(defaultLeaseTable, t.lease, defaultResultTable, t.result).Replace(query)
 }

@@ -2,7 +2,6 @@ package gormlease_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -21,8 +20,8 @@ func TestTableNames_EveryStepUsesTheNamedTables(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		names := gormlease.WithTableNames("app_lease", "app_result")
-		require.NoError(t, gormlease.AutoMigrate(db, names))
-		require.NoError(t, gormlease.AutoMigrate(db, names), "on tables that exist")
+		require.NoError(t, gormlease.AutoMigrate(context.Background(), db, names))
+		require.NoError(t, gormlease.AutoMigrate(context.Background(), db, names), "on tables that exist")
 		r, err := gormlease.NewRunner[string](db, append(fast(20*time.Millisecond, time.Second), names)...)
 		require.NoError(t, err)
 		target := newTarget(t)
@@ -106,7 +105,7 @@ func TestTableNames_BadNamesWriteNothing(t *testing.T) {
 			{"l", "r-x", "'-'"},
 		} {
 			names := gormlease.WithTableNames(c.lease, c.result)
-			err := gormlease.AutoMigrate(db, names)
+			err := gormlease.AutoMigrate(context.Background(), db, names)
 			require.ErrorIs(t, err, gormlease.ErrInvalidArgument, "%q/%q", c.lease, c.result)
 			assert.ErrorContains(t, err, c.want)
 			_, err = gormlease.NewRunner[string](db, names)
@@ -119,21 +118,4 @@ func TestTableNames_BadNamesWriteNothing(t *testing.T) {
 		assert.False(t, db.Migrator().HasTable("same"))
 		assert.False(t, db.Migrator().HasTable("l"))
 	})
-}
-
-// The functions that use only the tables refuse a Runner's options rather
-// than ignore them.
-func TestTableNames_RunnerOptionsRefusedElsewhere(t *testing.T) {
-	t.Parallel()
-	db := testdb.All(t)[0].DB(t)
-	opt := gormlease.WithLeaseTimeout(time.Minute)
-	err := gormlease.AutoMigrate(db, opt)
-	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
-	assert.ErrorContains(t, err, "WithLeaseTimeout")
-	_, err = gormlease.NewRepository(db, opt)
-	assert.ErrorIs(t, err, gormlease.ErrInvalidArgument)
-	_, _, err = gormlease.LoadJSON[string](context.Background(), db, "t", opt)
-	assert.True(t, errors.Is(err, gormlease.ErrInvalidArgument))
-	_, err = gormlease.NewRepository(db, gormlease.WithHolder("ops"))
-	assert.NoError(t, err)
 }

@@ -9,5 +9,5 @@ import (
 )
 
 func autoMigrate(ctx context.Context, db *gorm.DB) error {
-	return gormlease.AutoMigrateContext(ctx, db)
+	return gormlease.AutoMigrate(ctx, db)
 }

@@ -8,7 +8,7 @@
 -- target_id is varbinary(255): target IDs are compared byte for byte, as on
 -- PostgreSQL. A utf8mb4 varchar would compare under a collation that ignores
 -- case and trailing spaces, so "a", "A" and "a " would share one lease. Up to
--- 255 bytes of UTF-8 (gormlease.MaxTargetIDLength); longer IDs are refused
+-- 255 bytes of UTF-8 (see gormlease.JobLease.TargetID); longer IDs are refused
 -- before anything is written. The key fits every InnoDB row format.
 --
 -- The times are datetime(6) in UTC, written only by the database's

@@ -30,7 +30,7 @@ func Example() {
 	if sqlDB, err := db.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	if err := gormlease.AutoMigrate(db); err != nil {
+	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
 		panic(err)
 	}
 

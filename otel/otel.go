@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/observe"
 )
 
 // ScopeName is the instrumentation scope of the tracer and meter.
@@ -65,7 +66,7 @@ const (
 	AttrErrorType    = "error.type"
 )
 
-// Observer is a gormlease.Observer that reports to OpenTelemetry. Make it
+// Observer is an observe.Observer that reports to OpenTelemetry. Make it
 // with New; it is safe for concurrent use.
 type Observer struct {
 	tracer trace.Tracer
@@ -76,7 +77,7 @@ type Observer struct {
 	commitDur, waitDur                metric.Float64Histogram
 }
 
-var _ gormlease.Observer = (*Observer)(nil)
+var _ observe.Observer = (*Observer)(nil)
 
 // An Option configures New.
 type Option func(*settings)
@@ -137,15 +138,15 @@ func New(opts ...Option) (*Observer, error) {
 	return o, nil
 }
 
-// Start implements gormlease.Observer.
-func (o *Observer) Start(ctx context.Context, s gormlease.Span) (context.Context, func(error)) {
+// Start implements observe.Observer.
+func (o *Observer) Start(ctx context.Context, s observe.Span) (context.Context, func(error)) {
 	opts := make([]trace.SpanStartOption, 0, 3)
 	if !s.Start.IsZero() {
 		opts = append(opts, trace.WithTimestamp(s.Start))
 	}
 	var name string
 	var attrs []attribute.KeyValue
-	if s.Kind == gormlease.SpanStatement {
+	if s.Kind == observe.SpanStatement {
 		name = s.Operation
 		if s.Table != "" {
 			name += " " + s.Table
@@ -175,41 +176,73 @@ func (o *Observer) Start(ctx context.Context, s gormlease.Span) (context.Context
 	}
 }
 
-var spanNames = map[gormlease.SpanKind]string{
-	gormlease.SpanRun:       SpanRun,
-	gormlease.SpanAcquire:   SpanAcquire,
-	gormlease.SpanHeartbeat: SpanHeartbeat,
-	gormlease.SpanCommit:    SpanCommit,
+var spanNames = map[observe.SpanKind]string{
+	observe.SpanRun:       SpanRun,
+	observe.SpanAcquire:   SpanAcquire,
+	observe.SpanHeartbeat: SpanHeartbeat,
+	observe.SpanCommit:    SpanCommit,
 }
 
-// Record implements gormlease.Observer.
-func (o *Observer) Record(ctx context.Context, e gormlease.Event) {
+// Record implements observe.Observer.
+func (o *Observer) Record(ctx context.Context, e observe.Event) {
 	secs := e.Duration.Seconds()
 	switch e.Kind {
-	case gormlease.EventAcquire:
-		set := metric.WithAttributes(attribute.String(AttrOutcome, e.Outcome))
+	case observe.EventAcquire:
+		set := metric.WithAttributes(attribute.String(AttrOutcome, acquireOutcome(e.Err)))
 		o.acquires.Add(ctx, 1, set)
 		o.acquireDur.Record(ctx, secs, set)
-	case gormlease.EventLeaseStart:
+	case observe.EventLeaseStart:
 		o.held.Add(ctx, 1)
-	case gormlease.EventLeaseEnd:
+	case observe.EventLeaseEnd:
 		o.held.Add(ctx, -1)
 		o.holdDur.Record(ctx, secs)
-	case gormlease.EventHeartbeat:
+	case observe.EventHeartbeat:
 		if e.Err != nil {
 			o.heartbeatDur.Record(ctx, secs, metric.WithAttributes(attribute.String(AttrErrorType, errorType(e.Err))))
 			return
 		}
 		o.heartbeatDur.Record(ctx, secs)
-	case gormlease.EventLeaseLost:
-		o.lost.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrLostCause, e.Outcome)))
-	case gormlease.EventCommit:
-		set := metric.WithAttributes(attribute.String(AttrOutcome, e.Outcome))
+	case observe.EventLeaseLost:
+		o.lost.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrLostCause, "taken_over")))
+	case observe.EventSelfFenced:
+		o.lost.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrLostCause, "self_fenced")))
+	case observe.EventMaxHoldExceeded:
+		o.lost.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrLostCause, "max_hold")))
+	case observe.EventCommit:
+		set := metric.WithAttributes(attribute.String(AttrOutcome, commitOutcome(e.Err)))
 		o.commits.Add(ctx, 1, set)
 		o.commitDur.Record(ctx, secs, set)
-	case gormlease.EventWait:
-		o.waitDur.Record(ctx, secs, metric.WithAttributes(attribute.String(AttrWaitCall, e.Outcome)))
+	case observe.EventRunWait:
+		o.waitDur.Record(ctx, secs, metric.WithAttributes(attribute.String(AttrWaitCall, "run_wait")))
+	case observe.EventDoWait:
+		o.waitDur.Record(ctx, secs, metric.WithAttributes(attribute.String(AttrWaitCall, "do")))
 	}
+}
+
+// acquireOutcome names the outcome of an acquire that ended with err, for
+// AttrOutcome: acquired, held or error.
+func acquireOutcome(err error) string {
+	switch {
+	case err == nil:
+		return "acquired"
+	case errors.Is(err, gormlease.ErrLeaseHeld):
+		return "held"
+	}
+	return "error"
+}
+
+// commitOutcome names the outcome of a fenced commit that ended with err,
+// for AttrOutcome: saved, lost, unknown or failed.
+func commitOutcome(err error) string {
+	switch {
+	case err == nil:
+		return "saved"
+	case errors.Is(err, gormlease.ErrLeaseLost):
+		return "lost"
+	case errors.Is(err, gormlease.ErrCommitUnknown):
+		return "unknown"
+	}
+	return "failed"
 }
 
 // errorType names err for error.type: a timeout, or "other".

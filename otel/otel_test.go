@@ -2,6 +2,7 @@ package gormleaseotel_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,6 +27,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/observe"
 	gormleaseotel "github.com/gormlease/gormlease/otel"
 )
 
@@ -61,10 +63,10 @@ func env(key, def string) string {
 
 var tableSeq atomic.Int64
 
-// openDB opens d with tables of the test's own, and returns the options
-// that name them. Without the database the test is skipped, or fails
+// openDB opens d with tables of the test's own, and returns the option
+// that names them. Without the database the test is skipped, or fails
 // under CI.
-func openDB(t *testing.T, d database) (*gorm.DB, []gormlease.Option, string) {
+func openDB(t *testing.T, d database) (*gorm.DB, gormlease.TableOption, string) {
 	t.Helper()
 	dial, err := d.open(t)
 	require.NoError(t, err)
@@ -83,19 +85,19 @@ func openDB(t *testing.T, d database) (*gorm.DB, []gormlease.Option, string) {
 	t.Cleanup(func() { _ = sqlDB.Close() })
 	n := fmt.Sprintf("%d_%d", os.Getpid(), tableSeq.Add(1))
 	lease, result := "otel_lease_"+n, "otel_result_"+n
-	opts := []gormlease.Option{gormlease.WithTableNames(lease, result)}
-	require.NoError(t, gormlease.AutoMigrate(db, opts...))
+	tables := gormlease.WithTableNames(lease, result)
+	require.NoError(t, gormlease.AutoMigrate(context.Background(), db, tables))
 	t.Cleanup(func() { _ = db.Migrator().DropTable(lease, result) })
-	return db, opts, lease
+	return db, tables, lease
 }
 
 // eachDB runs fn on every database.
-func eachDB(t *testing.T, fn func(t *testing.T, d database, db *gorm.DB, opts []gormlease.Option, table string)) {
+func eachDB(t *testing.T, fn func(t *testing.T, d database, db *gorm.DB, tables gormlease.TableOption, table string)) {
 	for _, d := range databases {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
-			db, opts, table := openDB(t, d)
-			fn(t, d, db, opts, table)
+			db, tables, table := openDB(t, d)
+			fn(t, d, db, tables, table)
 		})
 	}
 }
@@ -158,10 +160,10 @@ func attrs(kvs []attribute.KeyValue) map[string]string {
 }
 
 func TestObserver_Run(t *testing.T) {
-	eachDB(t, func(t *testing.T, d database, db *gorm.DB, opts []gormlease.Option, table string) {
+	eachDB(t, func(t *testing.T, d database, db *gorm.DB, tables gormlease.TableOption, table string) {
 		obs, spans, reader := instrumented(t)
-		r, err := gormlease.NewRunner[string](db, append(opts, gormlease.WithObserver(obs), gormlease.WithHolder("otel-test"),
-			gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(2*time.Second))...)
+		r, err := gormlease.NewRunner[string](db, tables, gormlease.WithObserver(obs), gormlease.WithHolder("otel-test"),
+			gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(2*time.Second))
 		require.NoError(t, err)
 		target := "otel-" + uuid.NewString()
 		var heartbeats atomic.Int64
@@ -182,7 +184,7 @@ func TestObserver_Run(t *testing.T) {
 		require.Positive(t, heartbeats.Load(), "a heartbeat")
 
 		// A refusal, by a second Runner while a lease is held.
-		repo, err := gormlease.NewRepository(db, opts[0])
+		repo, err := gormlease.NewRepository(db, tables)
 		require.NoError(t, err)
 		l, err := repo.Acquire(context.Background(), target, time.Minute)
 		require.NoError(t, err)
@@ -245,4 +247,56 @@ func TestObserver_Run(t *testing.T) {
 		}
 		assert.GreaterOrEqual(t, stmts, 3, "acquire, heartbeat and commit statements at least")
 	})
+}
+
+// histogramCounts returns how many values the histogram named name holds,
+// by the value of attribute key.
+func histogramCounts(rm metricdata.ResourceMetrics, name, key string) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == name {
+				for _, p := range h.DataPoints {
+					v, _ := p.Attributes.Value(attribute.Key(key))
+					out[v.String()] += p.Count
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Record names each outcome from the event's kind and its error, as the
+// gormlease documentation of each EventKind says.
+func TestObserver_RecordNamesOutcomes(t *testing.T) {
+	obs, _, reader := instrumented(t)
+	ctx := context.Background()
+	wrap := func(err error) error { return fmt.Errorf("gormlease: step %q: %w", "t", err) }
+	for _, e := range []observe.Event{
+		{Kind: observe.EventAcquire},
+		{Kind: observe.EventAcquire, Err: wrap(gormlease.ErrLeaseHeld)},
+		{Kind: observe.EventAcquire, Err: errors.New("connection refused")},
+		{Kind: observe.EventCommit},
+		{Kind: observe.EventCommit, Err: wrap(gormlease.ErrLeaseLost)},
+		{Kind: observe.EventCommit, Err: wrap(gormlease.ErrCommitUnknown)},
+		{Kind: observe.EventCommit, Err: errors.New("saver failed")},
+		{Kind: observe.EventLeaseLost, Err: wrap(gormlease.ErrLeaseLost)},
+		{Kind: observe.EventSelfFenced, Err: wrap(gormlease.ErrLeaseLost)},
+		{Kind: observe.EventMaxHoldExceeded, Err: wrap(gormlease.ErrMaxHoldExceeded)},
+		{Kind: observe.EventRunWait, Duration: time.Second},
+		{Kind: observe.EventDoWait},
+		{Kind: observe.EventDoWait},
+	} {
+		obs.Record(ctx, e)
+	}
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(ctx, &rm))
+	assert.Equal(t, map[string]int64{"acquired": 1, "held": 1, "error": 1},
+		sums(t, rm, gormleaseotel.MetricAcquires, gormleaseotel.AttrOutcome))
+	assert.Equal(t, map[string]int64{"saved": 1, "lost": 1, "unknown": 1, "failed": 1},
+		sums(t, rm, gormleaseotel.MetricCommits, gormleaseotel.AttrOutcome))
+	assert.Equal(t, map[string]int64{"taken_over": 1, "self_fenced": 1, "max_hold": 1},
+		sums(t, rm, gormleaseotel.MetricLeasesLost, gormleaseotel.AttrLostCause))
+	assert.Equal(t, map[string]uint64{"run_wait": 1, "do": 2},
+		histogramCounts(rm, gormleaseotel.MetricWaitDuration, gormleaseotel.AttrWaitCall))
 }

@@ -45,6 +45,7 @@ import (
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/bench/internal/opsection"
+	"github.com/gormlease/gormlease/observe"
 )
 
 // schema is where the command makes its tables.
@@ -225,7 +226,7 @@ func run(o options) (results, error) {
 	defer sqlDB.Close()
 	sqlDB.SetMaxOpenConns(o.pool)
 	sqlDB.SetMaxIdleConns(o.pool)
-	if err := gormlease.AutoMigrate(db); err != nil {
+	if err := gormlease.AutoMigrate(ctx, db); err != nil {
 		return r, err
 	}
 	for _, n := range o.workers {
@@ -316,18 +317,18 @@ type beat struct {
 	failed     bool
 }
 
-func (b *beats) Start(ctx context.Context, _ gormlease.Span) (context.Context, func(error)) {
+func (b *beats) Start(ctx context.Context, _ observe.Span) (context.Context, func(error)) {
 	return ctx, func(error) {}
 }
 
-func (b *beats) Record(_ context.Context, e gormlease.Event) {
+func (b *beats) Record(_ context.Context, e observe.Event) {
 	switch e.Kind {
-	case gormlease.EventHeartbeat:
+	case observe.EventHeartbeat:
 		end := time.Now()
 		b.mu.Lock()
 		b.stmts = append(b.stmts, beat{start: end.Add(-e.Duration), end: end, leases: e.Leases, failed: e.Err != nil})
 		b.mu.Unlock()
-	case gormlease.EventLeaseLost:
+	case observe.EventLeaseLost, observe.EventSelfFenced, observe.EventMaxHoldExceeded:
 		b.lost.Add(1)
 	}
 }

@@ -128,7 +128,7 @@ func run(dsn string, rows, nLeases int, interval time.Duration) (results, error)
 	if err != nil {
 		return r, err
 	}
-	if err := gormlease.AutoMigrate(db); err != nil {
+	if err := gormlease.AutoMigrate(ctx, db); err != nil {
 		return r, err
 	}
 	// A separate pool for the heartbeats, as WithHeartbeatDB gives them.
@@ -192,7 +192,7 @@ FROM generate_series(1, ?) AS i`, rows).Error; err != nil {
 	}
 	fmt.Printf("pruned %d rows in %v: %.0f rows/s\n", r.pruned, r.pruneTook.Round(time.Millisecond), r.pruneRate())
 	fmt.Println("heartbeats while pruning:", r.pruning)
-	r.liveLeft, _, err = listAll(ctx, repo, gormlease.ListOptions{Prefix: "live/", State: gormlease.StateLive, Limit: gormlease.MaxListLimit})
+	r.liveLeft, _, err = listAll(ctx, repo, gormlease.ListOptions{Prefix: "live/", State: gormlease.StateLive, Limit: 10000})
 	if err != nil {
 		return r, err
 	}

@@ -101,19 +101,22 @@ type command struct {
 	repo   *gormlease.Repository
 }
 
+// listPage is the rows per page of list without -limit.
+const listPage = 100
+
 func newCommand(name string, e env) *command {
 	c := &command{name: name, env: e, flags: flag.NewFlagSet("gormlease "+name, flag.ContinueOnError)}
 	f := c.flags
 	f.SetOutput(e.stderr)
 	f.StringVar(&c.dsn, "dsn", "", "the database (default $"+dsnEnv+"): "+dsnForms)
-	f.StringVar(&c.leaseTable, "lease-table", gormlease.DefaultLeaseTable, "the lease table")
-	f.StringVar(&c.resultTable, "result-table", gormlease.DefaultResultTable, "the result table")
+	f.StringVar(&c.leaseTable, "lease-table", gormlease.JobLease{}.TableName(), "the lease table")
+	f.StringVar(&c.resultTable, "result-table", gormlease.JobResult{}.TableName(), "the result table")
 	switch name {
 	case "list":
 		f.StringVar(&c.prefix, "prefix", "", "only targets that start with this")
 		f.StringVar(&c.state, "state", "", "only leases in this state: live, expired or released")
 		f.StringVar(&c.after, "after", "", "start after this target (the last of the previous page)")
-		f.IntVar(&c.limit, "limit", gormlease.DefaultListLimit, fmt.Sprintf("rows per page, at most %d", gormlease.MaxListLimit))
+		f.IntVar(&c.limit, "limit", listPage, "rows per page, at most 10000")
 		f.BoolVar(&c.all, "all", false, "list every page, not only the first")
 		f.BoolVar(&c.json, "json", false, "write JSON, one object a line")
 	case "show":
@@ -121,7 +124,7 @@ func newCommand(name string, e env) *command {
 	case "prune":
 		f.DurationVar(&c.olderThan, "older-than", 0, "delete rows released or expired at least this long ago, e.g. 720h (required)")
 		f.BoolVar(&c.keepResults, "keep-results", false, "keep the result rows of the targets pruned")
-		f.IntVar(&c.batch, "batch", gormlease.DefaultPruneBatchSize, "rows deleted per transaction")
+		f.IntVar(&c.batch, "batch", 0, "rows deleted per transaction, up to 10000 (0: Prune's default, 1000)")
 	case "release":
 		f.BoolVar(&c.yes, "yes", false, "release without asking")
 	}
@@ -320,13 +323,19 @@ func (c *command) lookup(ctx context.Context) (gormlease.LeaseInfo, bool, error)
 
 func pruneCmd(ctx context.Context, c *command) error {
 	start := time.Now()
-	o := gormlease.PruneOptions{OlderThan: c.olderThan, KeepResults: c.keepResults, BatchSize: c.batch}
-	if c.env.terminal {
-		o.Progress = func(n int64) {
-			fmt.Fprintf(c.env.stderr, "\rpruned %d rows (%.0f rows/s)", n, float64(n)/time.Since(start).Seconds())
-		}
+	var opts []gormlease.PruneOption
+	if c.keepResults {
+		opts = append(opts, gormlease.WithKeepResults())
 	}
-	n, err := c.repo.PruneWith(ctx, o)
+	if c.batch != 0 {
+		opts = append(opts, gormlease.WithBatchSize(c.batch))
+	}
+	if c.env.terminal {
+		opts = append(opts, gormlease.WithProgress(func(n int64) {
+			fmt.Fprintf(c.env.stderr, "\rpruned %d rows (%.0f rows/s)", n, float64(n)/time.Since(start).Seconds())
+		}))
+	}
+	n, err := c.repo.Prune(ctx, c.olderThan, opts...)
 	if c.env.terminal && n > 0 {
 		fmt.Fprintln(c.env.stderr)
 	}

@@ -55,7 +55,7 @@ func TestCommand_OnEveryDatabase(t *testing.T) {
 			ctx := context.Background()
 			db := s.DB(t)
 			names := gormlease.WithTableNames("cli_lease", "cli_result")
-			require.NoError(t, gormlease.AutoMigrate(db, names))
+			require.NoError(t, gormlease.AutoMigrate(context.Background(), db, names))
 			repo, err := gormlease.NewRepository(db, names)
 			require.NoError(t, err)
 			live, err := repo.Acquire(ctx, "a/live", time.Hour)
@@ -152,7 +152,7 @@ func TestCommand_MissingTable(t *testing.T) {
 					r := gl(t, dsn, "", args...)
 					assert.Equal(t, 1, r.code, "%v: %s", args, r.stderr)
 					assert.Contains(t, r.stderr, "gormlease "+args[0]+`: the lease table "job_lease" does not exist`, args)
-					assert.Contains(t, r.stderr, "call gormlease.AutoMigrate(db) from Go", args)
+					assert.Contains(t, r.stderr, "call gormlease.AutoMigrate(ctx, db) from Go", args)
 					assert.Contains(t, r.stderr, "-lease-table", args)
 					assert.Empty(t, r.stdout, args)
 				}
@@ -163,7 +163,7 @@ func TestCommand_MissingTable(t *testing.T) {
 				r := gl(t, s.EmptyDSN(t), "", "list", "-lease-table", "cli_lease", "-result-table", "cli_result")
 				assert.Equal(t, 1, r.code, r.stderr)
 				assert.Contains(t, r.stderr, `the lease table "cli_lease" does not exist`)
-				assert.Contains(t, r.stderr, `gormlease.AutoMigrate(db, gormlease.WithTableNames("cli_lease", "cli_result"))`)
+				assert.Contains(t, r.stderr, `gormlease.AutoMigrate(ctx, db, gormlease.WithTableNames("cli_lease", "cli_result"))`)
 			})
 
 			t.Run("FloorTableMissing", func(t *testing.T) {
@@ -172,13 +172,13 @@ func TestCommand_MissingTable(t *testing.T) {
 				db, err := open(dsn)
 				require.NoError(t, err)
 				t.Cleanup(func() { closeDB(db) })
-				require.NoError(t, gormlease.AutoMigrate(db))
+				require.NoError(t, gormlease.AutoMigrate(context.Background(), db))
 				require.NoError(t, db.Migrator().DropTable("job_lease_floor"))
 
 				r := gl(t, dsn, "", "prune", "-older-than", "720h")
 				assert.Equal(t, 1, r.code, r.stderr)
 				assert.Contains(t, r.stderr, `the lease table "job_lease" exists but "job_lease_floor" does not`)
-				assert.Contains(t, r.stderr, "call gormlease.AutoMigrate(db) from Go")
+				assert.Contains(t, r.stderr, "call gormlease.AutoMigrate(ctx, db) from Go")
 				r = gl(t, dsn, "", "list")
 				assert.Equal(t, 0, r.code, r.stderr)
 			})
@@ -204,7 +204,8 @@ func TestCommand_BadUsage(t *testing.T) {
 		{"BadMySQLDSN", "", []string{"list", "-dsn", "mysql://root@127.0.0.1/test"}, "mysql://USER:PASSWORD@tcp(HOST:3306)/DB"},
 		{"NoTarget", dsn, []string{"release"}, "give one target"},
 		{"NoOlderThan", dsn, []string{"prune"}, "give -older-than"},
-		{"TooYoung", dsn, []string{"prune", "-older-than", "1s"}, "MinPruneAge"},
+		{"TooYoung", dsn, []string{"prune", "-older-than", "1s"}, "less than the minimum, 1m0s"},
+		{"BadBatch", dsn, []string{"prune", "-older-than", "1h", "-batch", "-5"}, "WithBatchSize: batch size -5"},
 		{"BadState", dsn, []string{"list", "-state", "held"}, `state "held"`},
 		{"BadTableName", dsn, []string{"list", "-lease-table", "Job-Lease"}, "lease table name"},
 	} {

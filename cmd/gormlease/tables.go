@@ -51,9 +51,9 @@ func (c *command) explainMissingTable(ctx context.Context, db *gorm.DB, err erro
 	if !isMissingTable(err) {
 		return err
 	}
-	migrate := "gormlease.AutoMigrate(db)"
-	if c.leaseTable != gormlease.DefaultLeaseTable || c.resultTable != gormlease.DefaultResultTable {
-		migrate = fmt.Sprintf("gormlease.AutoMigrate(db, gormlease.WithTableNames(%q, %q))", c.leaseTable, c.resultTable)
+	migrate := "gormlease.AutoMigrate(ctx, db)"
+	if c.leaseTable != (gormlease.JobLease{}).TableName() || c.resultTable != (gormlease.JobResult{}).TableName() {
+		migrate = fmt.Sprintf("gormlease.AutoMigrate(ctx, db, gormlease.WithTableNames(%q, %q))", c.leaseTable, c.resultTable)
 	}
 	m := db.WithContext(ctx).Migrator()
 	if !m.HasTable(c.leaseTable) {

@@ -94,7 +94,7 @@ func newStory(ctx context.Context, out io.Writer, cfg config, d *database) (*sto
 	if err != nil {
 		return nil, fmt.Errorf("open gorm: %w", err)
 	}
-	if err := gormlease.AutoMigrateContext(ctx, db); err != nil {
+	if err := gormlease.AutoMigrate(ctx, db); err != nil {
 		return nil, err
 	}
 	if err := migrateSaves(ctx, db); err != nil {

@@ -1,6 +1,7 @@
 package testdb
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -137,7 +138,7 @@ func (c *Cluster) Open(tb testing.TB) *gorm.DB {
 		tb.Fatalf("open cluster: %v", err)
 	}
 	tb.Cleanup(func() { closeDB(db) })
-	if err := gormlease.AutoMigrate(db); err != nil {
+	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
 		tb.Fatalf("migrate cluster: %v", err)
 	}
 	return db

@@ -1,6 +1,7 @@
 package testdb
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -206,7 +207,7 @@ func startGalera() (*Galera, error) {
 		return fail(err)
 	}
 	defer closeDB(db)
-	if err := gormlease.AutoMigrate(db); err != nil {
+	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
 		return fail(fmt.Errorf("migrate: %w", err))
 	}
 	return c, nil

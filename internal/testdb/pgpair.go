@@ -92,7 +92,7 @@ func (p *PgPair) Open(tb testing.TB) *gorm.DB {
 		tb.Fatalf("open pair: %v", err)
 	}
 	tb.Cleanup(func() { closeDB(db) })
-	if err := gormlease.AutoMigrate(db); err != nil {
+	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
 		tb.Fatalf("migrate pair: %v", err)
 	}
 	return db

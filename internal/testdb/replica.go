@@ -1,6 +1,7 @@
 package testdb
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -23,7 +24,7 @@ import (
 func UseStaleReplica(tb testing.TB, s *Server, db *gorm.DB) {
 	tb.Helper()
 	replica := s.OpenEmpty(tb, nil)
-	if err := gormlease.AutoMigrate(replica); err != nil {
+	if err := gormlease.AutoMigrate(context.Background(), replica); err != nil {
 		tb.Fatalf("replica tables on %s: %v", s.Name, err)
 	}
 	pool, err := replica.DB()

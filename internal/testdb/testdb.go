@@ -159,7 +159,7 @@ func (s *Server) sharedDB() (*gorm.DB, error) {
 	s.once.Do(func() {
 		s.shared, s.openErr = s.open(nil)
 		if s.openErr == nil {
-			s.openErr = gormlease.AutoMigrate(s.shared)
+			s.openErr = gormlease.AutoMigrate(context.Background(), s.shared)
 		}
 	})
 	return s.shared, s.openErr
