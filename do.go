@@ -10,6 +10,8 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/gormlease/gormlease/internal/backend"
+	"github.com/gormlease/gormlease/internal/wait"
 	"github.com/gormlease/gormlease/observe"
 )
 
@@ -135,7 +137,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	defer func() { r.waited(ctx, targetID, observe.EventDoWait, begin, tried) }()
 	// The row as this call finds it, read by the call itself: the watch,
 	// shared with others, may publish a later state before this call looks.
-	st, err := r.repo.readState(ctx, targetID)
+	st, err := r.readState(ctx, targetID)
 	if err != nil {
 		return zero, false, wrapf(err, "do %q: read lease", targetID)
 	}
@@ -143,10 +145,10 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	// work: a watch polls, and on PostgreSQL takes a listener connection and
 	// marks the row as waited on, which a job that nobody waits for must not
 	// cost.
-	var w *watch
+	var w *wait.Watch
 	defer func() {
 		if w != nil {
-			w.unsubscribe()
+			w.Unsubscribe()
 		}
 	}()
 	var changed <-chan struct{}
@@ -154,35 +156,35 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	for {
 		refused := false
 		switch {
-		case r.cfg.reuseFor > 0 && st.savedGeneration > 0 && st.savedAge >= 0 && st.savedAge < r.cfg.reuseFor,
-			waitFor > 0 && st.savedGeneration >= waitFor:
+		case r.cfg.reuseFor > 0 && st.SavedGeneration > 0 && st.SavedAge >= 0 && st.SavedAge < r.cfg.reuseFor,
+			waitFor > 0 && st.SavedGeneration >= waitFor:
 			tried = time.Now()
 			v, err := r.load(ctx, targetID, load)
 			return v, false, err
-		case waitFor > 0 && st.generation >= waitFor && st.released:
-			msg := st.failure
+		case waitFor > 0 && st.Generation >= waitFor && st.Released:
+			msg := st.Failure
 			if msg == "" {
 				msg = endedWithoutSaving
 			}
-			return zero, false, &SharedJobError{TargetID: targetID, Generation: st.generation, Message: msg}
-		case st.live(r.cfg.leaseTimeout):
-			waitFor = st.generation
+			return zero, false, &SharedJobError{TargetID: targetID, Generation: st.Generation, Message: msg}
+		case st.Live(r.cfg.leaseTimeout):
+			waitFor = st.Generation
 		default:
 			// No one holds the target: run the work, unless another caller
 			// took the target over since the row was read.
 			if w != nil {
-				w.unsubscribe()
+				w.Unsubscribe()
 				w = nil
 			}
 			tried = time.Now()
-			v, err := r.run(ctx, targetID, work, save, st.generation)
+			v, err := r.run(ctx, targetID, work, save, st.Generation)
 			if !errors.Is(err, ErrLeaseHeld) {
 				return v, true, err
 			}
 			// Another caller took the target first, with the next
 			// generation (or a later one): wait for the end of that one, as
 			// read after the refusal.
-			waitFor = st.generation + 1
+			waitFor = st.Generation + 1
 			refused = true
 		}
 		if w == nil {
@@ -192,16 +194,16 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			if refused {
 				initial = nil
 			}
-			w = subscribe(r.repo, targetID, r.cfg.heartbeatInterval, r.cfg.operationTimeout, initial)
-			_, _, changed = w.current()
+			w = r.watch(targetID, initial)
+			_, _, changed = w.Current()
 		}
 		if refused {
-			w.poke()
+			w.Poke()
 		}
-		if err := w.next(ctx, changed); err != nil {
+		if err := w.Next(ctx, changed); err != nil {
 			return zero, false, wrapf(err, "do %q", targetID)
 		}
-		st, _, changed = w.current()
+		st, _, changed = w.Current()
 	}
 }
 
@@ -277,17 +279,17 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 // called, shows the lease released or expired, or until ctx is done. It
 // holds the watch only while it waits, not while the next Run works.
 func (r *Runner[T]) waitEnded(ctx context.Context, targetID string) error {
-	w := subscribe(r.repo, targetID, r.cfg.heartbeatInterval, r.cfg.operationTimeout, nil)
-	defer w.unsubscribe()
-	_, _, changed := w.current()
-	w.poke()
+	w := r.watch(targetID, nil)
+	defer w.Unsubscribe()
+	_, _, changed := w.Current()
+	w.Poke()
 	for {
-		if err := w.next(ctx, changed); err != nil {
+		if err := w.Next(ctx, changed); err != nil {
 			return err
 		}
-		var st leaseState
-		st, _, changed = w.current()
-		if !st.live(r.cfg.leaseTimeout) {
+		var st backend.State
+		st, _, changed = w.Current()
+		if !st.Live(r.cfg.leaseTimeout) {
 			return nil
 		}
 	}

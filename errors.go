@@ -145,7 +145,12 @@ func (e *PanicError) Unwrap() error {
 // or saver called runtime.Goexit: Run never returns to its caller then.
 var errWorkExited = errors.New("gormlease: work or save called runtime.Goexit")
 
-// errLockedNothing is the fenced commit's error when its first statement
-// found no row holding the lease: the lease is lost, unless the statement ran
-// on a Galera node that had not yet applied it (see commitAgain).
-var errLockedNothing = fmt.Errorf("%w", ErrLeaseLost)
+// unwrapStep returns the cause of err when err is a step's error, so that
+// it is not prefixed twice.
+func unwrapStep(err error) error {
+	var s *stepError
+	if errors.As(err, &s) {
+		return s.cause
+	}
+	return err
+}

@@ -1,62 +1,62 @@
 package gormlease
 
-import "gorm.io/gorm"
+import (
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/internal/backend"
+	"github.com/gormlease/gormlease/internal/backend/postgres"
+	"github.com/gormlease/gormlease/internal/heartbeat"
+	"github.com/gormlease/gormlease/internal/wait"
+)
 
 // PostgresSchema exposes the PostgreSQL DDL to the black-box tests.
-var PostgresSchema = postgresSchema
+var PostgresSchema = postgres.Schema
 
 // LiveBeatGroups returns the number of heartbeat groups whose goroutine
 // runs: zero whenever no Run holds a lease.
-func LiveBeatGroups() int { return int(beating.Load()) }
+func LiveBeatGroups() int { return heartbeat.Live() }
 
 // CommitThroughGorm makes r run its fenced commits in gorm's transaction,
 // as it does once the driver has refused to send BEGIN and the locking
 // statement as one query.
 func CommitThroughGorm(r *Repository) { r.oneTripRefused.Store(true) }
 
-// RefusesQueries is the PostgreSQL dialect's test for that refusal.
-var RefusesQueries = postgresDialect{}.refusesQueries
+// RefusesQueries is the PostgreSQL backend's test for that refusal.
+var RefusesQueries = postgres.New(backend.DefaultTables).RefusesQueries
 
 // PostgresAcquire is the PostgreSQL acquire statement.
-const PostgresAcquire = postgresAcquire
+const PostgresAcquire = postgres.AcquireSQL
+
+// ownSQL returns r's statement of op on the caller's own row.
+func ownSQL(r *Repository, op backend.Own) string {
+	return r.backend.(interface{ OwnSQL(backend.Own) string }).OwnSQL(op)
+}
 
 // ReleaseSQL returns r's release statement.
-func ReleaseSQL(r *Repository) string { return r.releaseSQL }
+func ReleaseSQL(r *Repository) string { return ownSQL(r, backend.Release) }
 
 // SaveReleaseSQL returns the statement that locks the row in Run's fenced
 // commit: the release that records the save.
-func SaveReleaseSQL(r *Repository) string { return r.saveReleaseSQL }
+func SaveReleaseSQL(r *Repository) string { return ownSQL(r, backend.SaveRelease) }
 
 // LiveWatches returns the number of lease rows that waiters of this
 // process watch.
-func LiveWatches() int64 { return watching.Load() }
+func LiveWatches() int64 { return wait.Watching() }
 
 // Watched reports whether waiters of this process watch target's row in
 // the default table and have read it held.
 func Watched(target string) bool {
-	hubs.Lock()
-	defer hubs.Unlock()
-	for _, h := range hubs.m {
-		if w := h.watches[target]; w != nil && h.key.table == defaultLeaseTable {
-			st, read, _ := w.current()
-			return read && st.found && !st.released
-		}
-	}
-	return false
+	watched := false
+	wait.Find(defaultLeaseTable, target, func(w *wait.Watch, _ int) {
+		st, read, _ := w.Current()
+		watched = watched || read && st.Found && !st.Released
+	})
+	return watched
 }
 
 // Listening reports whether this process has a notification listener on
 // db's pool that listens now.
-func Listening(db *gorm.DB) bool {
-	hubs.Lock()
-	defer hubs.Unlock()
-	for _, h := range hubs.m {
-		if h.repo.db.ConnPool == db.ConnPool && h.listener.listening() {
-			return true
-		}
-	}
-	return false
-}
+func Listening(db *gorm.DB) bool { return wait.Listening(db) }
 
 // SetStatementAttempts makes r try each retried statement n times in all.
 func SetStatementAttempts(r *Repository, n int) { r.attempts = n }
@@ -64,8 +64,8 @@ func SetStatementAttempts(r *Repository, n int) { r.attempts = n }
 // IsSerializationFailure and AnsweredByServer are the classifiers of
 // database errors.
 var (
-	IsSerializationFailure = isSerializationFailure
-	AnsweredByServer       = answeredByServer
+	IsSerializationFailure = backend.IsSerializationFailure
+	AnsweredByServer       = backend.AnsweredByServer
 )
 
 // DoCallers returns the number of callers of r.Do in this process that
@@ -82,13 +82,7 @@ func DoCallers[T any](r *Runner[T], target string) int {
 // WatchSubscribers returns the number of waiters that share the watch on
 // target's row in the default table, on any pool of this process.
 func WatchSubscribers(target string) int {
-	hubs.Lock()
-	defer hubs.Unlock()
 	n := 0
-	for _, h := range hubs.m {
-		if w := h.watches[target]; w != nil && h.key.table == defaultLeaseTable {
-			n += w.subs
-		}
-	}
+	wait.Find(defaultLeaseTable, target, func(_ *wait.Watch, subs int) { n += subs })
 	return n
 }

@@ -4,7 +4,8 @@ import (
 	"context"
 
 	"github.com/google/uuid"
-	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/internal/backend"
 )
 
 // forcedReleaseFailure is the failure that ForceRelease records in the
@@ -36,35 +37,17 @@ func (r *Repository) ForceRelease(ctx context.Context, targetID string) (JobLeas
 	if err != nil {
 		return JobLease{}, wrapf(err, "force release %q: mint token", targetID)
 	}
-	stmt := r.dialect.rebind("UPDATE " + r.tables.lease + " SET lease_token = ?, generation = generation + 1," +
-		" released_at = " + r.dialect.now() + ", failure = ? WHERE target_id = ? AND released_at IS NULL" +
-		r.dialect.notifyWaiters())
-	var row JobLease
+	var row backend.Row
 	var found bool
-	send := func(ctx context.Context) error {
-		return r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-			_, n, err := execSQL(ctx, tx, stmt, token.String(), forcedReleaseFailure, targetID)
-			if err != nil || n == 0 {
-				found = false
-				return err
-			}
-			found, err = queryRowSQL(ctx, tx, r.getSQL, []any{targetID}, row.columns()...)
-			return err
-		}, r.dialect.fenceTxOptions())
-	}
-	err = r.retry(ctx, send)
-	// On a Galera node that had not yet applied the acquire, there was
-	// nothing to release here (see rowLagged).
-	b := statementBackoff()
-	for attempt := 1; err == nil && !found && r.rowLagged(ctx, targetID, held, attempt, &b); attempt++ {
-		err = r.retry(ctx, send)
-	}
+	err = r.retry(ctx, func(ctx context.Context) (err error) {
+		row, found, err = r.backend.ForceRelease(ctx, r.db, targetID, token, forcedReleaseFailure)
+		return err
+	})
 	switch {
 	case err != nil:
 		return JobLease{}, wrapf(err, "force release %q", targetID)
 	case !found:
 		return JobLease{}, wrapf(ErrNotHeld, "force release %q", targetID)
 	}
-	wakeWaiters(r, targetID)
-	return row, nil
+	return JobLease(row), nil
 }

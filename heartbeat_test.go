@@ -294,7 +294,7 @@ func heartbeatGoroutines() []string {
 	}
 	var found []string
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "gormlease.(*beatGroup)") {
+		if strings.Contains(g, "internal/heartbeat.(*group)") {
 			found = append(found, g)
 		}
 	}

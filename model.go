@@ -2,12 +2,15 @@ package gormlease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/internal/backend"
 )
 
 const (
@@ -107,14 +110,18 @@ func AutoMigrate(ctx context.Context, db *gorm.DB, opts ...TableOption) error {
 	if err != nil {
 		return err
 	}
-	d, err := dialectFor(db, cfg.tables)
+	b, err := backendFor(db, cfg.tables)
 	if err != nil {
 		return err
 	}
-	if err := checkSettings(ctx, d, db.WithContext(ctx)); err != nil {
+	if err := checkSettings(ctx, b, db.WithContext(ctx)); err != nil {
 		return err
 	}
-	if err := d.migrate(ctx, db.WithContext(ctx)); err != nil {
+	if err := b.Migrate(ctx, db.WithContext(ctx)); err != nil {
+		var bad *backend.SettingsError
+		if errors.As(err, &bad) {
+			return invalidf("%s", bad.Problem)
+		}
 		return wrapf(err, "migrate")
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gormlease/gormlease/internal/backend"
 	"github.com/gormlease/gormlease/observe"
 )
 
@@ -75,26 +76,19 @@ func (m *monitor) start(ctx context.Context, s observe.Span) (context.Context, f
 	return m.obs.Start(ctx, s)
 }
 
-// statementsKey is the context key under which a Run's context carries the
-// monitor that its statements are reported to.
-type statementsKey struct{}
-
 // withStatements returns ctx, whose lease statements are reported to m's
 // observer; with a nil m, to none (a Run without an observer inside the
 // work of a Run with one).
 func withStatements(ctx context.Context, m *monitor) context.Context {
-	return context.WithValue(ctx, statementsKey{}, m)
+	if m == nil || m.obs == nil {
+		return backend.WithStatementHook(ctx, nil)
+	}
+	return backend.WithStatementHook(ctx, m.startStatement)
 }
 
-// statementObserver returns the monitor that ctx's statements are reported
-// to, or nil.
-func statementObserver(ctx context.Context) *monitor {
-	m, _ := ctx.Value(statementsKey{}).(*monitor)
-	if m == nil || m.obs == nil {
-		return nil
-	}
-	return m
-}
+// statementsObserved reports whether ctx's statements are reported to an
+// observer.
+func statementsObserved(ctx context.Context) bool { return backend.HasStatementHook(ctx) }
 
 // startStatement starts query's span, on the database dialector names.
 func (m *monitor) startStatement(ctx context.Context, dialector, query string) (context.Context, func(error)) {

@@ -2,13 +2,9 @@ package gormlease
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
-	"gorm.io/gorm"
+	"github.com/gormlease/gormlease/internal/backend"
 )
 
 // Retention. Lease rows are kept on release, so that a target's generation
@@ -116,112 +112,24 @@ func (r *Repository) Prune(ctx context.Context, olderThan time.Duration, opts ..
 		if err := ctx.Err(); err != nil {
 			return deleted, wrapf(err, "prune")
 		}
-		n, last, err := r.pruneBatch(ctx, o, after)
-		deleted += n
+		var batch []string
+		more := false
+		err := r.retry(ctx, func(ctx context.Context) (err error) {
+			batch, more, err = r.backend.PruneBatch(ctx, r.db, backend.PruneQuery{
+				OlderThan: o.olderThan, BatchSize: o.batchSize, After: after, KeepResults: o.keepResults,
+			})
+			return err
+		})
+		deleted += int64(len(batch))
 		if err != nil {
 			return deleted, wrapf(err, "prune")
 		}
-		if n > 0 && o.progress != nil {
+		if len(batch) > 0 && o.progress != nil {
 			o.progress(deleted)
 		}
-		if last == "" {
+		if !more || len(batch) == 0 {
 			return deleted, nil
 		}
-		after = last
+		after = batch[len(batch)-1]
 	}
-}
-
-// prunableSQL is the condition on a lease row that Prune deletes it by,
-// with age the dialect's secondsSince. Its two arguments are olderThan in
-// seconds.
-func prunableSQL(age func(col string) string) string {
-	return "((released_at IS NOT NULL AND " + age("released_at") + " > ?)" +
-		" OR (released_at IS NULL AND " + age("updated_at") + " > COALESCE(timeout_ms, 0) / 1000.0 + ?))"
-}
-
-// pruneBatch deletes, in one transaction, up to o.batchSize prunable rows
-// whose target IDs come after after. It returns the number deleted and the
-// last target ID it looked at, "" when there are no more.
-func (r *Repository) pruneBatch(ctx context.Context, o pruneConfig, after string) (deleted int64, last string, err error) {
-	d := r.dialect
-	lock := " FOR UPDATE SKIP LOCKED"
-	floorLock := " FOR UPDATE"
-	if _, ok := d.(sqliteDialect); ok {
-		lock, floorLock = "", "" // the transaction holds the database's write lock
-	}
-	prunable := prunableSQL(d.secondsSince)
-	secs := o.olderThan.Seconds()
-	floor := r.tables.lease + "_floor"
-	var pruned []any
-	err = r.retry(ctx, func(ctx context.Context) error {
-		deleted, last, pruned = 0, "", nil
-		return r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-			// The floor first: concurrent Prunes, and MySQL's inserts that
-			// read it, take their locks in one order.
-			if _, err := queryRowSQL(ctx, tx, "SELECT generation FROM "+floor+" WHERE id = 1"+floorLock, nil, new(int64)); err != nil {
-				return fmt.Errorf("lock the generation floor: %w", err)
-			}
-			rows, err := querySQL(ctx, tx, d.rebind("SELECT target_id, generation FROM "+r.tables.lease+
-				" WHERE target_id > ? AND "+prunable+" ORDER BY target_id LIMIT "+strconv.Itoa(o.batchSize)+lock),
-				after, secs, secs)
-			if err != nil {
-				return fmt.Errorf("select rows: %w", err)
-			}
-			var targets []any
-			var top int64
-			for rows.Next() {
-				var id string
-				var gen int64
-				if err := rows.Scan(&id, &gen); err != nil {
-					rows.Close()
-					return fmt.Errorf("select rows: %w", err)
-				}
-				targets, top = append(targets, id), max(top, gen)
-			}
-			if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-				return fmt.Errorf("select rows: %w", err)
-			}
-			if len(targets) == 0 {
-				return nil
-			}
-			if _, _, err := execSQL(ctx, tx, d.rebind(d.raiseFloorSQL(floor)), top); err != nil {
-				return fmt.Errorf("raise the generation floor: %w", err)
-			}
-			in := "target_id IN (" + strings.TrimSuffix(strings.Repeat("?, ", len(targets)), ", ") + ")"
-			// Waiters in other processes may wait on an expired row: the
-			// delete tells them, as a release does.
-			_, n, err := execSQL(ctx, tx, d.rebind("DELETE FROM "+r.tables.lease+" WHERE "+in+" AND "+prunable+d.notifyWaiters()),
-				append(append([]any{}, targets...), secs, secs)...)
-			if err != nil {
-				return fmt.Errorf("delete rows: %w", err)
-			}
-			if n != int64(len(targets)) {
-				// The rows were locked, so this should not happen. Roll
-				// back: the result rows below are those of all the rows.
-				return fmt.Errorf("deleted %d of the %d rows it locked", n, len(targets))
-			}
-			if !o.keepResults {
-				if _, _, err := execSQL(ctx, tx, d.rebind("DELETE FROM "+r.tables.result+" WHERE "+in), targets...); err != nil {
-					return fmt.Errorf("delete results: %w", err)
-				}
-			}
-			deleted = n
-			pruned = targets
-			last = targets[len(targets)-1].(string)
-			if len(targets) < o.batchSize {
-				last = "" // the last batch
-			}
-			return nil
-		}, d.fenceTxOptions())
-	})
-	if err != nil {
-		return 0, "", err
-	}
-	for _, id := range pruned {
-		wakeWaiters(r, id.(string)) // in this process: they read the row again
-	}
-	if deleted == 0 {
-		last = ""
-	}
-	return deleted, last, nil
 }

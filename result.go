@@ -26,7 +26,7 @@ func SaveJSON[T any](tx *gorm.DB, result T) error {
 		return invalidf("SaveJSON: no lease in the transaction's context: call it as the saver of Run or CommitIfOwner")
 	}
 	l := v.lease
-	d, err := dialectFor(tx, v.tables)
+	b, err := backendFor(tx, v.tables)
 	if err != nil {
 		return err
 	}
@@ -45,7 +45,7 @@ func SaveJSON[T any](tx *gorm.DB, result T) error {
 		"target_id":  l.TargetID,
 		"data":       string(data),
 		"generation": l.Generation,
-		"updated_at": gorm.Expr(d.now()),
+		"updated_at": gorm.Expr(b.Now()),
 	}).Error
 }
 

@@ -10,6 +10,8 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/gormlease/gormlease/internal/backend"
+
 	"github.com/gormlease/gormlease/observe"
 )
 
@@ -113,8 +115,12 @@ func (r *Runner[T]) Run(ctx context.Context, targetID string,
 	return r.run(ctx, targetID, work, save, anyGeneration)
 }
 
+// anyGeneration is run's from when any generation may be taken over.
+const anyGeneration = -1
+
 // run is Run, taking the target over only from generation from (see
-// acquireArgs), and with its arguments checked.
+// Repository.AcquireFrom) unless it is anyGeneration, and with its
+// arguments checked.
 func (r *Runner[T]) run(ctx context.Context, targetID string,
 	work func(ctx context.Context) (T, error), save func(tx *gorm.DB, result T) error, from int64,
 ) (_ T, err error) {
@@ -125,14 +131,19 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 		ctx, end = m.start(ctx, observe.Span{Kind: observe.SpanRun, TargetID: targetID})
 		ctx = withStatements(ctx, m)
 		defer func() { end(err) }()
-	} else if statementObserver(ctx) != nil {
+	} else if statementsObserved(ctx) {
 		ctx = withStatements(ctx, nil) // a Run inside the work of an observed one
 	}
 
 	acquireCtx, endAcquire := m.start(ctx, observe.Span{Kind: observe.SpanAcquire, TargetID: targetID})
 	acquireCtx, cancel := context.WithTimeout(acquireCtx, r.cfg.operationTimeout)
 	sent := time.Now()
-	lease, err := r.repo.acquire(acquireCtx, targetID, r.cfg.leaseTimeout, r.cfg.operationTimeout, from)
+	var lease Lease
+	if from == anyGeneration {
+		lease, err = r.repo.Acquire(acquireCtx, targetID, r.cfg.leaseTimeout)
+	} else {
+		lease, err = r.repo.AcquireFrom(acquireCtx, targetID, r.cfg.leaseTimeout, from)
+	}
 	cancel()
 	r.acquired(ctx, targetID, lease, sent, err, endAcquire)
 	if err != nil {
@@ -163,8 +174,8 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 	targetID := lease.TargetID
 	workCtx, cancelWork := context.WithCancelCause(withLease(ctx, lease, r.repo.tables))
 	defer cancelWork(context.Canceled)
-	hb := startHeartbeat(workCtx, r.beater, r.cfg, &r.mon, lease, sent, cancelWork)
-	defer hb.stop() // after runtime.Goexit in work; stop is idempotent
+	hb := r.startHeartbeat(workCtx, lease, sent, cancelWork)
+	defer hb.Stop() // after runtime.Goexit in work; Stop is idempotent
 	var maxHold *time.Timer
 	if r.cfg.maxHold > 0 {
 		maxHold = time.AfterFunc(r.cfg.maxHold, func() {
@@ -178,7 +189,7 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 	if maxHold != nil {
 		maxHold.Stop()
 	}
-	hb.stop()
+	hb.Stop()
 
 	switch cause := context.Cause(workCtx); {
 	case errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrMaxHoldExceeded):
@@ -209,8 +220,9 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 func (r *Runner[T]) commit(ctx context.Context, lease Lease, save func(tx *gorm.DB) error) (commitOutcome, error) {
 	commitCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
 	defer cancel()
-	err := r.repo.commit(commitCtx, lease, save, true)
+	err := r.repo.CommitAndRelease(commitCtx, lease, save)
 	if err == nil {
+		r.wake(lease.TargetID)
 		return commitSaved, nil
 	}
 	if errors.Is(err, ErrLeaseLost) {
@@ -220,6 +232,7 @@ func (r *Runner[T]) commit(ctx context.Context, lease Lease, save func(tx *gorm.
 	if errors.As(err, &unknown) {
 		switch committed, known := r.settleCommit(ctx, lease); {
 		case known && committed:
+			r.wake(lease.TargetID)
 			return commitSaved, nil
 		case known:
 			return commitFailed, wrapf(unknown.cause, "commit %q: the connection failed during COMMIT and the database shows nothing saved", lease.TargetID)
@@ -253,7 +266,10 @@ func checkCall[T any](ctx context.Context, targetID string,
 func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, runErr error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
 	defer cancel()
-	err := r.repo.releaseFailed(ctx, lease, runErr)
+	err := r.repo.ReleaseFailed(ctx, lease, runErr)
+	if err == nil {
+		r.wake(lease.TargetID)
+	}
 	if err == nil || errors.Is(err, ErrLeaseLost) {
 		r.mon.logLease(ctx, slog.LevelDebug, "gormlease: lease released", lease, slog.Any("reason", runErr))
 		return runErr
@@ -279,10 +295,10 @@ func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, runErr error)
 func (r *Runner[T]) settleCommit(ctx context.Context, lease Lease) (committed, known bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
 	defer cancel()
-	b := reconnectBackoff()
+	b := backend.ReconnectBackoff()
 	for {
 		committed, known, err := r.settleOnce(ctx, lease)
-		if err == nil || !unreachable(err) || !b.wait(ctx) {
+		if err == nil || !backend.Unreachable(err) || !b.Wait(ctx) {
 			return committed, known
 		}
 	}
@@ -293,6 +309,7 @@ func (r *Runner[T]) settleCommit(ctx context.Context, lease Lease) (committed, k
 func (r *Runner[T]) settleOnce(ctx context.Context, lease Lease) (committed, known bool, err error) {
 	err = r.repo.Release(ctx, lease)
 	if err == nil {
+		r.wake(lease.TargetID)
 		return false, true, nil
 	}
 	if !errors.Is(err, ErrLeaseLost) {
@@ -330,36 +347,4 @@ func callSave[T any](tx *gorm.DB, save func(*gorm.DB, T) error, result T) (err e
 		}
 	}()
 	return save(tx, result)
-}
-
-type leaseKey struct{}
-
-// leaseValue is what a context carries for LeaseFromContext, and for
-// SaveJSON the tables of the lease's Repository.
-type leaseValue struct {
-	lease  Lease
-	tables tableNames
-}
-
-// withLease returns ctx carrying l, held in tables, for LeaseFromContext.
-func withLease(ctx context.Context, l Lease, tables tableNames) context.Context {
-	return context.WithValue(ctx, leaseKey{}, leaseValue{l, tables})
-}
-
-// leaseFrom returns the lease that ctx carries, with its tables.
-func leaseFrom(ctx context.Context) (leaseValue, bool) {
-	if ctx == nil {
-		return leaseValue{}, false
-	}
-	v, ok := ctx.Value(leaseKey{}).(leaseValue)
-	return v, ok
-}
-
-// LeaseFromContext returns the lease that the work runs under, from the
-// context that Runner.Run passes to work, or from the context of the
-// transaction that the saver gets. Use its Generation as an idempotency key
-// for the external call.
-func LeaseFromContext(ctx context.Context) (Lease, bool) {
-	v, ok := leaseFrom(ctx)
-	return v.lease, ok
 }

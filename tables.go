@@ -83,12 +83,3 @@ func checkTableName(name string) string {
 	}
 	return ""
 }
-
-// expand writes t's names into query, which names the tables as
-// job_lease and job_result.
-func (t tableNames) expand(query string) string {
-	if t == defaultTables {
-		return query
-	}
-	return strings.NewReplacer(defaultLeaseTable, t.lease, defaultResultTable, t.result).Replace(query)
-}

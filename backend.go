@@ -1,0 +1,69 @@
+package gormlease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/internal/backend"
+	"github.com/gormlease/gormlease/internal/backend/galera"
+	"github.com/gormlease/gormlease/internal/backend/mysql"
+	"github.com/gormlease/gormlease/internal/backend/postgres"
+	"github.com/gormlease/gormlease/internal/backend/sqlite"
+	"github.com/gormlease/gormlease/internal/wait"
+)
+
+// backendFor picks the backend for db's gorm dialector, with its statements
+// written for the tables t. MySQL runs wrapped for Galera, which it is only
+// where the server is a Galera node.
+func backendFor(db *gorm.DB, t tableNames) (backend.Backend, error) {
+	if db.Dialector == nil {
+		return nil, invalidf("db has no dialector: open it with gorm.Open")
+	}
+	bt := backend.Tables{Lease: t.lease, Result: t.result}
+	switch name := db.Dialector.Name(); name {
+	case "postgres":
+		return postgres.New(bt), nil
+	case "mysql":
+		return galera.Wrap(mysql.New(bt)), nil
+	case "sqlite":
+		return sqlite.New(bt), nil
+	default:
+		return nil, fmt.Errorf(prefix+"unsupported database %q: supported are postgres, mysql and sqlite", name)
+	}
+}
+
+// checkSettings runs b's settings check on db; a setting to change is an
+// invalid argument.
+func checkSettings(ctx context.Context, b backend.Backend, db *gorm.DB) error {
+	err := b.CheckSettings(ctx, db)
+	var bad *backend.SettingsError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &bad):
+		return invalidf("%s", bad.Problem)
+	}
+	return wrapf(err, "check the connection's settings")
+}
+
+// newWaitKey returns the key of r's watches: waiters share a watch when
+// they read the same table on the same pool and report to the same gorm
+// logger. A pool or logger that cannot be a map key is replaced by r, whose
+// waiters then share watches only among themselves.
+func (r *Repository) newWaitKey() wait.Key {
+	k := wait.Key{Pool: r.db.ConnPool, Logger: r.db.Logger, Table: r.tables.lease}
+	if t := reflect.TypeOf(k.Pool); t == nil || !t.Comparable() {
+		k.Pool = r
+	}
+	if t := reflect.TypeOf(k.Logger); t != nil && !t.Comparable() {
+		k.Logger = r
+	}
+	return k
+}
+
+// waitSource is what r's watches read rows through.
+func (r *Repository) waitSource() wait.Source { return wait.Source{Backend: r.backend, DB: r.db} }

@@ -1,0 +1,257 @@
+package gormlease
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/gormlease/gormlease/internal/backend"
+)
+
+// The fenced commit, one implementation for CommitIfOwner and for Run's
+// save-and-release (CommitAndRelease), on every pool type:
+//
+//  1. Begin a transaction and lock the lease row, checking that it still
+//     carries the caller's token. CommitIfOwner locks it with a locking read
+//     through the JobLease model (SELECT ... FOR UPDATE; on SQLite, the
+//     transaction's write lock). CommitAndRelease locks it with the
+//     statement that records the save and releases the lease, which locks
+//     and checks in one; where the backend can (PostgreSQL, on a plain
+//     database/sql pool) it is sent in one query with BEGIN. While the
+//     database cannot be reached (a failover, a restart), this first step
+//     is tried again, on another connection, until the context ends:
+//     nothing has run yet.
+//  2. Run the saver on the transaction; its error rolls everything back.
+//  3. For CommitIfOwner, record the save in the row; then COMMIT. A COMMIT
+//     that got no answer is ErrCommitUnknown.
+//
+// The backend may then ask for the whole commit to run again (a Galera
+// certification failure while the lease was still the caller's); nothing
+// else retries it, since the saver may have effects outside the
+// transaction.
+
+// errSaverEnds is returned to a saver that tries to end the fenced
+// transaction itself.
+var errSaverEnds = errors.New(prefix + "the fenced commit ends its transaction itself; the saver must not commit or roll back")
+
+// saverPool is the fenced transaction as the saver's gorm session sees it:
+// the transaction's statements go through, and it is a gorm.TxCommitter, so
+// that gorm runs the saver's nested transactions as savepoints and begins
+// none of its own, but its Commit and Rollback refuse. A saver that
+// committed would save outside the fence, and what it wrote after would not
+// be fenced at all. It has no BeginTx: a BEGIN sent from the saver would be
+// one more inside the transaction.
+type saverPool struct{ gorm.ConnPool }
+
+func (*saverPool) Commit() error   { return errSaverEnds }
+func (*saverPool) Rollback() error { return errSaverEnds }
+
+// session returns a new session of db on pool, with ctx.
+func session(ctx context.Context, db *gorm.DB, pool gorm.ConnPool) *gorm.DB {
+	// A Context makes Session copy the Statement, whose pool is set next;
+	// without one, the copy would share db's.
+	s := db.Session(&gorm.Session{NewDB: true, Context: ctx})
+	s.Statement.ConnPool = pool
+	return s
+}
+
+// fencedTx is the fenced commit's open transaction.
+type fencedTx struct {
+	// pool runs the transaction's statements.
+	pool gorm.ConnPool
+	// commit sends COMMIT; rollback ends the transaction without saving.
+	commit   func(ctx context.Context) error
+	rollback func(ctx context.Context)
+}
+
+// errLockedNothing is the lock's error when no row held the lease.
+var errLockedNothing = fmt.Errorf("%w: %w", ErrLeaseLost, backend.ErrNotOwned)
+
+// commit is the fenced commit of l: fn under the fence, and with release
+// the lease's release in the same transaction.
+func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) error, release bool) error {
+	if err := l.check(); err != nil {
+		return err
+	}
+	if fn == nil {
+		return invalidf("commit function is nil")
+	}
+	ctx = withLease(ctx, l, r.tables)
+	for attempt := 1; ; attempt++ {
+		err := r.commitOnce(ctx, l, fn, release)
+		if err == nil {
+			return nil
+		}
+		switch again, lost := r.backend.RetryCommit(ctx, r.db, backend.Lease(l), err, attempt); {
+		case lost:
+			return wrapf(fmt.Errorf("%w: another write on the lease row came first (%w)", ErrLeaseLost, unwrapStep(err)),
+				"commit %q", l.TargetID)
+		case !again:
+			return err
+		}
+	}
+}
+
+// commitOnce is one attempt of the fenced commit, in one transaction.
+func (r *Repository) commitOnce(ctx context.Context, l Lease, fn func(tx *gorm.DB) error, release bool) error {
+	tx, err := r.beginFenced(ctx, l, release)
+	if err != nil {
+		return err
+	}
+	ended := false
+	defer func() {
+		if !ended {
+			tx.rollback(ctx)
+		}
+	}()
+	if err := fn(session(ctx, r.db, &saverPool{tx.pool})); err != nil {
+		return saveFailed(l, err)
+	}
+	if !release {
+		switch n, err := r.backend.UpdateOwn(ctx, session(ctx, r.db, tx.pool), backend.Save, backend.Lease(l), ""); {
+		case err != nil:
+			return wrapf(err, "commit %q: record the save", l.TargetID)
+		case n != 1:
+			return wrapf(errLockedNothing, "commit %q", l.TargetID) // the row is locked: not reached
+		}
+	}
+	ended = true
+	err = tx.commit(ctx)
+	switch {
+	case err == nil:
+		return nil
+	case !backend.AnsweredByServer(err):
+		// COMMIT was sent, or about to be, and no answer came back.
+		return &commitUnknownError{targetID: l.TargetID, cause: err}
+	case backend.SQLState(err) == "25P02":
+		return wrapf(err, "save %q: a statement of the saver failed and aborted the transaction, nothing saved", l.TargetID)
+	}
+	return wrapf(err, "commit %q", l.TargetID)
+}
+
+// beginFenced begins the fenced transaction and locks l's row, trying again
+// while the database cannot be reached, until ctx ends. It returns an error
+// wrapping ErrLeaseLost, having rolled back, when no row held l.
+func (r *Repository) beginFenced(ctx context.Context, l Lease, release bool) (*fencedTx, error) {
+	wait := backend.ReconnectBackoff()
+	for {
+		tx, err := r.beginOnce(ctx, l, release)
+		if err == nil || !backend.Unreachable(err) || errors.Is(err, ErrLeaseLost) || !wait.Wait(ctx) {
+			return tx, err
+		}
+	}
+}
+
+// beginOnce is one attempt of beginFenced.
+func (r *Repository) beginOnce(ctx context.Context, l Lease, release bool) (*fencedTx, error) {
+	if release && r.backend.Capabilities().OneTripBegin && !r.oneTripRefused.Load() {
+		if sqlDB, ok := r.db.Statement.ConnPool.(*sql.DB); ok {
+			tx, handled, err := r.beginOneTrip(ctx, sqlDB, l)
+			if handled {
+				return tx, err
+			}
+		}
+	}
+	g := r.db.WithContext(ctx).Begin(r.backend.TxOptions())
+	if g.Error != nil {
+		return nil, wrapf(g.Error, "commit %q: begin", l.TargetID)
+	}
+	tx := &fencedTx{
+		pool:     g.Statement.ConnPool,
+		commit:   func(context.Context) error { return g.Commit().Error },
+		rollback: func(context.Context) { g.Rollback() },
+	}
+	held, err := r.lock(ctx, g, l, release)
+	if err == nil && !held {
+		err = wrapf(errLockedNothing, "commit %q", l.TargetID)
+	}
+	if err != nil {
+		tx.rollback(ctx)
+		return nil, err
+	}
+	return tx, nil
+}
+
+// lock locks l's row in tx and reports whether it holds l.
+func (r *Repository) lock(ctx context.Context, tx *gorm.DB, l Lease, release bool) (bool, error) {
+	if release {
+		n, err := r.backend.UpdateOwn(ctx, tx, backend.SaveRelease, backend.Lease(l), "")
+		if err != nil {
+			return false, wrapf(err, "commit %q: lock lease row", l.TargetID)
+		}
+		return n == 1, nil
+	}
+	var rows []JobLease
+	err := tx.Table(r.tables.lease).Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).
+		Where("target_id = ?", l.TargetID).Limit(1).Find(&rows).Error
+	if err != nil {
+		return false, wrapf(err, "commit %q: lock lease row", l.TargetID)
+	}
+	return len(rows) == 1 && rows[0].LeaseToken == l.Token && rows[0].ReleasedAt == nil, nil
+}
+
+// beginOneTrip begins the fenced transaction of a save-and-release on a
+// connection of sqlDB and locks the row in the same query (see
+// backend.Capabilities.OneTripBegin). It reports handled false, having run
+// nothing, when the driver cannot send the two statements as one query;
+// then r's commits go through gorm's transaction from then on.
+func (r *Repository) beginOneTrip(ctx context.Context, sqlDB *sql.DB, l Lease) (*fencedTx, bool, error) {
+	conn, err := sqlDB.Conn(ctx)
+	if err != nil {
+		return nil, true, wrapf(err, "commit %q", l.TargetID)
+	}
+	_, n, err := backend.ExecOn(ctx, r.db, conn, r.backend.BeginLocked(backend.SaveRelease, backend.Lease(l)))
+	if err != nil {
+		if r.backend.RefusesQueries(err) {
+			_ = conn.Close()
+			r.oneTripRefused.Store(true)
+			return nil, false, nil
+		}
+		// BEGIN may have run: close the connection, which rolls it back,
+		// rather than return it to the pool inside the transaction.
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		_ = conn.Close()
+		return nil, true, wrapf(err, "commit %q: lock lease row", l.TargetID)
+	}
+	tx := &fencedTx{pool: conn}
+	inTx := true
+	closeConn := func() {
+		if inTx {
+			// The transaction may still be open: close the connection,
+			// which rolls it back, rather than return it to the pool inside
+			// it.
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+		_ = conn.Close()
+	}
+	tx.rollback = func(ctx context.Context) {
+		if _, err := conn.ExecContext(ctx, "ROLLBACK"); err == nil {
+			inTx = false
+		}
+		closeConn()
+	}
+	// The SELECT fails when the transaction is aborted (a statement of the
+	// saver failed, and the saver returned nil all the same), so that the
+	// COMMIT does not run: a COMMIT would end it as a rollback without an
+	// error.
+	tx.commit = func(ctx context.Context) error {
+		_, err := conn.ExecContext(ctx, "SELECT 1; COMMIT")
+		if err == nil || !backend.AnsweredByServer(err) {
+			inTx = err != nil
+			closeConn()
+			return err
+		}
+		tx.rollback(ctx)
+		return err
+	}
+	if n != 1 {
+		tx.rollback(ctx)
+		return nil, true, wrapf(errLockedNothing, "commit %q", l.TargetID)
+	}
+	return tx, true, nil
+}

@@ -1,0 +1,278 @@
+// Package backend is the seam between gormlease's lease steps and one
+// database's SQL. Each supported database implements Backend, in a package
+// of its own below this one (postgres, mysql, sqlite; galera wraps mysql),
+// and nothing else in gormlease writes SQL about the lease rows.
+//
+// The layers, from the top:
+//
+//	gormlease: Runner (Run, RunWait, Do)     runs, on top of the steps
+//	gormlease: Repository                    the steps: acquire, heartbeat, fenced commit, release
+//	internal/heartbeat, internal/wait        the goroutines: batched heartbeats, watches of waited-on rows
+//	internal/backend                         this seam: types, statements, errors, retries
+//	internal/backend/{postgres,mysql,...}    one database's SQL
+//
+// A layer imports only those below it. The types here (Lease, Row, State,
+// Tables) are the seam's own, so that a backend needs nothing from the
+// public API.
+package backend
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+)
+
+// Backend is one database's SQL for the lease steps: exactly what the steps
+// above it run. Every method takes the *gorm.DB to run on, which is the
+// Repository's pool or, inside the fenced commit, its transaction. A
+// refusal (a lease held, a row that no longer carries the caller's token) is
+// an outcome, not an error. What a backend can do beyond the common steps
+// is declared by Capabilities; the steps never find it out by a type
+// assertion, and call a method that a capability governs only when the
+// backend declares it.
+type Backend interface {
+	// Name is the gorm dialector's name: "postgres", "mysql" or "sqlite".
+	Name() string
+	// Capabilities declares what the backend can do beyond the common steps.
+	Capabilities() Capabilities
+	// Tables are the tables the backend's statements are written for.
+	Tables() Tables
+
+	// CheckSettings returns a *SettingsError that says what to change when
+	// db's settings would make the steps fail later, before any step runs.
+	// It writes nothing.
+	CheckSettings(ctx context.Context, db *gorm.DB) error
+	// Migrate creates the tables when they do not exist, and adds the
+	// columns that a table made by an earlier version lacks.
+	Migrate(ctx context.Context, db *gorm.DB) error
+
+	// Acquire takes the lease on a.TargetID, in as few statements as the
+	// database allows, when there is no row, the row is released, or its
+	// last heartbeat is older than the timeout that its holder recorded (or
+	// a.Timeout, in a row that records none) on the database's clock. It
+	// records a.Timeout in the row and reports the new generation, and
+	// whether the lease was taken.
+	Acquire(ctx context.Context, db *gorm.DB, a AcquireArgs) (generation int64, acquired bool, err error)
+	// UpdateOwn runs op on l's own row: where the target and the token
+	// match and the lease is not released. It returns the number of rows
+	// changed, 1 exactly when the lease was still the caller's. failure is
+	// the text that ReleaseFailed records; the other ops ignore it. The
+	// ops that end a generation or save its result notify the waiters in
+	// other processes where the backend can (Capabilities.Notify).
+	UpdateOwn(ctx context.Context, db *gorm.DB, op Own, l Lease, failure string) (int64, error)
+	// HeartbeatBatch renews leases (at most MaxBatch) as UpdateOwn(Renew)
+	// does each, and returns those it renewed. Only with
+	// Capabilities.BatchHeartbeat.
+	HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (renewed map[Lease]bool, err error)
+	// Get reads targetID's row; found is false when there is none. It
+	// sees every write that the database committed before it began, also
+	// on a node of a cluster that applies other nodes' writes late.
+	Get(ctx context.Context, db *gorm.DB, targetID string) (row Row, found bool, err error)
+	// ForceRelease ends the lease on targetID, whoever holds it: in one
+	// transaction the row gets token, the next generation, its release
+	// time and failure, and is read back. found is false when there was no
+	// lease to end.
+	ForceRelease(ctx context.Context, db *gorm.DB, targetID string, token uuid.UUID, failure string) (row Row, found bool, err error)
+
+	// TxOptions are the options of the fenced commit's transaction.
+	TxOptions() *sql.TxOptions
+	// BeginLocked returns the query that begins the fenced transaction and
+	// runs op on l's row, in one round trip, with its values written in as
+	// literals. Only with Capabilities.OneTripBegin.
+	BeginLocked(op Own, l Lease) string
+	// RefusesQueries reports whether err says that the driver sent a
+	// BeginLocked query in a way that takes one statement only, so that
+	// nothing ran.
+	RefusesQueries(err error) bool
+	// RetryCommit decides, after the fenced commit of l failed with err on
+	// its attempt-th try, whether the failure came from the database and
+	// not from a lost lease, so that the commit may run again (its saver
+	// included): lost reports that the lease is gone instead. A backend on
+	// a single server always answers false, false.
+	RetryCommit(ctx context.Context, db *gorm.DB, l Lease, err error, attempt int) (again, lost bool)
+
+	// State reads what a waiter needs of targetID's row.
+	State(ctx context.Context, db *gorm.DB, targetID string) (State, error)
+	// MarkWaiting marks the row of generation, when it is live and not
+	// marked yet, as waited on, so that the statement that ends it notifies
+	// (Capabilities.Notify). It reports marked when it did, and ended when
+	// the generation had ended.
+	MarkWaiting(ctx context.Context, db *gorm.DB, targetID string, generation int64) (marked, ended bool, err error)
+	// Listen opens a connection of its own with the settings of db's pool,
+	// listens on it for the notifications of every table's lease rows and
+	// calls notified with each one's table and target, until ctx is done or
+	// the connection fails; it calls ready once it listens. It returns
+	// ErrCannotListen when db's pool cannot receive notifications (another
+	// driver, a connection pooler). Only with Capabilities.Notify.
+	Listen(ctx context.Context, db *gorm.DB, ready func(), notified func(table, targetID string)) error
+
+	// List reads the rows that q chooses, with their state and age on the
+	// database's clock, in one statement.
+	List(ctx context.Context, db *gorm.DB, q ListQuery) ([]Listed, error)
+	// PruneBatch deletes, in one transaction, up to q.BatchSize prunable
+	// rows whose target IDs come after q.After, with their result rows
+	// unless q.KeepResults, and raises the generation floor above them. It
+	// returns the targets deleted and whether more rows may follow.
+	PruneBatch(ctx context.Context, db *gorm.DB, q PruneQuery) (deleted []string, more bool, err error)
+
+	// Now is an SQL expression for the database's current time, in the
+	// form the tables hold it, read when the statement runs.
+	Now() string
+}
+
+// Capabilities are what a Backend can do beyond the common steps.
+type Capabilities struct {
+	// Notify: the statements that end a waited-on generation notify
+	// waiters in other processes, which MarkWaiting and Listen serve.
+	Notify bool
+	// OneTripBegin: BeginLocked begins the fenced transaction and locks the
+	// row in one round trip, on a plain database/sql pool.
+	OneTripBegin bool
+	// BatchHeartbeat: HeartbeatBatch renews many leases in one or two
+	// statements.
+	BatchHeartbeat bool
+}
+
+// MaxBatch is the most leases that one HeartbeatBatch renews.
+const MaxBatch = 1000
+
+// Lease is a lease that the caller holds, as the steps know it.
+type Lease struct {
+	TargetID   string
+	Token      uuid.UUID
+	Generation int64
+}
+
+// Own names a statement on the caller's own row.
+type Own uint8
+
+const (
+	// Renew stamps the row with the database's time: a heartbeat.
+	Renew Own = iota
+	// Release marks the row released.
+	Release
+	// ReleaseFailed marks it released, with the failure of the job.
+	ReleaseFailed
+	// Save records the lease's generation as the saved one (the fenced
+	// commit of CommitIfOwner).
+	Save
+	// SaveRelease records the save and releases the lease, in one
+	// statement that also locks and checks the row (Run's fenced commit).
+	SaveRelease
+)
+
+// AcquireArgs are the values of one acquire.
+type AcquireArgs struct {
+	TargetID string
+	Token    uuid.UUID
+	Holder   string
+	// Timeout is the new lease's timeout, recorded in the row. The row's
+	// current lease is judged by the timeout that its own holder recorded.
+	Timeout time.Duration
+	// From, when not AnyGeneration, is the generation that the row must
+	// have for the acquire to take it over (0: there must be no row). A
+	// caller that waited for a generation to end takes over from that one
+	// only, never from one that began and ended since it looked.
+	From int64
+}
+
+// AnyGeneration is AcquireArgs.From when any generation may be taken over.
+const AnyGeneration = -1
+
+// Row is a lease row, as the steps read it. The public JobLease has the
+// same fields.
+type Row struct {
+	TargetID        string
+	LeaseToken      uuid.UUID
+	Generation      int64
+	Holder          string
+	UpdatedAt       time.Time
+	ReleasedAt      *time.Time
+	SavedGeneration *int64
+	SavedAt         *time.Time
+	Failure         *string
+	TimeoutMS       *int64
+}
+
+// RowColumns are the columns of a lease row that Get, List and
+// ForceRelease read, in the order of Row.Columns.
+const RowColumns = "target_id, lease_token, generation, holder, updated_at, released_at," +
+	" saved_generation, saved_at, failure, timeout_ms"
+
+// Columns returns where to scan RowColumns into row.
+func (row *Row) Columns() []any {
+	return []any{&row.TargetID, &row.LeaseToken, &row.Generation, &row.Holder, &row.UpdatedAt, &row.ReleasedAt,
+		&row.SavedGeneration, &row.SavedAt, &row.Failure, &row.TimeoutMS}
+}
+
+// Holds reports whether row holds l: it carries l's token, unreleased.
+func (row Row) Holds(l Lease) bool { return row.LeaseToken == l.Token && row.ReleasedAt == nil }
+
+// State is a lease row as a waiter reads it, with ages on the database's
+// clock.
+type State struct {
+	Found      bool
+	Generation int64
+	Released   bool
+	// SavedGeneration is the last generation that saved a result, 0 when
+	// none did; SavedAge is the time since then, or -1.
+	SavedGeneration int64
+	SavedAge        time.Duration
+	// Failure is the failure that the generation was released with, if any.
+	Failure string
+	// Age is the time since the last acquire or heartbeat.
+	Age time.Duration
+	// Waiting reports whether the row is marked as waited on.
+	Waiting bool
+	// Timeout is the lease timeout that the generation's holder recorded, 0
+	// when the row records none.
+	Timeout time.Duration
+}
+
+// Live reports whether the generation that st shows is held and not
+// expired, judged, as the acquire judges it, by the timeout its holder
+// recorded, or by fallback when the row records none.
+func (st State) Live(fallback time.Duration) bool {
+	timeout := st.Timeout
+	if timeout <= 0 {
+		timeout = fallback
+	}
+	return st.Found && !st.Released && st.Age <= timeout
+}
+
+// ListQuery chooses the rows of a List: those after After, starting with
+// Prefix, in State (all when ""), up to Limit, in the order of their
+// target IDs.
+type ListQuery struct {
+	After, Prefix, State string
+	Limit                int
+}
+
+// Listed is a row that List read, with its state ("live", "expired" or
+// "released") and age.
+type Listed struct {
+	Row   Row
+	State string
+	Age   time.Duration
+}
+
+// PruneQuery chooses the rows of a PruneBatch: released, or expired by the
+// timeout their holder recorded, more than OlderThan ago.
+type PruneQuery struct {
+	OlderThan   time.Duration
+	BatchSize   int
+	After       string
+	KeepResults bool
+}
+
+// Seconds converts s seconds, as the database computed them, to a
+// Duration.
+func Seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// ErrNotOwned is the fenced commit's error when its lock found no row that
+// holds the caller's lease (see Backend.RetryCommit).
+var ErrNotOwned = errors.New("no row holds the lease")

@@ -1,0 +1,423 @@
+package backend
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// Dialect is what differs between the databases in the statements that
+// Common writes once for all of them.
+type Dialect struct {
+	// Name is the gorm dialector's name.
+	Name string
+	// Now is an SQL expression for the database's current time, read when
+	// the statement runs (not when its transaction began).
+	Now string
+	// Rebind rewrites the ? placeholders of a query as the driver wants them.
+	Rebind func(query string) string
+	// SecondsSince is an SQL expression for the time, in seconds, from col, a
+	// timestamp column, to the database's time when the statement started.
+	SecondsSince func(col string) string
+	// Notify is appended to the statements that end a generation or save
+	// its result, to tell waiters in other processes; "" where the database
+	// cannot.
+	Notify string
+	// RowLock and FloorLock are appended to Prune's reads of the rows it
+	// deletes and of the floor ("" where a transaction locks the database).
+	RowLock, FloorLock string
+	// RaiseFloor is the statement that raises the generation floor to its
+	// one argument when that is higher, creating its row if missing.
+	RaiseFloor string
+	// TxOptions are the options of the fenced commit's, ForceRelease's and
+	// Prune's transactions.
+	TxOptions *sql.TxOptions
+	// PrefixRange reports whether target IDs order byte for byte, so that
+	// a prefix is a range of the primary key; nil means they always do.
+	PrefixRange func(ctx context.Context, db *gorm.DB) (bool, error)
+}
+
+// Common is the part of a Backend that is the same SQL on every database,
+// written with a Dialect: the statements on the caller's own row, Get,
+// ForceRelease, List and PruneBatch, and no capabilities. A backend embeds
+// it and adds its own acquire, migration, waiter state and capabilities.
+type Common struct {
+	d      Dialect
+	tables Tables
+	own    [SaveRelease + 1]string
+	get    string
+}
+
+// NewCommon returns the Common of d for tables t.
+func NewCommon(d Dialect, t Tables) Common {
+	c := Common{d: d, tables: t}
+	set := [...]string{
+		Renew:         "updated_at = " + d.Now,
+		Release:       "released_at = " + d.Now,
+		ReleaseFailed: "released_at = " + d.Now + ", failure = ?",
+		Save:          "saved_generation = generation, saved_at = " + d.Now,
+		SaveRelease:   "released_at = " + d.Now + ", saved_generation = generation, saved_at = " + d.Now,
+	}
+	for op, s := range set {
+		suffix := d.Notify
+		if Own(op) == Renew {
+			suffix = ""
+		}
+		c.own[op] = d.Rebind("UPDATE " + t.Lease + " SET " + s +
+			" WHERE target_id = ? AND lease_token = ? AND released_at IS NULL" + suffix)
+	}
+	c.get = d.Rebind("SELECT " + RowColumns + " FROM " + t.Lease + " WHERE target_id = ?")
+	return c
+}
+
+// Name is the dialect's name.
+func (c *Common) Name() string { return c.d.Name }
+
+// Tables are the tables of c's statements.
+func (c *Common) Tables() Tables { return c.tables }
+
+// Now is the dialect's expression for the current time.
+func (c *Common) Now() string { return c.d.Now }
+
+// TxOptions are the dialect's transaction options.
+func (c *Common) TxOptions() *sql.TxOptions { return c.d.TxOptions }
+
+// Capabilities are none.
+func (c *Common) Capabilities() Capabilities { return Capabilities{} }
+
+// CheckSettings checks nothing.
+func (c *Common) CheckSettings(context.Context, *gorm.DB) error { return nil }
+
+// OwnSQL returns the statement of op on the caller's own row. Its arguments
+// are, for ReleaseFailed, the failure, then the target and the token.
+func (c *Common) OwnSQL(op Own) string { return c.own[op] }
+
+// GetSQL returns Get's statement; its one argument is the target.
+func (c *Common) GetSQL() string { return c.get }
+
+// UpdateOwn runs op on l's own row.
+func (c *Common) UpdateOwn(ctx context.Context, db *gorm.DB, op Own, l Lease, failure string) (int64, error) {
+	args := []any{l.TargetID, l.Token.String()}
+	if op == ReleaseFailed {
+		args = append([]any{failure}, args...)
+	}
+	_, n, err := Exec(ctx, db, c.own[op], args...)
+	return n, err
+}
+
+// HeartbeatBatch is not a capability of Common.
+func (c *Common) HeartbeatBatch(context.Context, *gorm.DB, []Lease) (map[Lease]bool, error) {
+	return nil, errors.New("batched heartbeats are not supported")
+}
+
+// Get reads targetID's row.
+func (c *Common) Get(ctx context.Context, db *gorm.DB, targetID string) (Row, bool, error) {
+	var row Row
+	found, err := QueryRow(ctx, db, c.get, []any{targetID}, row.Columns()...)
+	return row, found, err
+}
+
+// ForceRelease ends the lease on targetID, in one transaction that also
+// reads the row back.
+func (c *Common) ForceRelease(ctx context.Context, db *gorm.DB, targetID string, token uuid.UUID, failure string) (Row, bool, error) {
+	stmt := c.d.Rebind("UPDATE " + c.tables.Lease + " SET lease_token = ?, generation = generation + 1," +
+		" released_at = " + c.d.Now + ", failure = ? WHERE target_id = ? AND released_at IS NULL" + c.d.Notify)
+	var row Row
+	found := false
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		_, n, err := Exec(ctx, tx, stmt, token.String(), failure, targetID)
+		if err != nil || n == 0 {
+			return err
+		}
+		found, err = QueryRow(ctx, tx, c.get, []any{targetID}, row.Columns()...)
+		return err
+	}, c.d.TxOptions)
+	return row, found, err
+}
+
+// BeginLocked is not a capability of Common.
+func (c *Common) BeginLocked(Own, Lease) string { return "" }
+
+// RefusesQueries is false: Common has no BeginLocked.
+func (c *Common) RefusesQueries(error) bool { return false }
+
+// RetryCommit never retries: on one server, a fenced commit that failed
+// failed for good.
+func (c *Common) RetryCommit(context.Context, *gorm.DB, Lease, error, int) (again, lost bool) {
+	return false, false
+}
+
+// MarkWaiting marks nothing: Common has no notifications.
+func (c *Common) MarkWaiting(context.Context, *gorm.DB, string, int64) (marked, ended bool, err error) {
+	return false, false, nil
+}
+
+// Listen cannot listen.
+func (c *Common) Listen(context.Context, *gorm.DB, func(), func(string, string)) error {
+	return ErrCannotListen
+}
+
+// StateExpr is an SQL expression for a row's state, with age the SQL for
+// its age in seconds: live within the timeout its holder recorded, expired
+// past it (or when it recorded none), released.
+func StateExpr(age string) string {
+	return "CASE WHEN released_at IS NOT NULL THEN 'released'" +
+		" WHEN timeout_ms IS NOT NULL AND " + age + " * 1000 <= timeout_ms THEN 'live'" +
+		" ELSE 'expired' END"
+}
+
+// List reads the rows that q chooses.
+func (c *Common) List(ctx context.Context, db *gorm.DB, q ListQuery) ([]Listed, error) {
+	age := c.d.SecondsSince("updated_at")
+	state := StateExpr(age)
+	var where []string
+	var args []any
+	if q.After != "" {
+		where, args = append(where, "target_id > ?"), append(args, q.After)
+	}
+	if q.Prefix != "" {
+		cond, cargs, err := c.prefixCondition(ctx, db, q.Prefix)
+		if err != nil {
+			return nil, err
+		}
+		where, args = append(where, cond), append(args, cargs...)
+	}
+	if q.State != "" {
+		where, args = append(where, state+" = ?"), append(args, q.State)
+	}
+	query := "SELECT " + RowColumns + ", " + age + ", " + state + " FROM " + c.tables.Lease
+	if len(where) > 0 {
+		query += " WHERE " + strings.Join(where, " AND ")
+	}
+	query += " ORDER BY target_id LIMIT " + strconv.Itoa(q.Limit)
+	rows, err := Query(ctx, db, c.d.Rebind(query), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Listed
+	for rows.Next() {
+		var (
+			l    Listed
+			secs sql.NullFloat64
+		)
+		if err := rows.Scan(append(l.Row.Columns(), &secs, &l.State)...); err != nil {
+			return nil, err
+		}
+		l.Age = Seconds(secs.Float64)
+		out = append(out, l)
+	}
+	return out, rows.Err()
+}
+
+// prefixCondition returns the SQL condition, and its arguments, that keeps
+// the target IDs starting with prefix. It is a range on the primary key,
+// [prefix, its successor), wherever target IDs are ordered byte for byte;
+// otherwise a range could miss IDs that the collation orders elsewhere, so
+// it is LIKE with the wildcards escaped.
+func (c *Common) prefixCondition(ctx context.Context, db *gorm.DB, prefix string) (string, []any, error) {
+	if c.d.PrefixRange != nil {
+		bytewise, err := c.d.PrefixRange(ctx, db)
+		if err != nil {
+			return "", nil, err
+		}
+		if !bytewise {
+			return `target_id LIKE ? ESCAPE '\'`, []any{likePrefix(prefix)}, nil
+		}
+	}
+	if next, ok := successor(prefix); ok {
+		return "target_id >= ? AND target_id < ?", []any{prefix, next}, nil
+	}
+	return "target_id >= ?", []any{prefix}, nil
+}
+
+// likePrefix is the LIKE pattern of the strings that start with prefix,
+// with LIKE's wildcards and its escape character escaped.
+func likePrefix(prefix string) string {
+	return strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(prefix) + "%"
+}
+
+// successor returns the smallest valid UTF-8 string, in byte order, that
+// is greater than every string starting with prefix: prefix with its last
+// character replaced by the next one (dropping trailing characters that
+// have no next one). It reports false when there is none.
+func successor(prefix string) (string, bool) {
+	for prefix != "" {
+		c, size := utf8.DecodeLastRuneInString(prefix)
+		prefix = prefix[:len(prefix)-size]
+		next := c + 1
+		if next == 0xD800 { // skip the surrogates, which UTF-8 cannot encode
+			next = 0xE000
+		}
+		if next <= utf8.MaxRune {
+			return prefix + string(next), true
+		}
+	}
+	return "", false
+}
+
+// prunable is the condition on a lease row that PruneBatch deletes it by:
+// released, or expired by the timeout its holder recorded (a row without
+// one counts as expired since its last heartbeat), more than its two
+// arguments, seconds, ago.
+func (c *Common) prunable() string {
+	age := c.d.SecondsSince
+	return "((released_at IS NOT NULL AND " + age("released_at") + " > ?)" +
+		" OR (released_at IS NULL AND " + age("updated_at") + " > COALESCE(timeout_ms, 0) / 1000.0 + ?))"
+}
+
+// PruneBatch deletes one batch of prunable rows. The floor is locked first,
+// so that concurrent Prunes, and MySQL's inserts that read it, take their
+// locks in one order; the rows are locked (skipping those that others hold)
+// and checked again under the lock, so a row acquired meanwhile stays.
+func (c *Common) PruneBatch(ctx context.Context, db *gorm.DB, q PruneQuery) (deleted []string, more bool, err error) {
+	d, t := c.d, c.tables
+	prunable := c.prunable()
+	secs := q.OlderThan.Seconds()
+	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		deleted, more = nil, false
+		if _, err := QueryRow(ctx, tx, "SELECT generation FROM "+t.Floor()+" WHERE id = 1"+d.FloorLock, nil, new(int64)); err != nil {
+			return fmt.Errorf("lock the generation floor: %w", err)
+		}
+		rows, err := Query(ctx, tx, d.Rebind("SELECT target_id, generation FROM "+t.Lease+
+			" WHERE target_id > ? AND "+prunable+" ORDER BY target_id LIMIT "+strconv.Itoa(q.BatchSize)+d.RowLock),
+			q.After, secs, secs)
+		if err != nil {
+			return fmt.Errorf("select rows: %w", err)
+		}
+		var targets []any
+		var top int64
+		for rows.Next() {
+			var id string
+			var gen int64
+			if err := rows.Scan(&id, &gen); err != nil {
+				rows.Close()
+				return fmt.Errorf("select rows: %w", err)
+			}
+			targets, top = append(targets, id), max(top, gen)
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			return fmt.Errorf("select rows: %w", err)
+		}
+		if len(targets) == 0 {
+			return nil
+		}
+		if _, _, err := Exec(ctx, tx, d.Rebind(d.RaiseFloor), top); err != nil {
+			return fmt.Errorf("raise the generation floor: %w", err)
+		}
+		in := "target_id IN (" + strings.TrimSuffix(strings.Repeat("?, ", len(targets)), ", ") + ")"
+		// Waiters in other processes may wait on an expired row: the
+		// delete tells them, as a release does.
+		_, n, err := Exec(ctx, tx, d.Rebind("DELETE FROM "+t.Lease+" WHERE "+in+" AND "+prunable+d.Notify),
+			append(append([]any{}, targets...), secs, secs)...)
+		if err != nil {
+			return fmt.Errorf("delete rows: %w", err)
+		}
+		if n != int64(len(targets)) {
+			// The rows were locked, so this should not happen. Roll back:
+			// the result rows below are those of all the rows.
+			return fmt.Errorf("deleted %d of the %d rows it locked", n, len(targets))
+		}
+		if !q.KeepResults {
+			if _, _, err := Exec(ctx, tx, d.Rebind("DELETE FROM "+t.Result+" WHERE "+in), targets...); err != nil {
+				return fmt.Errorf("delete results: %w", err)
+			}
+		}
+		for _, id := range targets {
+			deleted = append(deleted, id.(string))
+		}
+		more = len(targets) == q.BatchSize
+		return nil
+	}, d.TxOptions)
+	if err != nil {
+		return nil, false, err
+	}
+	return deleted, more, nil
+}
+
+// Column is a column that a later version added to the lease table.
+type Column struct{ Name, DDL string }
+
+// AddMissingColumns adds to table those of columns that it lacks: the
+// upgrade, by Migrate, of a table made by an earlier version. A column that
+// another migration adds at the same time makes the ALTER fail; it is then
+// found there, and that is not an error.
+func AddMissingColumns(db *gorm.DB, table string, columns []Column) error {
+	quiet := db.Session(&gorm.Session{Logger: logger.Discard})
+	has := func(c Column) bool {
+		return quiet.Exec("SELECT "+c.Name+" FROM "+table+" WHERE 1 = 0").Error == nil
+	}
+	for _, c := range columns {
+		if has(c) {
+			continue
+		}
+		if err := db.Exec("ALTER TABLE " + table + " ADD COLUMN " + c.Name + " " + c.DDL).Error; err != nil && !has(c) {
+			return fmt.Errorf("add column %s.%s: %w", table, c.Name, err)
+		}
+	}
+	return nil
+}
+
+// ScanRenewed reads rows, the target and token of each lease that a
+// heartbeat statement renewed, closes them, and returns those of leases
+// that it renewed.
+func ScanRenewed(rows *sql.Rows, leases []Lease) (map[Lease]bool, error) {
+	defer rows.Close()
+	type key struct{ target, token string }
+	byKey := make(map[key]Lease, len(leases))
+	for _, l := range leases {
+		byKey[key{l.TargetID, l.Token.String()}] = l
+	}
+	renewed := make(map[Lease]bool, len(leases))
+	for rows.Next() {
+		var k key
+		if err := rows.Scan(&k.target, &k.token); err != nil {
+			return nil, err
+		}
+		if l, ok := byKey[k]; ok {
+			renewed[l] = true
+		}
+	}
+	return renewed, rows.Err()
+}
+
+// TimeoutMillis is d in whole milliseconds, rounded up, as the timeout_ms
+// column records a lease's timeout.
+func TimeoutMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// ScanState scans a waiter's state from a row of generation, released,
+// saved generation, failure, age, saved age, waiting and timeout_ms, in that
+// order, as each backend's State selects them.
+func ScanState(ctx context.Context, db *gorm.DB, query, targetID string) (State, error) {
+	var (
+		st            State
+		failure       sql.NullString
+		age, savedAge sql.NullFloat64
+		timeoutMS     sql.NullInt64
+	)
+	found, err := QueryRow(ctx, db, query, []any{targetID},
+		&st.Generation, &st.Released, &st.SavedGeneration, &failure, &age, &savedAge, &st.Waiting, &timeoutMS)
+	if err != nil || !found {
+		return State{}, err
+	}
+	st.Found = true
+	st.Failure = failure.String
+	st.Age = Seconds(age.Float64)
+	st.SavedAge = -1
+	if savedAge.Valid {
+		st.SavedAge = Seconds(savedAge.Float64)
+	}
+	st.Timeout = time.Duration(timeoutMS.Int64) * time.Millisecond
+	return st, nil
+}

@@ -1,0 +1,251 @@
+// Package galera wraps the MySQL backend for a MariaDB Galera cluster. It is
+// the MySQL backend wherever the server is not a Galera node, which it asks
+// once; on a Galera node it adds the checks that the cluster needs, and
+// nothing else in gormlease knows of Galera.
+//
+// Every node of a Galera cluster takes writes; a transaction runs on its own
+// node, taking row locks there only, and is certified against the writes of
+// the other nodes when it commits, in one order that all nodes agree on. A
+// transaction that wrote a row which a write certified before it also
+// wrote, one that it had not seen, fails at COMMIT (or, when the other write
+// reaches its node first, at its next statement) with error 1213, and is
+// rolled back. Three things follow for the lease:
+//
+//   - The fence still holds: a fenced commit on one node whose lease was
+//     taken over on another, even a moment before and not yet seen there,
+//     fails certification, having saved nothing. But a takeover does not
+//     wait for the fenced commit to end, as it does on one server.
+//   - A heartbeat of the holder itself, sent through another node while the
+//     fenced commit runs (a pool spread over the nodes, or WithHeartbeatDB
+//     on another node), fails the commit in the same way, although the
+//     lease is still the holder's. So the fenced commit may run again when
+//     it fails with a serialization failure and a causal read of the row
+//     shows that the lease is still the caller's (RetryCommit). The saver
+//     then runs again, in a new transaction; every earlier run's
+//     transaction was rolled back.
+//   - A node applies the other nodes' writes shortly after they commit, so
+//     a statement sent to it just after a write on another node may not find
+//     that write: a heartbeat, fenced commit or release sent to node 2 just
+//     after the acquire on node 1 finds the row's old token and changes
+//     nothing; an acquire sent just after a release elsewhere finds the
+//     lease still held; ForceRelease finds nothing to release. So before
+//     such an outcome is reported, a causal read of the row checks it; when
+//     the row says otherwise, the node was behind, and the statement is
+//     sent again, up to Attempts times in all.
+//
+// The reads that a step decides on (Get) wait for the node to catch up,
+// with wsrep_sync_wait=1 for that statement alone.
+package galera
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/internal/backend"
+	"github.com/gormlease/gormlease/internal/backend/mysql"
+)
+
+// Attempts is how often a statement or the fenced commit is tried in all
+// on a Galera node, while a causal read says the outcome came from the
+// node being behind, or from a write that did not take the lease.
+const Attempts = 4
+
+// Backend is the MySQL backend, checked as a Galera node needs where the
+// server is one.
+type Backend struct {
+	*mysql.Backend
+	// state is whether the server is a MariaDB Galera node: one of the
+	// constants below.
+	state atomic.Int32
+}
+
+const (
+	unknown int32 = iota
+	yes
+	no
+)
+
+// Wrap returns inner, wrapped.
+func Wrap(inner *mysql.Backend) *Backend { return &Backend{Backend: inner} }
+
+// probeSQL reads whether the server replicates with Galera (wsrep_on) and
+// whether it is MariaDB, whose SET STATEMENT the causal reads use. It runs
+// on MySQL too, where it finds no wsrep_on.
+const probeSQL = "SHOW VARIABLES WHERE Variable_name IN ('wsrep_on', 'version')"
+
+// On reports whether db's server is a MariaDB Galera node, asking it once.
+// When it cannot tell (the query fails), it reports false and asks again
+// next time.
+func (b *Backend) On(ctx context.Context, db *gorm.DB) bool {
+	switch b.state.Load() {
+	case yes:
+		return true
+	case no:
+		return false
+	}
+	rows, err := backend.Query(ctx, db, probeSQL)
+	if err != nil {
+		return false
+	}
+	defer rows.Close()
+	wsrep, mariaDB := false, false
+	for rows.Next() {
+		var name, value string
+		if err := rows.Scan(&name, &value); err != nil {
+			return false
+		}
+		switch strings.ToLower(name) {
+		case "wsrep_on":
+			wsrep = strings.EqualFold(value, "ON") || value == "1"
+		case "version":
+			mariaDB = strings.Contains(value, "MariaDB")
+		}
+	}
+	if rows.Err() != nil {
+		return false
+	}
+	state := no
+	if wsrep && mariaDB {
+		state = yes
+	}
+	b.state.Store(state)
+	return state == yes
+}
+
+// Get reads the row with a causal read: on a Galera node it waits until the
+// node has applied every write that the cluster committed before it began,
+// so that it sees a takeover made on another node.
+func (b *Backend) Get(ctx context.Context, db *gorm.DB, targetID string) (backend.Row, bool, error) {
+	if !b.On(ctx, db) {
+		return b.Backend.Get(ctx, db, targetID)
+	}
+	var row backend.Row
+	found, err := backend.QueryRow(ctx, db, "SET STATEMENT wsrep_sync_wait=1 FOR "+b.GetSQL(), []any{targetID}, row.Columns()...)
+	return row, found, err
+}
+
+// Acquire sends the acquire again when it was refused only because the
+// node had not yet applied a release made elsewhere.
+func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {
+	wait := backend.StatementBackoff()
+	for attempt := 1; ; attempt++ {
+		gen, ok, err := b.Backend.Acquire(ctx, db, a)
+		if err != nil || ok || attempt >= Attempts || !b.behind(ctx, db, a.TargetID, released) || !wait.Wait(ctx) {
+			return gen, ok, err
+		}
+	}
+}
+
+// UpdateOwn sends the statement again when it changed nothing only because
+// the node had not yet applied l. Inside a transaction (the fenced commit's
+// lock) that is RetryCommit's to decide, and on a known Galera node a
+// serialization failure there is retried or turned into the step's outcome,
+// not a fault for the logger.
+func (b *Backend) UpdateOwn(ctx context.Context, db *gorm.DB, op backend.Own, l backend.Lease, failure string) (int64, error) {
+	if backend.InTx(db) {
+		if b.state.Load() == yes {
+			ctx = backend.MarkRetried(ctx)
+		}
+		return b.Backend.UpdateOwn(ctx, db, op, l, failure)
+	}
+	wait := backend.StatementBackoff()
+	for attempt := 1; ; attempt++ {
+		n, err := b.Backend.UpdateOwn(ctx, db, op, l, failure)
+		if err != nil || n > 0 || !b.On(ctx, db) {
+			return n, err
+		}
+		row, found, err := b.Get(ctx, db, l.TargetID)
+		switch {
+		case err != nil:
+			return 0, errors.Join(errors.New("no row held the lease on this Galera node, and reading it again failed"), err)
+		case !found || !row.Holds(l):
+			return 0, nil // gone, as the statement said
+		case attempt >= Attempts:
+			return 0, errors.New("the row holds the lease, but this Galera node had not applied it after several attempts")
+		case !wait.Wait(ctx):
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// HeartbeatBatch checks again, lease by lease, those that the batch
+// reported lost: the node may only have been behind.
+func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]bool, error) {
+	renewed, err := b.Backend.HeartbeatBatch(ctx, db, leases)
+	if err != nil || len(renewed) == len(leases) || !b.On(ctx, db) {
+		return renewed, err
+	}
+	for _, l := range leases {
+		if renewed[l] {
+			continue
+		}
+		n, err := b.UpdateOwn(ctx, db, backend.Renew, l, "")
+		if err != nil {
+			return nil, err
+		}
+		if n > 0 {
+			renewed[l] = true
+		}
+	}
+	return renewed, nil
+}
+
+// ForceRelease sends the statement again when it found nothing to release
+// only because the node had not yet applied the acquire.
+func (b *Backend) ForceRelease(ctx context.Context, db *gorm.DB, targetID string, token uuid.UUID, failure string) (backend.Row, bool, error) {
+	wait := backend.StatementBackoff()
+	for attempt := 1; ; attempt++ {
+		row, found, err := b.Backend.ForceRelease(ctx, db, targetID, token, failure)
+		if err != nil || found || attempt >= Attempts || !b.behind(ctx, db, targetID, held) || !wait.Wait(ctx) {
+			return row, found, err
+		}
+	}
+}
+
+// RetryCommit decides, after the fenced commit of l failed with err, whether
+// to run it again, on a Galera node only:
+//   - when its lock found no row holding l (backend.ErrNotOwned), and a
+//     causal read shows the row holding l: the node had not yet applied it.
+//     The saver had not run.
+//   - after a serialization failure, which rolled the whole transaction
+//     back, when a causal read shows l still the caller's: the failure came
+//     from another write on the row that did not take the lease. When the
+//     read shows l gone, it reports lost.
+func (b *Backend) RetryCommit(ctx context.Context, db *gorm.DB, l backend.Lease, err error, attempt int) (again, lost bool) {
+	if attempt >= Attempts || !b.On(ctx, db) {
+		return false, false
+	}
+	notOwned := errors.Is(err, backend.ErrNotOwned)
+	if !notOwned && !backend.IsSerializationFailure(err) {
+		return false, false
+	}
+	row, found, getErr := b.Get(ctx, db, l.TargetID)
+	switch {
+	case getErr != nil:
+		return false, false
+	case !found || !row.Holds(l):
+		return false, !notOwned
+	}
+	pause := backend.Backoff{Pause: 2 * time.Millisecond << (attempt - 1), Max: 100 * time.Millisecond}
+	return pause.Wait(ctx), false
+}
+
+// behind reports whether a causal read of targetID's row finds it as want
+// says: a statement that found it otherwise ran on a node that had not yet
+// applied the write that made it so.
+func (b *Backend) behind(ctx context.Context, db *gorm.DB, targetID string, want func(backend.Row) bool) bool {
+	if !b.On(ctx, db) {
+		return false
+	}
+	row, found, err := b.Get(ctx, db, targetID)
+	return err == nil && found && want(row)
+}
+
+func released(row backend.Row) bool { return row.ReleasedAt != nil }
+func held(row backend.Row) bool     { return row.ReleasedAt == nil }

@@ -1,0 +1,393 @@
+// Package postgres is the PostgreSQL backend of gormlease (and of the
+// databases that speak its SQL through gorm.io/driver/postgres): its
+// statements, its migration, and its notifications to waiters, by
+// LISTEN/NOTIFY on the channel that Channel names.
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/internal/backend"
+)
+
+// Channel is the channel on which the statements that end a waited-for
+// generation notify, with the lease table's name and the target, separated
+// by a space, as the payload.
+const Channel = "gormlease"
+
+// Backend is PostgreSQL, with its statements written for its tables.
+type Backend struct {
+	backend.Common
+	lease                               string
+	schemaSQL, acquireSQL, heartbeatSQL string
+	stateSQL, markSQL                   string
+	// bytewise is 1 once List found that target_id orders byte for byte,
+	// -1 once it found not, 0 before it looked.
+	bytewise atomic.Int32
+
+	mu     sync.Mutex
+	config *pgx.ConnConfig // the pool's connection settings, once Listen read them
+}
+
+// New returns the PostgreSQL backend for tables t.
+func New(t backend.Tables) *Backend {
+	b := &Backend{
+		lease:        t.Lease,
+		schemaSQL:    t.Expand(Schema),
+		acquireSQL:   t.Expand(AcquireSQL),
+		heartbeatSQL: t.Expand(heartbeatBatchSQL),
+		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
+	EXTRACT(EPOCH FROM clock_timestamp() - updated_at), EXTRACT(EPOCH FROM clock_timestamp() - saved_at), waiting, timeout_ms
+FROM ` + t.Lease + ` WHERE target_id = $1`,
+		// markSQL marks the row of a live generation as waited on, so that
+		// the statement that ends it notifies. It locks the row: it runs
+		// wholly before that statement, which then sees the mark, or wholly
+		// after it, when it finds the generation ended and changes nothing.
+		markSQL: `UPDATE ` + t.Lease + ` SET waiting = true
+WHERE target_id = $1 AND generation = $2 AND released_at IS NULL AND NOT waiting`,
+	}
+	d := dialect(t)
+	d.PrefixRange = b.bytewiseOrder
+	b.Common = backend.NewCommon(d, t)
+	return b
+}
+
+// dialect is what PostgreSQL's SQL writes differently, for tables t.
+func dialect(t backend.Tables) backend.Dialect {
+	return backend.Dialect{
+		Name: "postgres",
+		// clock_timestamp(): now() is frozen at the start of the
+		// transaction, so after waiting on a row lock it would stamp the
+		// lease older than it is.
+		Now:    "clock_timestamp()",
+		Rebind: numbered,
+		// From statement_timestamp(), the same for every row of a
+		// statement, so that a row's state and age agree.
+		SecondsSince: func(col string) string {
+			return "CAST(EXTRACT(EPOCH FROM statement_timestamp() - " + col + ") AS double precision)"
+		},
+		Notify:    notifySuffix(t.Lease),
+		RowLock:   " FOR UPDATE SKIP LOCKED",
+		FloorLock: " FOR UPDATE",
+		RaiseFloor: "INSERT INTO " + t.Floor() + " AS f (id, generation) VALUES (1, ?)" +
+			" ON CONFLICT (id) DO UPDATE SET generation = GREATEST(f.generation, excluded.generation)",
+		// READ COMMITTED whatever the session default: under REPEATABLE
+		// READ, a heartbeat committed after the transaction's snapshot
+		// makes the locking read fail with a serialization error (40001).
+		TxOptions: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+	}
+}
+
+// notifySuffix is appended to the statements that end a generation or save
+// its result: when a waiter has marked the row (see MarkWaiting), it sends
+// the lease table's name and the target on Channel. The notification is
+// delivered when the transaction commits, and only then. Rows nobody waits
+// on send nothing, so that jobs nobody waits for do not pay NOTIFY's cost:
+// PostgreSQL serialises the commits of all transactions that notify.
+func notifySuffix(lease string) string {
+	return " RETURNING CASE WHEN waiting THEN pg_notify('" + Channel + "', '" + lease + " ' || target_id) END"
+}
+
+// Capabilities: notifications, BEGIN sent with the locking statement, and
+// batched heartbeats.
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{Notify: true, OneTripBegin: true, BatchHeartbeat: true}
+}
+
+// Schema is the DDL of docs/schema.sql. updated_at and released_at
+// stay unindexed and the fill factor leaves room on each page, so that
+// heartbeats and releases are HOT updates that touch no index.
+const Schema = `
+CREATE TABLE IF NOT EXISTS job_lease (
+	target_id   varchar(255) PRIMARY KEY,
+	lease_token uuid         NOT NULL,
+	generation  bigint       NOT NULL,
+	holder      varchar(255) NOT NULL DEFAULT '',
+	updated_at  timestamptz  NOT NULL,
+	released_at timestamptz
+) WITH (fillfactor = 80);
+ALTER TABLE job_lease
+	ADD COLUMN IF NOT EXISTS saved_generation bigint,
+	ADD COLUMN IF NOT EXISTS saved_at         timestamptz,
+	ADD COLUMN IF NOT EXISTS failure          varchar(255),
+	ADD COLUMN IF NOT EXISTS waiting          boolean NOT NULL DEFAULT false,
+	ADD COLUMN IF NOT EXISTS timeout_ms       bigint;
+CREATE TABLE IF NOT EXISTS job_lease_floor (
+	id         smallint PRIMARY KEY CHECK (id = 1),
+	generation bigint   NOT NULL
+);
+INSERT INTO job_lease_floor (id, generation) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
+CREATE TABLE IF NOT EXISTS job_result (
+	target_id  varchar(255) PRIMARY KEY,
+	data       jsonb        NOT NULL,
+	generation bigint       NOT NULL,
+	updated_at timestamptz  NOT NULL
+);`
+
+// migrateLock is the advisory lock key that serialises concurrent
+// migrations: CREATE TABLE IF NOT EXISTS alone can fail with a unique
+// violation when two sessions create the same table at once.
+const migrateLock = 0x676f726d6c6561 // "gormlea"
+
+// migrateAttempts bounds how often Migrate runs the DDL when concurrent
+// migrations without the advisory lock keep colliding: each collision
+// leaves one more object made, and there are fewer objects than attempts.
+const migrateAttempts = 10
+
+// errNoAdvisoryLock marks the failure of the migration's advisory lock on a
+// server that lacks it.
+var errNoAdvisoryLock = errors.New("no advisory lock")
+
+// Migrate runs the DDL in a transaction that first takes an advisory lock,
+// so that concurrent migrations run one after another. Where the server has
+// no such lock (CockroachDB before transaction-level advisory locks, or
+// YugabyteDB without its advisory-lock flags) the DDL runs without it:
+// every statement of the DDL does nothing for what exists (IF NOT EXISTS,
+// ON CONFLICT DO NOTHING), so a migration that collides with a concurrent
+// one, and fails for it, is run again until it finds everything made.
+func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
+	lock := true
+	wait := backend.StatementBackoff()
+	for attempt := 1; ; attempt++ {
+		err := db.Transaction(func(tx *gorm.DB) error {
+			if lock {
+				if err := tx.Exec("SELECT pg_advisory_xact_lock(?)", migrateLock).Error; err != nil {
+					if st := backend.SQLState(err); st == "42883" || st == "0A000" { // undefined function, not supported
+						return fmt.Errorf("%w: %w", errNoAdvisoryLock, err)
+					}
+					return err
+				}
+			}
+			return tx.Exec(b.schemaSQL).Error
+		})
+		switch {
+		case err == nil:
+			return nil
+		case lock && errors.Is(err, errNoAdvisoryLock):
+			lock = false
+			continue
+		case lock || attempt >= migrateAttempts || !migrationCollision(err) || !wait.Wait(ctx):
+			return err
+		}
+	}
+}
+
+// migrationCollision reports whether err is what a DDL statement meets when
+// a concurrent one makes the same object: a duplicate in the catalog, or a
+// serialization failure or deadlock between the two transactions.
+func migrationCollision(err error) bool {
+	switch backend.SQLState(err) {
+	case "23505", "42P07", "42701", "42710", "40001", "40P01":
+		return true
+	}
+	return false
+}
+
+// AcquireSQL takes the lease in one statement. The NOT EXISTS guard
+// reads the row without locking it: when the lease is live, nothing is
+// inserted or locked, so a refused acquire writes nothing. Otherwise the
+// insert goes ahead, and on a conflict the ON CONFLICT ... WHERE re-checks
+// the latest row under its lock before taking it over. Both judge the row by
+// the timeout its holder recorded (timeout_ms), so that a caller with a
+// shorter timeout never takes over a lease that its holder still trusts; a
+// row without one (written before the column existed) by the caller's. Its arguments are
+// the target, the token, the holder, the timeout in microseconds, the
+// generation to take over from (see acquireArgs) and the timeout in
+// milliseconds; the casts give each the one type that all its uses agree on.
+// The timeout is an integer times interval '1 microsecond', not
+// make_interval, which CockroachDB lacks (see docs/scaling.md).
+//
+// A target without a row starts above the generation floor, the highest
+// generation that Prune ever deleted, and above the row that the
+// statement's snapshot shows: a Prune that deletes the row while the
+// statement runs has not committed its raise of the floor yet (see
+// prune.go).
+const AcquireSQL = `
+INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+	GREATEST((SELECT generation FROM job_lease WHERE target_id = $1),
+	         (SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1,
+	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
+WHERE NOT EXISTS (
+	SELECT 1 FROM job_lease
+	WHERE target_id = $1 AND released_at IS NULL
+	  AND updated_at >= clock_timestamp() - COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+ON CONFLICT (target_id) DO UPDATE SET
+	lease_token = excluded.lease_token,
+	generation  = l.generation + 1,
+	holder      = excluded.holder,
+	updated_at  = excluded.updated_at,
+	released_at = NULL,
+	failure     = NULL,
+	waiting     = false,
+	timeout_ms  = excluded.timeout_ms
+WHERE (l.released_at IS NOT NULL
+    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
+RETURNING l.generation`
+
+// Acquire runs acquireSQL.
+func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {
+	var generation int64
+	ok, err := backend.QueryRow(ctx, db, b.acquireSQL,
+		[]any{a.TargetID, a.Token.String(), a.Holder, timeoutMicros(a.Timeout), a.From, backend.TimeoutMillis(a.Timeout)}, &generation)
+	return generation, ok, err
+}
+
+// timeoutMicros is d, which is positive, in whole microseconds, rounded to
+// the nearest, as PostgreSQL rounds an interval of fractional seconds.
+func timeoutMicros(d time.Duration) int64 {
+	return int64(d/time.Microsecond + (d%time.Microsecond+time.Microsecond/2)/time.Microsecond)
+}
+
+// heartbeatBatchSQL renews many leases in one statement. The leases
+// travel as two array literals, so that the statement's text, and its
+// prepared plan, is the same whatever their number.
+const heartbeatBatchSQL = `
+UPDATE job_lease AS l SET updated_at = clock_timestamp()
+FROM unnest(CAST($1 AS text[]), CAST($2 AS uuid[])) AS b(target_id, lease_token)
+WHERE l.target_id = b.target_id AND l.lease_token = b.lease_token AND l.released_at IS NULL
+RETURNING l.target_id, l.lease_token`
+
+// HeartbeatBatch runs heartbeatBatchSQL.
+func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]bool, error) {
+	targets := make([]string, len(leases))
+	tokens := make([]string, len(leases))
+	for i, l := range leases {
+		targets[i] = l.TargetID
+		tokens[i] = l.Token.String()
+	}
+	rows, err := backend.Query(ctx, db, b.heartbeatSQL, array(targets), array(tokens))
+	if err != nil {
+		return nil, err
+	}
+	return backend.ScanRenewed(rows, leases)
+}
+
+// BeginLocked begins the fenced transaction at READ COMMITTED and runs op,
+// which locks the lease row, in the same query. pgx (and lib/pq) send a
+// query without arguments as a simple query, which may hold several
+// statements; its rows affected are the last statement's. The statement's
+// $1 and $2, the target and the token, are written in as literals: the
+// target as an escape string literal, the token as a UUID's text.
+func (b *Backend) BeginLocked(op backend.Own, l backend.Lease) string {
+	return "BEGIN ISOLATION LEVEL READ COMMITTED; " + strings.NewReplacer(
+		"$1", literal(l.TargetID),
+		"$2", "'"+l.Token.String()+"'",
+	).Replace(b.OwnSQL(op))
+}
+
+// RefusesQueries reports whether err is the server refusing several
+// statements in one prepared statement: the driver sent the query through
+// the extended protocol.
+func (b *Backend) RefusesQueries(err error) bool {
+	return backend.SQLState(err) == "42601" && strings.Contains(err.Error(), "multiple commands")
+}
+
+// State reads what a waiter needs of the row.
+func (b *Backend) State(ctx context.Context, db *gorm.DB, targetID string) (backend.State, error) {
+	return backend.ScanState(ctx, db, b.stateSQL, targetID)
+}
+
+// MarkWaiting runs markSQL.
+func (b *Backend) MarkWaiting(ctx context.Context, db *gorm.DB, targetID string, generation int64) (marked, ended bool, err error) {
+	_, n, err := backend.Exec(ctx, db, b.markSQL, targetID, generation)
+	if err != nil {
+		return false, false, err
+	}
+	return n == 1, n == 0, nil
+}
+
+// bytewiseOrder reports whether the lease table's target_id orders byte for
+// byte, read once per backend: its collation sorts 'B' before 'a', as byte
+// order does and the language collations do not.
+func (b *Backend) bytewiseOrder(ctx context.Context, db *gorm.DB) (bool, error) {
+	if v := b.bytewise.Load(); v != 0 {
+		return v > 0, nil
+	}
+	var bytewise bool
+	query := "SELECT CAST('B' AS varchar) COLLATE \"default\" < CAST('a' AS varchar) COLLATE \"default\"" +
+		" AND (SELECT COALESCE(c.collname, 'default') IN ('default', 'C', 'POSIX', 'C.UTF-8', 'C.utf8', 'ucs_basic')" +
+		" FROM pg_attribute a LEFT JOIN pg_collation c ON c.oid = a.attcollation AND a.attcollation <> 100" +
+		" WHERE a.attrelid = CAST($1 AS regclass) AND a.attname = 'target_id')"
+	if _, err := backend.QueryRow(ctx, db, query, []any{b.lease}, &bytewise); err != nil {
+		return false, fmt.Errorf("read the collation of target_id: %w", err)
+	}
+	if bytewise {
+		b.bytewise.Store(1)
+	} else {
+		b.bytewise.Store(-1)
+	}
+	return bytewise, nil
+}
+
+// numbered rewrites the ? placeholders of query as PostgreSQL's $1, $2, ...
+// The statements it is used on have no ? in their literals.
+func numbered(query string) string {
+	var b strings.Builder
+	n := 0
+	for {
+		i := strings.IndexByte(query, '?')
+		if i < 0 {
+			b.WriteString(query)
+			return b.String()
+		}
+		n++
+		b.WriteString(query[:i])
+		b.WriteByte('$')
+		b.WriteString(strconv.Itoa(n))
+		query = query[i+1:]
+	}
+}
+
+// literal writes s, valid UTF-8 without NUL (as the steps make sure), as an
+// escape string literal: E'...' with backslashes and quotes escaped. An
+// escape string reads the same whatever standard_conforming_strings says,
+// and in UTF-8, the client encoding of pgx and lib/pq, neither byte occurs
+// inside a multi-byte character.
+func literal(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 4)
+	b.WriteString("E")
+	writeQuoted(&b, s, '\'')
+	return b.String()
+}
+
+// writeQuoted writes s to b between quote characters, with each backslash
+// and quote character in s escaped by a backslash.
+func writeQuoted(b *strings.Builder, s string, quote byte) {
+	b.WriteByte(quote)
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' || s[i] == quote {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	b.WriteByte(quote)
+}
+
+// array writes values as a PostgreSQL array literal, each element quoted,
+// with backslashes and double quotes escaped.
+func array(values []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, v := range values {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		writeQuoted(&b, v, '"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}

@@ -1,0 +1,212 @@
+// Package sqlite is the SQLite backend of gormlease, through
+// github.com/ncruces/go-sqlite3/gormlite (pure Go) or another gorm
+// dialector named "sqlite".
+//
+// SQLite has no row locks: gorm drops FOR UPDATE from the fenced commit's
+// locking read. The fence is the database's single write lock instead: the
+// fenced commit begins with BEGIN IMMEDIATE, so it holds the write lock from
+// its first statement to its end, and an acquire that would take the lease
+// over waits for it (up to the connection's busy timeout). Timestamps are
+// text written by strftime on the database's clock, in UTC, and compared
+// through julianday(), never as text, since drivers write time.Time values
+// in other formats.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/gormlease/gormlease/internal/backend"
+)
+
+// Backend is SQLite, with its statements written for its tables.
+type Backend struct {
+	backend.Common
+	lease                                         string
+	schemaSQL, acquireSQL, heartbeatSQL, stateSQL string
+}
+
+// now is the database's current time as the text the tables hold: UTC,
+// with milliseconds.
+const now = `strftime('%Y-%m-%d %H:%M:%f', 'now')`
+
+// New returns the SQLite backend for tables t.
+func New(t backend.Tables) *Backend {
+	return &Backend{
+		Common: backend.NewCommon(backend.Dialect{
+			Name:   "sqlite",
+			Now:    now,
+			Rebind: func(query string) string { return query },
+			SecondsSince: func(col string) string {
+				return "((julianday('now') - julianday(" + col + ")) * 86400.0)"
+			},
+			RaiseFloor: "INSERT INTO " + t.Floor() + " (id, generation) VALUES (1, ?)" +
+				" ON CONFLICT (id) DO UPDATE SET generation = max(generation, excluded.generation)",
+			// Serializable, which the ncruces driver always begins with
+			// BEGIN IMMEDIATE, whatever the DSN's _txlock: the transaction
+			// takes the write lock before its first statement. (The driver
+			// refuses READ COMMITTED; SQLite transactions are serializable
+			// anyway.)
+			TxOptions: &sql.TxOptions{Isolation: sql.LevelSerializable},
+		}, t),
+		lease:        t.Lease,
+		schemaSQL:    t.Expand(schema),
+		acquireSQL:   t.Expand(acquireSQL),
+		heartbeatSQL: t.Expand(heartbeatBatchSQL),
+		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
+	(julianday('now') - julianday(updated_at)) * 86400.0,
+	(julianday('now') - julianday(saved_at)) * 86400.0, 0, timeout_ms
+FROM ` + t.Lease + ` WHERE target_id = ?`,
+	}
+}
+
+// Capabilities: batched heartbeats. SQLite has no notifications, and its
+// waiters poll.
+func (b *Backend) Capabilities() backend.Capabilities {
+	return backend.Capabilities{BatchHeartbeat: true}
+}
+
+// addedColumns are the columns that later versions added to job_lease,
+// which Migrate adds to a table made before them.
+var addedColumns = []backend.Column{
+	{Name: "saved_generation", DDL: "integer"},
+	{Name: "saved_at", DDL: "datetime"},
+	{Name: "failure", DDL: "text"},
+	{Name: "timeout_ms", DDL: "integer"},
+}
+
+// schema is the DDL of docs/sqlite.md. The datetime column type makes
+// the driver scan the timestamps into time.Time.
+const schema = `
+CREATE TABLE IF NOT EXISTS job_lease (
+	target_id   varchar(255) NOT NULL PRIMARY KEY,
+	lease_token varchar(36)  NOT NULL,
+	generation  integer      NOT NULL,
+	holder      varchar(255) NOT NULL DEFAULT '',
+	updated_at  datetime     NOT NULL,
+	released_at datetime,
+	saved_generation integer,
+	saved_at    datetime,
+	failure     text,
+	timeout_ms  integer
+);
+CREATE TABLE IF NOT EXISTS job_lease_floor (
+	id         integer NOT NULL PRIMARY KEY CHECK (id = 1),
+	generation integer NOT NULL
+);
+INSERT INTO job_lease_floor (id, generation) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
+CREATE TABLE IF NOT EXISTS job_result (
+	target_id  varchar(255) NOT NULL PRIMARY KEY,
+	data       text         NOT NULL,
+	generation integer      NOT NULL,
+	updated_at datetime     NOT NULL
+);`
+
+// Migrate runs the DDL in one write transaction: a concurrent Migrate
+// waits for it.
+func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
+	return db.Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec(b.schemaSQL).Error; err != nil {
+			return err
+		}
+		return backend.AddMissingColumns(tx, b.lease, addedColumns)
+	}, b.TxOptions())
+}
+
+// acquireSQL takes the lease in one statement, as postgresAcquire does:
+// the NOT EXISTS guard makes a refused acquire write nothing, and the
+// ON CONFLICT ... WHERE re-checks the row under the write lock; both judge
+// the row by the timeout its holder recorded. Ages are
+// compared in seconds through julianday(). A target without a row starts
+// above the generation floor; the statement holds the write
+// lock from its start, so no Prune can commit while it runs.
+const acquireSQL = `
+INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT ?1, ?2, COALESCE((SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1, ?3, ` + now + `, NULL, ?6
+WHERE NOT EXISTS (
+	SELECT 1 FROM job_lease
+	WHERE target_id = ?1 AND released_at IS NULL
+	  AND (julianday('now') - julianday(updated_at)) * 86400.0 <= COALESCE(timeout_ms / 1000.0, ?4))
+ON CONFLICT (target_id) DO UPDATE SET
+	lease_token = excluded.lease_token,
+	generation  = l.generation + 1,
+	holder      = excluded.holder,
+	updated_at  = excluded.updated_at,
+	released_at = NULL,
+	failure     = NULL,
+	timeout_ms  = excluded.timeout_ms
+WHERE (l.released_at IS NOT NULL
+    OR (julianday('now') - julianday(l.updated_at)) * 86400.0 > COALESCE(l.timeout_ms / 1000.0, ?4))
+  AND (?5 < 0 OR l.generation = ?5)
+RETURNING generation`
+
+func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {
+	var generation int64
+	ok, err := backend.QueryRow(ctx, db, b.acquireSQL,
+		[]any{a.TargetID, a.Token.String(), a.Holder, a.Timeout.Seconds(), a.From, backend.TimeoutMillis(a.Timeout)}, &generation) // the token as text
+	return generation, ok, err
+}
+
+// MinBusyTimeout is the shortest busy timeout accepted on an SQLite
+// connection. SQLite has one write lock per database file: a step that
+// finds it taken waits for it up to the busy timeout, and without one it
+// fails at once with "database is locked". The ncruces driver sets a busy
+// timeout of one minute unless the DSN sets PRAGMAs; a DSN that does must
+// set busy_timeout too, first: _pragma=busy_timeout(10000).
+const MinBusyTimeout = time.Second
+
+// CheckSettings refuses a connection whose busy timeout is shorter than
+// MinBusyTimeout, saying how to fix the DSN. It reads one PRAGMA from one
+// connection of the pool; a DSN sets the same PRAGMAs on every one.
+func (b *Backend) CheckSettings(ctx context.Context, db *gorm.DB) error {
+	var ms int64
+	quiet := db.Session(&gorm.Session{Logger: logger.Discard}) // not one of the steps
+	if err := quiet.WithContext(ctx).Raw("PRAGMA busy_timeout").Scan(&ms).Error; err != nil {
+		return fmt.Errorf("read sqlite busy_timeout: %w", err)
+	}
+	if timeout := time.Duration(ms) * time.Millisecond; timeout < MinBusyTimeout {
+		return &backend.SettingsError{Problem: fmt.Sprintf("sqlite busy_timeout is %v, less than %v: concurrent steps would fail with "+
+			"\"database is locked\"; set it in the DSN, before other PRAGMAs, as "+
+			"file:app.db?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)", timeout, MinBusyTimeout)}
+	}
+	return nil
+}
+
+// heartbeatBatchSQL renews many leases in one statement. The leases
+// travel as one JSON array of [target, token] pairs, so that the statement's
+// text is the same whatever their number.
+const heartbeatBatchSQL = `
+UPDATE job_lease AS l SET updated_at = ` + now + `
+FROM (SELECT json_extract(value, '$[0]') AS b_target, json_extract(value, '$[1]') AS b_token
+      FROM json_each(?)) AS b
+WHERE l.target_id = b.b_target AND l.lease_token = b.b_token
+  AND l.released_at IS NULL
+RETURNING target_id, lease_token`
+
+// HeartbeatBatch runs heartbeatBatchSQL.
+func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]bool, error) {
+	pairs := make([][2]string, len(leases))
+	for i, l := range leases {
+		pairs[i] = [2]string{l.TargetID, l.Token.String()}
+	}
+	data, err := json.Marshal(pairs)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := backend.Query(ctx, db, b.heartbeatSQL, string(data))
+	if err != nil {
+		return nil, err
+	}
+	return backend.ScanRenewed(rows, leases)
+}
+
+// State reads what a waiter needs of the row.
+func (b *Backend) State(ctx context.Context, db *gorm.DB, targetID string) (backend.State, error) {
+	return backend.ScanState(ctx, db, b.stateSQL, targetID)
+}

@@ -1,0 +1,66 @@
+package gormlease
+
+import (
+	"context"
+
+	"github.com/google/uuid"
+)
+
+// Lease is a lease that the caller holds: what Repository.Acquire returns and
+// every later step takes. Its Token is what proves ownership; keep the Lease
+// to the goroutine that acquired it.
+type Lease struct {
+	// TargetID names the leased target.
+	TargetID string
+	// Token was minted for this acquisition; no other acquisition has it.
+	Token uuid.UUID
+	// Generation is the fencing number of this acquisition: greater than that
+	// of every earlier acquisition of the same target. Use it, for instance,
+	// as the idempotency key of the external call the work makes.
+	Generation int64
+}
+
+// check returns an error wrapping ErrInvalidArgument when l cannot be a
+// lease that Acquire returned.
+func (l Lease) check() error {
+	if err := checkTargetID(l.TargetID); err != nil {
+		return err
+	}
+	if l.Token == uuid.Nil {
+		return invalidf("lease on %q has the nil token: use the Lease that Acquire returned", l.TargetID)
+	}
+	return nil
+}
+
+type leaseKey struct{}
+
+// leaseValue is what a context carries for LeaseFromContext, and for
+// SaveJSON the tables of the lease's Repository.
+type leaseValue struct {
+	lease  Lease
+	tables tableNames
+}
+
+// withLease returns ctx carrying l, held in tables, for LeaseFromContext.
+func withLease(ctx context.Context, l Lease, tables tableNames) context.Context {
+	return context.WithValue(ctx, leaseKey{}, leaseValue{l, tables})
+}
+
+// leaseFrom returns the lease that ctx carries, with its tables.
+func leaseFrom(ctx context.Context) (leaseValue, bool) {
+	if ctx == nil {
+		return leaseValue{}, false
+	}
+	v, ok := ctx.Value(leaseKey{}).(leaseValue)
+	return v, ok
+}
+
+// LeaseFromContext returns the lease that the work runs under, from the
+// context that Runner.Run passes to work, or from the context of the
+// transaction that the saver gets (of Run, CommitIfOwner or
+// CommitAndRelease). Use its Generation as an idempotency key for the
+// external call.
+func LeaseFromContext(ctx context.Context) (Lease, bool) {
+	v, ok := leaseFrom(ctx)
+	return v.lease, ok
+}
