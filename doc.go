@@ -28,12 +28,14 @@
 //     the work is cancelled, with ErrLeaseLost as its context.Cause. The
 //     leases that one Runner holds share a statement per 1,000 (two on
 //     MySQL).
-//   - Fenced commit: one transaction locks the row and compares the token
-//     (SELECT ... FOR UPDATE in CommitIfOwner; in Run, the release statement
-//     itself, which locks and checks in one), runs the caller's saver, and
+//   - Fenced commit: one transaction locks the row and compares the token,
+//     then runs the caller's saver. CommitIfOwner locks it with a locking
+//     read through the JobLease model (clause.Locking{Strength: "UPDATE"}:
+//     SELECT ... FOR UPDATE; on SQLite, the transaction's write lock) and
+//     records the save after the saver; Run's CommitAndRelease locks it with
+//     the release statement itself, which locks and checks in one, and
 //     commits the save and the release together. A stale holder's result is
-//     discarded: nothing is saved. On PostgreSQL, BEGIN and the locking
-//     statement travel as one query. The saver must not commit or roll back
+//     discarded: nothing is saved. The saver must not commit or roll back
 //     the transaction itself: its session refuses to.
 //   - Release: marks the row released where the target and token match, so
 //     the target can be acquired at once. The row is kept, so that the
@@ -68,9 +70,9 @@
 // step that found no row holding its lease, and a refused acquire, read the
 // row with a causal read before they report it, and are sent again when the
 // node had only not yet applied a write made on another node. The fenced
-// commit's first statement, before the saver, is tried again while the
-// database cannot be reached (a failover). When the connection is lost while COMMIT is in
-// flight, Run finds out whether the commit took effect (the release waits
+// commit's beginning and lock, before the saver, are tried again while the
+// database cannot be reached (a failover), on every pool type. When the
+// connection is lost while COMMIT is in flight, Run finds out whether the commit took effect (the release waits
 // on the row lock until the transaction ends, and the row records the
 // generation saved), asking again until the operation timeout while the
 // database cannot be reached, and returns ErrCommitUnknown only when it
@@ -96,7 +98,7 @@
 // Runner.Do waits for the job in progress and returns its saved result,
 // read back by a load function, so that callers who come while one job
 // runs share it. Waiters hold no connection: the callers of one process on
-// one pool share a watch of the row, woken by this process's own releases
+// one pool and table share a watch of the row, woken by this process's own releases
 // and commits, on PostgreSQL by LISTEN/NOTIFY (only rows marked as waited
 // on notify), and otherwise by polling at most a heartbeat interval apart.
 // The row records how each generation ended (saved_generation, saved_at,
@@ -118,5 +120,7 @@
 // save that Run reported, and the work then runs again; with a synchronous
 // standby it cannot (docs/scaling.md says what holds on each cluster).
 //
-// See docs/design.md for the state diagram and the failure model.
+// The steps' SQL lives behind an internal seam, one backend per database
+// (PostgreSQL, MySQL/MariaDB with Galera as a wrapper, SQLite): docs/design.md
+// draws the layers, and gives the state diagram and the failure model.
 package gormlease

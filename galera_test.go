@@ -586,3 +586,40 @@ func TestGalera_ShorterTimeoutDoesNotTakeOverALiveLease(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "from node 1", got)
 }
+
+// Two Runners on one node's pool, one on the default tables and one on
+// tables of its own, each with a Run in its work at once: each Run's
+// heartbeats renew its own row, and both save.
+func TestGalera_OnePoolDifferentTablesBothFinish(t *testing.T) {
+	f := newGaleraFixture(t)
+	other := gormlease.WithTableNames("galera_pool_lease", "galera_pool_result")
+	require.NoError(t, gormlease.AutoMigrate(context.Background(), f.nodes[0], other))
+	opts := galeraOpts(gormlease.WithHeartbeatInterval(200 * time.Millisecond))
+	runners := []*gormlease.Runner[string]{
+		newRunner(t, f.nodes[0], opts...),
+		newRunner(t, f.nodes[0], append(opts, other)...),
+	}
+	target := newTarget(t)
+	var releases []chan struct{}
+	var dones []<-chan runResult[string]
+	for _, r := range runners {
+		release, done := holdOnRunner(t, r, target, "saved")
+		releases, dones = append(releases, release), append(dones, done)
+	}
+	for i, r := range runners {
+		first, found, err := r.Repository().Get(context.Background(), target)
+		require.NoError(t, err)
+		require.True(t, found, "runner %d's row", i)
+		waitFor(t, 20*time.Second, "a heartbeat of each Runner's own row", func() bool {
+			row, _, err := r.Repository().Get(context.Background(), target)
+			require.NoError(t, err)
+			return row.UpdatedAt.After(first.UpdatedAt)
+		})
+	}
+	for _, release := range releases {
+		close(release)
+	}
+	for i, done := range dones {
+		require.NoError(t, recv(t, done, 30*time.Second, "a Run").err, "runner %d", i)
+	}
+}

@@ -2,12 +2,14 @@ package gormlease_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
@@ -254,4 +256,59 @@ func heartbeatsOf(o *recordingObserver, target string) int {
 		}
 	}
 	return n
+}
+
+// failedReads is a gorm logger that sends, for the first statement
+// containing needle that failed, how long it ran.
+type failedReads struct {
+	logger.Interface
+	needle string
+	failed chan time.Duration
+}
+
+func (l *failedReads) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), err error) {
+	if err == nil {
+		return
+	}
+	if sql, _ := fc(); strings.Contains(sql, l.needle) {
+		select {
+		case l.failed <- time.Since(begin):
+		default:
+		}
+	}
+}
+
+// A waiter's watch bounds each statement on the row by the waiter's own
+// operation timeout: with the database out of reach (the proxy withholds
+// the statement), it fails after the waiter's 300ms, not after the 10s
+// default.
+func TestWaiters_ReadsHonourTheOperationTimeout(t *testing.T) {
+	eachServerDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		target, _ := acquireNew(t, newRepository(t, db), time.Hour)
+		proxy := testdb.NewProxy(t, s.Addr)
+		// While it waits, the waiter's only statements are its watch's
+		// (reads of the row, and on PostgreSQL the mark that asks for a
+		// notification): the first to carry the target after the watch has
+		// read the row is the one withheld. (On PostgreSQL a prepared
+		// statement's text is sent once; its arguments, every time.)
+		needle := target
+		reads := &failedReads{Interface: logger.Discard, needle: needle, failed: make(chan time.Duration, 1)}
+		via := s.OpenVia(t, proxy.Addr()).Session(&gorm.Session{Logger: reads})
+		waiter := newRunner(t, via, gormlease.WithHeartbeatInterval(200*time.Millisecond),
+			gormlease.WithLeaseTimeout(2*time.Second), gormlease.WithOperationTimeout(300*time.Millisecond))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := goRunWait(ctx, waiter, target, func(context.Context) (string, error) {
+			t.Error("the waiter ran its work while the lease was live")
+			return "", nil
+		})
+		waitFor(t, 10*time.Second, "the waiter to watch the row", func() bool { return gormlease.Watched(target) })
+		tripped := proxy.BlackholeOn(needle, false)
+		recv(t, tripped, 10*time.Second, "the watch's next read")
+		took := recv(t, reads.failed, 5*time.Second, "the withheld read to fail")
+		t.Logf("the withheld read failed after %v", took)
+		assert.Less(t, took, 3*time.Second, "the read was not bounded by the waiter's operation timeout")
+		proxy.Restore()
+		cancel()
+		assert.ErrorIs(t, recv(t, done, 20*time.Second, "RunWait").err, context.Canceled)
+	})
 }

@@ -227,7 +227,7 @@ func (w *Watch) loop(ctx context.Context, initial *backend.State) {
 				w.publish(st)
 			}
 		}
-		if ended := h.markWaiting(ctx, w, &last); ended {
+		if ended := h.markWaiting(ctx, w, &last, readTimeout); ended {
 			read = true // the generation ended since the row was read
 			continue
 		}
@@ -313,12 +313,15 @@ func (h *hub) notified(table, target string) {
 
 // markWaiting marks the row that w read as *st as waited on, when it shows
 // a live generation not marked yet and h's listener listens, so that the
-// statement that ends the generation notifies. It reports whether the mark
-// found that generation ended.
-func (h *hub) markWaiting(ctx context.Context, w *Watch, st *backend.State) (ended bool) {
+// statement that ends the generation notifies. The statement is bounded by
+// timeout, as the reads are. It reports whether the mark found that
+// generation ended.
+func (h *hub) markWaiting(ctx context.Context, w *Watch, st *backend.State, timeout time.Duration) (ended bool) {
 	if !h.listener.listens() || !st.Found || st.Released || st.Waiting {
 		return false
 	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	marked, ended, err := h.src.Backend.MarkWaiting(ctx, h.src.DB, w.target, st.Generation)
 	if err != nil {
 		return false // the polls go on
