@@ -9,31 +9,22 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease/internal/backend"
-	"github.com/gormlease/gormlease/internal/backend/galera"
-	"github.com/gormlease/gormlease/internal/backend/mysql"
-	"github.com/gormlease/gormlease/internal/backend/postgres"
-	"github.com/gormlease/gormlease/internal/backend/sqlite"
+	"github.com/gormlease/gormlease/internal/backend/choose"
 	"github.com/gormlease/gormlease/internal/wait"
 )
 
 // backendFor picks the backend for db's gorm dialector, with its statements
-// written for the tables t. MySQL runs wrapped for Galera, which it is only
-// where the server is a Galera node.
+// written for the tables t.
 func backendFor(db *gorm.DB, t tableNames) (backend.Backend, error) {
 	if db.Dialector == nil {
 		return nil, invalidf("db has no dialector: open it with gorm.Open")
 	}
-	bt := backend.Tables{Lease: t.lease, Result: t.result}
-	switch name := db.Dialector.Name(); name {
-	case "postgres":
-		return postgres.New(bt), nil
-	case "mysql":
-		return galera.Wrap(mysql.New(bt)), nil
-	case "sqlite":
-		return sqlite.New(bt), nil
-	default:
+	name := db.Dialector.Name()
+	b, ok := choose.For(name, backend.Tables{Lease: t.lease, Result: t.result})
+	if !ok {
 		return nil, fmt.Errorf(prefix+"unsupported database %q: supported are postgres, mysql and sqlite", name)
 	}
+	return b, nil
 }
 
 // checkSettings runs b's settings check on db; a setting to change is an

@@ -359,6 +359,10 @@ func (r *Repository) retry(ctx context.Context, stmt func(ctx context.Context) e
 	return backend.Retry(ctx, r.attempts, stmt)
 }
 
+// Tables returns the names of the tables the Repository works on: the
+// lease table and the result table (see WithTableNames).
+func (r *Repository) Tables() (lease, result string) { return r.tables.lease, r.tables.result }
+
 // Get returns the lease row of targetID, and false when the target has never
 // been acquired (or its row was pruned). It is for inspection: the row may
 // change right after. It reads the database that the Repository's *gorm.DB

@@ -135,6 +135,15 @@ func Example() (*gorm.DB, error) {
 	return s.sharedDB()
 }
 
+// ExamplePool returns a new pool on the examples' PostgreSQL server, which
+// the caller closes: for an example that closes a pool of its own.
+func ExamplePool() (*gorm.DB, error) {
+	if _, err := Example(); err != nil {
+		return nil, err
+	}
+	return lookup("postgres", findPostgres).open(nil)
+}
+
 // unavailable skips tb, loudly, or fails it under CI.
 func unavailable(tb testing.TB, name string, err error) {
 	tb.Helper()
