@@ -192,7 +192,7 @@ const insertSQL = `INSERT IGNORE INTO job_lease
 SELECT ?, ?, LAST_INSERT_ID(COALESCE(MAX(generation), 0) + 1), ?, UTC_TIMESTAMP(6), NULL, ?
 FROM job_lease_floor`
 
-// acquire cannot be one statement here: INSERT ... ON DUPLICATE KEY UPDATE
+// Acquire cannot be one statement here: INSERT ... ON DUPLICATE KEY UPDATE
 // has no WHERE (gorm's OnConflict{Where} drops it silently), and its
 // RowsAffected means different things under clientFoundRows. So it is a
 // conditional UPDATE and, only when that took nothing, an INSERT. Every

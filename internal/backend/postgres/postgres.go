@@ -201,9 +201,9 @@ func migrationCollision(err error) bool {
 // the latest row under its lock before taking it over. Both judge the row by
 // the timeout its holder recorded (timeout_ms), so that a caller with a
 // shorter timeout never takes over a lease that its holder still trusts; a
-// row without one (written before the column existed) by the caller's. Its arguments are
-// the target, the token, the holder, the timeout in microseconds, the
-// generation to take over from (see acquireArgs) and the timeout in
+// row without one (written before the column existed) by the caller's. Its
+// arguments are the target, the token, the holder, the timeout in microseconds, the
+// generation to take over from (see backend.AcquireArgs) and the timeout in
 // milliseconds; the casts give each the one type that all its uses agree on.
 // The timeout is an integer times interval '1 microsecond', not
 // make_interval, which CockroachDB lacks (see docs/scaling.md).
@@ -212,7 +212,7 @@ func migrationCollision(err error) bool {
 // generation that Prune ever deleted, and above the row that the
 // statement's snapshot shows: a Prune that deletes the row while the
 // statement runs has not committed its raise of the floor yet (see
-// prune.go).
+// Common.PruneBatch).
 const AcquireSQL = `
 INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
 SELECT CAST($1 AS varchar), CAST($2 AS uuid),
