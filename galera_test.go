@@ -567,10 +567,13 @@ func TestGalera_ShorterTimeoutDoesNotTakeOverALiveLease(t *testing.T) {
 	target := newTarget(t)
 	holder := newRunner(t, f.nodes[0], galeraOpts(gormlease.WithHeartbeatInterval(3*time.Second))...)
 	release, done := holdOnRunner(t, holder, target, "from node 1")
-	// Aged through node 2, so that node 2's acquire sees the aged row.
-	res := f.nodes[1].Exec("UPDATE job_lease SET updated_at = UTC_TIMESTAMP(6) - INTERVAL 1500000 MICROSECOND WHERE target_id = ?", target)
-	require.NoError(t, res.Error)
-	require.EqualValues(t, 1, res.RowsAffected)
+	// Aged through node 2, so that node 2's acquire sees the aged row; node
+	// 2 applies node 1's acquire a moment after it committed.
+	waitFor(t, 10*time.Second, "node 2 to age the holder's row", func() bool {
+		res := f.nodes[1].Exec("UPDATE job_lease SET updated_at = UTC_TIMESTAMP(6) - INTERVAL 1500000 MICROSECOND WHERE target_id = ?", target)
+		require.NoError(t, res.Error)
+		return res.RowsAffected == 1
+	})
 
 	newcomer := newRunner(t, f.nodes[1], gormlease.WithHeartbeatInterval(200*time.Millisecond),
 		gormlease.WithLeaseTimeout(time.Second), gormlease.WithOperationTimeout(8*time.Second))
@@ -580,7 +583,7 @@ func TestGalera_ShorterTimeoutDoesNotTakeOverALiveLease(t *testing.T) {
 	}, noSave(t))
 	require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
 
-	close(release)
+	release()
 	require.NoError(t, recv(t, done, 30*time.Second, "the holder's Run").err)
 	got, _, err := gormlease.LoadJSON[string](context.Background(), f.check, target)
 	require.NoError(t, err)
@@ -600,7 +603,7 @@ func TestGalera_OnePoolDifferentTablesBothFinish(t *testing.T) {
 		newRunner(t, f.nodes[0], append(opts, other)...),
 	}
 	target := newTarget(t)
-	var releases []chan struct{}
+	var releases []func()
 	var dones []<-chan runResult[string]
 	for _, r := range runners {
 		release, done := holdOnRunner(t, r, target, "saved")
@@ -617,7 +620,7 @@ func TestGalera_OnePoolDifferentTablesBothFinish(t *testing.T) {
 		})
 	}
 	for _, release := range releases {
-		close(release)
+		release()
 	}
 	for i, done := range dones {
 		require.NoError(t, recv(t, done, 30*time.Second, "a Run").err, "runner %d", i)

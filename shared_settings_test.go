@@ -3,6 +3,7 @@ package gormlease_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,27 +22,42 @@ import (
 // at it; a heartbeat batch's table from its own Repository.
 
 // holdOnRunner starts a Run of r on target whose work signals started and
-// then waits for release. It returns the channels and Run's result.
-func holdOnRunner(t *testing.T, r *gormlease.Runner[string], target, value string) (release chan struct{}, done <-chan runResult[string]) {
+// then waits for release (or its context). It returns release, which is
+// closed at the test's cleanup too, and Run's result; the cleanup waits for
+// the Run to end, so that a test that fails early leaves nothing running.
+func holdOnRunner(t *testing.T, r *gormlease.Runner[string], target, value string) (release func(), done <-chan runResult[string]) {
 	t.Helper()
-	started, release := make(chan struct{}), make(chan struct{})
-	done = goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+	started, stop := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(stop) }) }
+	ch := goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
 		close(started)
 		select {
-		case <-release:
+		case <-stop:
 			return value, nil
 		case <-ctx.Done():
 			return "", context.Cause(ctx)
 		}
 	}, gormlease.SaveJSON[string])
+	result := make(chan runResult[string], 1)
+	ended := make(chan struct{})
+	go func() {
+		res := <-ch
+		result <- res
+		close(ended)
+	}()
+	t.Cleanup(func() {
+		release()
+		<-ended
+	})
 	select {
 	case <-started:
-	case res := <-done:
-		t.Fatalf("the holder's Run returned before its work started: %v", res.err)
+	case <-ended:
+		t.Fatalf("the holder's Run returned before its work started: %v", (<-result).err)
 	case <-time.After(20 * time.Second):
 		t.Fatal("timed out waiting for the holder's work to start")
 	}
-	return release, done
+	return release, result
 }
 
 // A rolling deploy: the holder runs with a 10s lease timeout and has not
@@ -70,7 +86,7 @@ func TestRun_ShorterTimeoutDoesNotTakeOverALiveLease(t *testing.T) {
 		require.Len(t, info, 1)
 		assert.Equal(t, gormlease.StateLive, info[0].State, "List's state of the held lease")
 
-		close(release)
+		release()
 		require.NoError(t, recv(t, done, 20*time.Second, "the holder's Run").err)
 		got, _, err := gormlease.LoadJSON[string](context.Background(), db, target)
 		require.NoError(t, err)
@@ -183,7 +199,7 @@ func TestRunners_OnePoolDifferentTablesBothFinish(t *testing.T) {
 		}
 		target := newTarget(t)
 		type held struct {
-			release chan struct{}
+			release func()
 			done    <-chan runResult[string]
 		}
 		var runs []held
@@ -204,7 +220,7 @@ func TestRunners_OnePoolDifferentTablesBothFinish(t *testing.T) {
 			})
 		}
 		for _, h := range runs {
-			close(h.release)
+			h.release()
 		}
 		for i, h := range runs {
 			res := recv(t, h.done, 20*time.Second, "a Run")
@@ -239,8 +255,8 @@ func TestRunners_OnePoolEachKeepsItsOwnSettings(t *testing.T) {
 		assert.Zero(t, heartbeatsOf(fastObs, slowTarget), "the fast Runner's observer saw the slow Runner's heartbeats")
 		assert.Zero(t, heartbeatsOf(slowObs, fastTarget), "the slow Runner's observer saw the fast Runner's heartbeats")
 
-		close(fastRelease)
-		close(slowRelease)
+		fastRelease()
+		slowRelease()
 		require.NoError(t, recv(t, fastDone, 20*time.Second, "the fast Run").err)
 		require.NoError(t, recv(t, slowDone, 20*time.Second, "the slow Run").err)
 	})
