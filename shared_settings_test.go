@@ -328,3 +328,25 @@ func TestWaiters_ReadsHonourTheOperationTimeout(t *testing.T) {
 		assert.ErrorIs(t, recv(t, done, 20*time.Second, "RunWait").err, context.Canceled)
 	})
 }
+
+// A waiter reads the row again when the lease it waits on would expire,
+// by the timeout its holder recorded, rather than at its next poll: a
+// caller of Do whose polls are a minute apart (and, on PostgreSQL, four
+// minutes once the row is marked for a notification, which no expiry
+// sends) takes over a dead holder's 1s lease within a few seconds.
+func TestWaiters_ReadAgainWhenTheLeaseExpires(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		target, _ := acquireNew(t, newRepository(t, db), time.Second)
+		waiter := newRunner(t, db, gormlease.WithHeartbeatInterval(time.Minute), gormlease.WithLeaseTimeout(5*time.Minute))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		begin := time.Now()
+		got, _, err := waiter.Do(ctx, target, func(context.Context) (string, error) { return "taken over", nil },
+			gormlease.SaveJSON[string], loadJSON(target))
+		took := time.Since(begin)
+		require.NoError(t, err)
+		assert.Equal(t, "taken over", got)
+		t.Logf("took the dead holder's lease over %v after it started to wait", took)
+		assert.Less(t, took, 5*time.Second, "the waiter did not read the row when the lease expired")
+	})
+}

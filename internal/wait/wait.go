@@ -237,7 +237,16 @@ func (w *Watch) loop(ctx context.Context, initial *backend.State) {
 		}
 		// Jittered between 0.4 and 0.9 of wait, so that a waiter woken by a
 		// poll has read the row, and loaded its result, within wait.
-		t := time.NewTimer(wait*2/5 + rand.N(wait/2+1))
+		sleep := wait*2/5 + rand.N(wait/2+1)
+		// A live generation expires, unless renewed, when the timeout its
+		// holder recorded has passed since its last heartbeat: read it
+		// again then, so that the waiters of a holder that died take over
+		// at once, rather than at their next poll (no notification tells
+		// of an expiry).
+		if d, ok := untilExpiry(last); ok && d < sleep {
+			sleep = d
+		}
+		t := time.NewTimer(sleep)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -259,6 +268,21 @@ func (w *Watch) loop(ctx context.Context, initial *backend.State) {
 		hubs.Unlock()
 		pause = min(2*pause, maxPause)
 	}
+}
+
+// expirySlack is how long after a lease's expiry, by the age a watch read,
+// the watch reads the row again: the database must see it expired.
+const expirySlack = 5 * time.Millisecond
+
+// untilExpiry returns how long from the read of st its live generation has
+// until it expires, when st shows one, live, that records its timeout. A
+// row already expired when read gets the ordinary polls: its waiters take
+// it over, and the watch must not spin while they try.
+func untilExpiry(st backend.State) (time.Duration, bool) {
+	if !st.Found || st.Released || st.Timeout <= 0 || st.Age > st.Timeout {
+		return 0, false
+	}
+	return st.Timeout - st.Age + expirySlack, true
 }
 
 // publish makes st the watch's state and tells the subscribers.
