@@ -300,3 +300,28 @@ func ExampleRunner_RunWait() {
 	// two at once: false
 	// each under its own generation: true
 }
+
+// An Elector leads a role for one term at a time: Lead waits for the role,
+// holding no connection, then runs the leader's loop until it returns or
+// the lease can no longer be trusted. The term's generation fences its
+// writes.
+func ExampleElector_Lead() {
+	db := exampleDB()
+	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
+		log.Fatal(err)
+	}
+	elector, err := gormlease.NewElector(db, "scheduler", gormlease.WithHolder("pod-a"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = elector.Lead(context.Background(), func(ctx context.Context) error {
+		term, _ := gormlease.LeaseFromContext(ctx)
+		// The leader's loop goes here; it must return when ctx is done.
+		// A write of the term, refused once a newer term has begun:
+		return elector.Repository().CommitIfOwner(ctx, term, func(tx *gorm.DB) error {
+			return gormlease.SaveJSON(tx, "scheduled by pod-a")
+		})
+	})
+	fmt.Println("term ended:", err)
+	// Output: term ended: <nil>
+}

@@ -1,0 +1,133 @@
+package gormlease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/internal/backend"
+)
+
+// Elector elects one leader for a named role ("scheduler") among the
+// processes that campaign for it: the holder of the role's lease, which is
+// the lease row of target name. The lease's generation is the leader's
+// fencing term. An Elector is safe for concurrent use; the calls of Lead
+// on one Elector queue in the process, as RunWait's do.
+type Elector struct {
+	name   string
+	runner *Runner[struct{}]
+	// term is the context of the term this Elector leads now, or nil.
+	term atomic.Pointer[context.Context]
+}
+
+// NewElector returns an Elector for one named role. Its lease is the lease
+// row of target name, in the tables of WithTableNames; the other options
+// are NewRunner's (interval, timeout, holder, logger, observer, …), with
+// which it leads: a leader that dies or freezes is replaced within the
+// lease timeout plus a heartbeat interval. It writes nothing; the tables
+// must exist (AutoMigrate).
+func NewElector(db *gorm.DB, name string, opts ...Option) (*Elector, error) {
+	if err := checkTargetID(name); err != nil {
+		return nil, wrapf(err, "elector")
+	}
+	r, err := NewRunner[struct{}](db, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &Elector{name: name, runner: r}, nil
+}
+
+// Lead campaigns for the role and then leads for one term:
+//   - It waits, holding no connection, until it holds the role's lease
+//     (woken as RunWait is: at once by a resignation in this process, by
+//     notification on PostgreSQL, by poll, and when the lease expires).
+//   - It then calls lead with a context that carries the lease
+//     (LeaseFromContext: the generation is the fencing term) and is
+//     cancelled, with a cause wrapping ErrLeaseLost, when leadership is lost
+//     or can no longer be trusted; lead should then return at once.
+//   - It releases the lease when lead returns, so that a standby leads.
+//
+// It returns lead's error; an error wrapping ErrLeaseLost when the term
+// ended because the lease was lost, whatever lead returned; or an error
+// wrapping ctx's when ctx ended before a term began. A campaign whose
+// acquire fails (the database out of reach) campaigns again, with backoff,
+// until ctx ends; it is logged at Warn. Writes made during the term are fenced with
+// Repository().CommitIfOwner and the lease from LeaseFromContext: a
+// deposed leader's are refused. A panic in lead is returned as a
+// *PanicError.
+func (e *Elector) Lead(ctx context.Context, lead func(ctx context.Context) error) error {
+	if lead == nil {
+		return invalidf("lead function is nil")
+	}
+	var leadErr error
+	led := false
+	work := func(term context.Context) (struct{}, error) {
+		led = true
+		e.term.Store(&term)
+		defer e.term.Store(nil)
+		leadErr = lead(term)
+		return struct{}{}, leadErr
+	}
+	wait := backend.Backoff{Pause: campaignRetry, Max: campaignMaxRetry}
+	for {
+		_, err := e.runner.RunWait(ctx, e.name, work, func(*gorm.DB, struct{}) error { return nil })
+		switch {
+		case err == nil:
+			return nil
+		case led && leadErr != nil && errors.Is(err, leadErr) && !errors.Is(err, ErrLeaseLost):
+			return leadErr
+		case led || errors.Is(err, ErrInvalidArgument):
+			return err
+		case ctx.Err() != nil:
+			if errors.Is(err, ctx.Err()) {
+				return err
+			}
+			// A driver may say so in its own words ("interrupted").
+			return wrapf(fmt.Errorf("%w (%w)", ctx.Err(), err), "lead %q", e.name)
+		}
+		// The campaign's acquire failed (the database out of reach, or
+		// busy with the other standbys' acquires): campaign again.
+		e.runner.mon.logLease(ctx, slog.LevelWarn, "gormlease: campaign failed, trying again", Lease{TargetID: e.name},
+			slog.Any("error", err))
+		if !wait.Wait(ctx) {
+			return err
+		}
+	}
+}
+
+const (
+	// campaignRetry is the first pause before a Lead whose acquire failed
+	// campaigns again; it doubles, with jitter, up to campaignMaxRetry.
+	campaignRetry    = 50 * time.Millisecond
+	campaignMaxRetry = 2 * time.Second
+)
+
+// Leader reports who leads the role now, as the database sees it: the
+// role's lease row, and true, while its lease is live; false when nobody
+// leads (the row is released, expired, or there is none).
+func (e *Elector) Leader(ctx context.Context) (LeaseInfo, bool, error) {
+	rows, err := e.runner.Repository().List(ctx, ListOptions{Prefix: e.name, Limit: 1})
+	if err != nil {
+		return LeaseInfo{}, false, wrapf(err, "leader of %q", e.name)
+	}
+	if len(rows) == 0 || rows[0].TargetID != e.name {
+		return LeaseInfo{}, false, nil
+	}
+	return rows[0], rows[0].State == StateLive, nil
+}
+
+// IsLeader reports whether this Elector leads now and still trusts its
+// lease: a Lead of it is in its term, whose context is not cancelled.
+func (e *Elector) IsLeader() bool {
+	term := e.term.Load()
+	return term != nil && (*term).Err() == nil
+}
+
+// Repository returns the Repository that the Elector's lease is held
+// through: for fenced writes during a term, with CommitIfOwner.
+func (e *Elector) Repository() *Repository { return e.runner.Repository() }

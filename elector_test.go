@@ -1,0 +1,221 @@
+package gormlease_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/leasetest"
+)
+
+func newElector(t *testing.T, db *gorm.DB, role string, opts ...gormlease.Option) *gormlease.Elector {
+	t.Helper()
+	e, err := gormlease.NewElector(db, role, append(fast(200*time.Millisecond, 2*time.Second), opts...)...)
+	require.NoError(t, err)
+	return e
+}
+
+// goLead calls e.Lead on a goroutine with lead, and sends what it returned.
+func goLead(ctx context.Context, e *gormlease.Elector, lead func(context.Context) error) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- e.Lead(ctx, lead) }()
+	return ch
+}
+
+// One Elector leads, the other waits; when the leader's lead returns it
+// resigns, and the standby leads at once. Leader and IsLeader report who
+// leads; the term is the lease's generation.
+func TestElector_ResignHandsOver(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		role := newTarget(t)
+		a := newElector(t, db, role, gormlease.WithHolder("elector-a"))
+		b := newElector(t, db, role, gormlease.WithHolder("elector-b"))
+
+		aLeads, resign := make(chan int64, 1), make(chan struct{})
+		aDone := goLead(context.Background(), a, func(ctx context.Context) error {
+			l, _ := gormlease.LeaseFromContext(ctx)
+			aLeads <- l.Generation
+			<-resign
+			return nil
+		})
+		aTerm := recv(t, aLeads, 20*time.Second, "a to lead")
+		assert.True(t, a.IsLeader())
+		info, leads, err := b.Leader(context.Background())
+		require.NoError(t, err)
+		require.True(t, leads)
+		assert.Equal(t, "elector-a", info.Holder)
+		assert.Equal(t, aTerm, info.Generation)
+
+		bLeads := make(chan int64, 1)
+		var resigned time.Time
+		bDone := goLead(context.Background(), b, func(ctx context.Context) error {
+			l, _ := gormlease.LeaseFromContext(ctx)
+			assert.False(t, a.IsLeader(), "two leaders at once")
+			bLeads <- l.Generation
+			return nil
+		})
+		select {
+		case <-bLeads:
+			t.Fatal("b leads while a does")
+		case <-time.After(300 * time.Millisecond):
+		}
+		assert.False(t, b.IsLeader())
+		resigned = time.Now()
+		close(resign)
+		require.NoError(t, recv(t, aDone, 20*time.Second, "a's Lead"))
+		assert.False(t, a.IsLeader())
+		bTerm := recv(t, bLeads, 20*time.Second, "b to lead")
+		t.Logf("b led %v after a resigned", time.Since(resigned))
+		assert.Less(t, time.Since(resigned), 2*time.Second, "the standby did not lead at the resignation")
+		assert.Greater(t, bTerm, aTerm, "the term did not grow")
+		require.NoError(t, recv(t, bDone, 20*time.Second, "b's Lead"))
+		_, leads, err = a.Leader(context.Background())
+		require.NoError(t, err)
+		assert.False(t, leads, "a leader after both resigned")
+	})
+}
+
+// A leader whose heartbeats stop (its heartbeat pool is closed) stops
+// trusting its term before its lease expires, and its lead is cancelled
+// with ErrLeaseLost; the standby leads only after that, within the lease
+// timeout plus an interval of the last heartbeat.
+func TestElector_FailoverWhenTheLeaderStopsHeartbeating(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		role := newTarget(t)
+		hb := s.Open(t, nil)
+		a := newElector(t, db, role, gormlease.WithHeartbeatDB(hb))
+		b := newElector(t, db, role)
+
+		aLeads := make(chan struct{})
+		var cut time.Time
+		aDone := goLead(context.Background(), a, func(ctx context.Context) error {
+			close(aLeads)
+			sqlDB, err := hb.DB()
+			require.NoError(t, err)
+			cut = time.Now()
+			require.NoError(t, sqlDB.Close()) // every later heartbeat fails
+			<-ctx.Done()
+			return context.Cause(ctx)
+		})
+		recv(t, aLeads, 20*time.Second, "a to lead")
+		bLeads := make(chan time.Duration, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		bDone := goLead(ctx, b, func(ctx context.Context) error {
+			assert.False(t, a.IsLeader(), "the standby leads while the old leader trusts its term")
+			bLeads <- time.Since(cut)
+			return nil
+		})
+		require.ErrorIs(t, recv(t, aDone, 20*time.Second, "a's Lead"), gormlease.ErrLeaseLost)
+		after := recv(t, bLeads, 20*time.Second, "b to lead")
+		t.Logf("b led %v after a's heartbeats stopped", after)
+		// The lease timeout is 2s and the interval 200ms; a loaded machine
+		// gets a second more.
+		assert.Less(t, after, 2*time.Second+200*time.Millisecond+time.Second)
+		require.NoError(t, recv(t, bDone, 20*time.Second, "b's Lead"))
+	})
+}
+
+// Writes fenced by the term: during the term CommitIfOwner with the lease
+// saves and does not end the term; after a takeover, the deposed leader's
+// term is cancelled and its write is refused.
+func TestElector_DeposedLeaderWritesAreRefused(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		role := newTarget(t)
+		e := newElector(t, db, role)
+		err := e.Lead(context.Background(), func(ctx context.Context) error {
+			l, ok := gormlease.LeaseFromContext(ctx)
+			require.True(t, ok)
+			save := func(v string) error {
+				return e.Repository().CommitIfOwner(context.Background(), l, func(tx *gorm.DB) error {
+					return gormlease.SaveJSON(tx, v)
+				})
+			}
+			require.NoError(t, save("during the term"))
+			assert.True(t, e.IsLeader(), "a fenced write ended the term")
+			leasetest.TakeOver(t, db, role)
+			<-ctx.Done()
+			assert.False(t, e.IsLeader())
+			assert.ErrorIs(t, save("after the takeover"), gormlease.ErrLeaseLost)
+			return nil
+		})
+		require.ErrorIs(t, err, gormlease.ErrLeaseLost)
+		got, _, err := gormlease.LoadJSON[string](context.Background(), db, role)
+		require.NoError(t, err)
+		assert.Equal(t, "during the term", got)
+	})
+}
+
+// 100 standbys wait as one: one watch of the role's row; when the leader
+// resigns one of them leads, never two at once.
+func TestElector_ManyStandbysWaitAsOne(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		role := newTarget(t)
+		// Long enough that the leader's heartbeats hold while 100
+		// standbys campaign at once on its pool.
+		opts := fast(time.Second, 20*time.Second)
+		leader := newElector(t, db, role, opts...)
+		leads, resign := make(chan struct{}), make(chan struct{})
+		leaderDone := goLead(context.Background(), leader, func(context.Context) error {
+			close(leads)
+			<-resign
+			return nil
+		})
+		recv(t, leads, 20*time.Second, "the leader to lead")
+
+		const n = 100
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var leading, most, led atomic.Int32
+		first := make(chan struct{})
+		var once sync.Once
+		var wg sync.WaitGroup
+		for range n {
+			e := newElector(t, db, role, opts...)
+			wg.Go(func() {
+				err := e.Lead(ctx, func(context.Context) error {
+					now := leading.Add(1)
+					for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+					}
+					led.Add(1)
+					once.Do(func() { close(first) })
+					leading.Add(-1)
+					return nil
+				})
+				// After cancel, a Lead may end in its campaign or in its
+				// term's commit, in the driver's words: only errors before
+				// count.
+				if err != nil && ctx.Err() == nil {
+					t.Errorf("a standby's Lead: %v", err)
+				}
+			})
+		}
+		waitFor(t, 20*time.Second, "100 standbys on one watch", func() bool {
+			return gormlease.WatchSubscribers(role) == n
+		})
+		close(resign)
+		require.NoError(t, recv(t, leaderDone, 20*time.Second, "the leader's Lead"))
+		recv(t, first, 20*time.Second, "a standby to lead")
+		cancel()
+		wg.Wait()
+		assert.EqualValues(t, 1, most.Load(), "standbys led at once")
+		assert.GreaterOrEqual(t, led.Load(), int32(1))
+	})
+}
+
+// Bad input is refused.
+func TestElector_BadInput(t *testing.T) {
+	db := testdb.SQLite(t).DB(t)
+	_, err := gormlease.NewElector(db, "")
+	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+	e := newElector(t, db, newTarget(t))
+	require.ErrorIs(t, e.Lead(context.Background(), nil), gormlease.ErrInvalidArgument)
+}
