@@ -113,7 +113,7 @@ func (r *Repository) commitOnce(ctx context.Context, l Lease, fn func(tx *gorm.D
 		return saveFailed(l, err)
 	}
 	if !release {
-		switch n, err := r.backend.UpdateOwn(ctx, session(ctx, r.db, tx.pool), backend.Save, backend.Lease(l), ""); {
+		switch n, err := r.backend.UpdateOwn(ctx, session(ctx, r.db, tx.pool), backend.Save, backend.Lease(l)); {
 		case err != nil:
 			return wrapf(err, "commit %q: record the save", l.TargetID)
 		case n != 1:
@@ -180,7 +180,7 @@ func (r *Repository) beginOnce(ctx context.Context, l Lease, release bool) (*fen
 // lock locks l's row in tx and reports whether it holds l.
 func (r *Repository) lock(ctx context.Context, tx *gorm.DB, l Lease, release bool) (bool, error) {
 	if release {
-		n, err := r.backend.UpdateOwn(ctx, tx, backend.SaveRelease, backend.Lease(l), "")
+		n, err := r.backend.UpdateOwn(ctx, tx, backend.SaveRelease, backend.Lease(l))
 		if err != nil {
 			return false, wrapf(err, "commit %q: lock lease row", l.TargetID)
 		}

@@ -88,7 +88,7 @@ const endedWithoutSaving = "ended without saving a result"
 // job to stop, so no goroutine outlives the calls.
 //
 // load reads the saved result with tx; its context carries nothing of the
-// lease. With SaveJSON as save, a one-line load reads it back:
+// lease. Do refuses a Runner with WithMinHold (ErrInvalidArgument). With SaveJSON as save, a one-line load reads it back:
 //
 //	func(tx *gorm.DB) (T, error) { v, _, err := gormlease.LoadJSON[T](tx.Statement.Context, tx, targetID); return v, err }
 func (r *Runner[T]) Do(ctx context.Context, targetID string,
@@ -98,6 +98,9 @@ func (r *Runner[T]) Do(ctx context.Context, targetID string,
 	var zero T
 	if err := checkCall(ctx, targetID, work, save); err != nil {
 		return zero, false, err
+	}
+	if r.cfg.minHold > 0 {
+		return zero, false, invalidf("Do: the Runner has WithMinHold, which Do cannot honour: its waiters wait for a generation to be released or saved; use a Runner without it")
 	}
 	if load == nil {
 		return zero, false, invalidf("load function is nil")

@@ -200,6 +200,21 @@ func WithMaxHold(d time.Duration) Option {
 	return option(func(c *config) { c.maxHold = d; c.maxHoldSet = true })
 }
 
+// WithMinHold keeps a target held at least d after its acquisition, even
+// when the work ends sooner: a Run whose work ended earlier returns at once
+// (it does not sleep), and leaves the row held, unrenewed, until d after
+// the acquire was sent, so that another pod whose timer fires a moment
+// later is refused rather than running the job again. It is ShedLock's
+// lockAtLeastFor. The hold applies after a failed work too: the target
+// stays held for the rest of d either way, and nothing is saved for a work
+// that failed. Run and RunWait honour it; Do refuses a Runner that has it
+// (its waiters wait for a released or saved generation, which a held one
+// is not). It must be greater than zero. By default the lease is released
+// as soon as the work and its save end.
+func WithMinHold(d time.Duration) Option {
+	return option(func(c *config) { c.minHold = d; c.minHoldSet = true })
+}
+
 // config holds a Runner's settings after validation.
 type config struct {
 	heartbeatInterval time.Duration
@@ -217,6 +232,8 @@ type config struct {
 	observer          observe.Observer
 	maxHold           time.Duration
 	maxHoldSet        bool
+	minHold           time.Duration
+	minHoldSet        bool
 }
 
 // newConfig applies opts over the defaults and validates the result.
@@ -265,6 +282,8 @@ func (c config) validate() error {
 		return invalidf("WithReuseFor: window must be >= 0, got %v", c.reuseFor)
 	case c.maxHoldSet && c.maxHold <= 0:
 		return invalidf("WithMaxHold: max hold must be > 0, got %v", c.maxHold)
+	case c.minHoldSet && c.minHold <= 0:
+		return invalidf("WithMinHold: min hold must be > 0, got %v", c.minHold)
 	}
 	if c.heartbeatDBSet && c.heartbeatDB == nil {
 		return invalidf("WithHeartbeatDB: db is nil")

@@ -164,7 +164,7 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.
 	case err != nil:
 		if !backend.AnsweredByServer(err) {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), acquireCleanupTimeout)
-			_, _ = r.updateOwn(cctx, backend.Release, Lease{TargetID: targetID, Token: token}, "")
+			_, _ = r.updateOwn(cctx, backend.Release, Lease{TargetID: targetID, Token: token})
 			cancel()
 		}
 		return Lease{}, wrapf(err, "acquire %q", targetID)
@@ -184,7 +184,7 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 	if err := l.check(); err != nil {
 		return err
 	}
-	n, err := r.updateOwn(ctx, backend.Renew, l, "")
+	n, err := r.updateOwn(ctx, backend.Renew, l)
 	if err != nil {
 		return wrapf(err, "heartbeat %q", l.TargetID)
 	}
@@ -299,7 +299,7 @@ func (r *Repository) CommitAndRelease(ctx context.Context, l Lease, fn func(tx *
 // caller's cancellation, such as context.WithoutCancel with a timeout.
 // Serialization failures are handled as by Heartbeat.
 func (r *Repository) Release(ctx context.Context, l Lease) error {
-	return r.release(ctx, l, backend.Release, "")
+	return r.release(ctx, l, backend.Release)
 }
 
 // ReleaseFailed is Release for a job that failed with cause: the row also
@@ -313,17 +313,43 @@ func (r *Repository) ReleaseFailed(ctx context.Context, l Lease, cause error) er
 	return r.release(ctx, l, backend.ReleaseFailed, failureText(cause))
 }
 
-// release releases l with op, Release or ReleaseFailed.
-func (r *Repository) release(ctx context.Context, l Lease, op backend.Own, failure string) error {
+// release releases l with op, Release or ReleaseFailed, whose own
+// arguments are args.
+func (r *Repository) release(ctx context.Context, l Lease, op backend.Own, args ...any) error {
 	if err := l.check(); err != nil {
 		return err
 	}
-	n, err := r.updateOwn(ctx, op, l, failure)
+	n, err := r.updateOwn(ctx, op, l, args...)
 	if err != nil {
 		return wrapf(err, "release %q", l.TargetID)
 	}
 	if n == 0 {
 		return wrapf(ErrLeaseLost, "release %q", l.TargetID)
+	}
+	return nil
+}
+
+// Hold keeps l held, without renewing it, until d from now on the
+// database's clock: the row records now as its last heartbeat and d as the
+// lease's timeout, so that an acquire before then is refused and one after
+// takes the target, as after any expiry. It is ShedLock's lockAtLeastFor:
+// a job that ended early keeps its target for the rest of its minimum hold
+// (see WithMinHold). Waiters (RunWait, Do) see the lease live until then.
+// d must be greater than zero. When l is no longer the caller's, Hold
+// changes nothing and returns an error wrapping ErrLeaseLost.
+func (r *Repository) Hold(ctx context.Context, l Lease, d time.Duration) error {
+	if err := l.check(); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return invalidf("hold %q: duration must be > 0, got %v", l.TargetID, d)
+	}
+	n, err := r.updateOwn(ctx, backend.HoldFor, l, backend.TimeoutMillis(d))
+	if err != nil {
+		return wrapf(err, "hold %q", l.TargetID)
+	}
+	if n == 0 {
+		return wrapf(ErrLeaseLost, "hold %q", l.TargetID)
 	}
 	return nil
 }
@@ -337,9 +363,9 @@ func (r *Repository) release(ctx context.Context, l Lease, op backend.Own, failu
 // step returns as ErrLeaseLost. When the row still holds l, the lease was
 // not lost but not stamped either, and the error is returned: a heartbeat
 // is tried again soon, and the lease timeout covers a release.
-func (r *Repository) updateOwn(ctx context.Context, op backend.Own, l Lease, failure string) (n int64, err error) {
+func (r *Repository) updateOwn(ctx context.Context, op backend.Own, l Lease, args ...any) (n int64, err error) {
 	err = r.retry(ctx, func(ctx context.Context) error {
-		n, err = r.backend.UpdateOwn(ctx, r.db, op, backend.Lease(l), failure)
+		n, err = r.backend.UpdateOwn(ctx, r.db, op, backend.Lease(l), args...)
 		return err
 	})
 	if backend.IsSerializationFailure(err) {

@@ -156,7 +156,7 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 	returned := false
 	defer func() {
 		if !returned {
-			_ = r.releaseAfter(ctx, lease, wrapf(errWorkExited, "run %q", targetID))
+			_ = r.releaseAfter(ctx, lease, sent, wrapf(errWorkExited, "run %q", targetID))
 		}
 	}()
 	result, err := r.hold(ctx, lease, sent, work, save)
@@ -194,20 +194,20 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 	switch cause := context.Cause(workCtx); {
 	case errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrMaxHoldExceeded):
 		r.lost(ctx, lease, sent, cause)
-		return zero, r.releaseAfter(ctx, lease, cause)
+		return zero, r.releaseAfter(ctx, lease, sent, cause)
 	case cause != nil:
-		return zero, r.releaseAfter(ctx, lease, wrapf(cause, "run %q", targetID))
+		return zero, r.releaseAfter(ctx, lease, sent, wrapf(cause, "run %q", targetID))
 	case workErr != nil:
 		step := "work %q"
 		if _, panicked := workErr.(*PanicError); panicked {
 			step = "run %q" // the panic says "work panicked"
 		}
-		return zero, r.releaseAfter(ctx, lease, wrapf(workErr, step, targetID))
+		return zero, r.releaseAfter(ctx, lease, sent, wrapf(workErr, step, targetID))
 	}
 
 	commitCtx, endCommit := m.start(ctx, observe.Span{Kind: observe.SpanCommit, TargetID: targetID, Generation: lease.Generation})
 	begin := time.Now()
-	outcome, err := r.commit(commitCtx, lease, func(tx *gorm.DB) error { return callSave(tx, save, result) })
+	outcome, err := r.commit(commitCtx, lease, sent, func(tx *gorm.DB) error { return callSave(tx, save, result) })
 	r.committed(ctx, lease, outcome, sent, begin, err, endCommit)
 	if outcome != commitSaved {
 		return zero, err
@@ -217,14 +217,64 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 
 // commit runs the fenced commit of a Run that holds lease, with save, and
 // returns its outcome and Run's error.
-func (r *Runner[T]) commit(ctx context.Context, lease Lease, save func(tx *gorm.DB) error) (commitOutcome, error) {
+func (r *Runner[T]) commit(ctx context.Context, lease Lease, sent time.Time, save func(tx *gorm.DB) error) (commitOutcome, error) {
 	commitCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
 	defer cancel()
+	if hold := r.holdLeft(sent); hold > 0 {
+		// The save, then the rest of the minimum hold in place of the
+		// release: until the hold ends, the lease is simply held.
+		err := r.repo.CommitIfOwner(commitCtx, lease, save)
+		if err == nil {
+			r.holdFor(ctx, lease, sent)
+			r.wake(lease.TargetID)
+			return commitSaved, nil
+		}
+		return r.commitFailed(ctx, lease, sent, err)
+	}
 	err := r.repo.CommitAndRelease(commitCtx, lease, save)
 	if err == nil {
 		r.wake(lease.TargetID)
 		return commitSaved, nil
 	}
+	return r.commitFailed(ctx, lease, sent, err)
+}
+
+// holdLeft is how much of the minimum hold (WithMinHold) remains of a lease
+// whose acquire was sent at sent: 0 without one.
+func (r *Runner[T]) holdLeft(sent time.Time) time.Duration {
+	if r.cfg.minHold <= 0 {
+		return 0
+	}
+	return r.cfg.minHold - time.Since(sent)
+}
+
+// holdFor keeps lease held for the rest of its minimum hold, in place of
+// its release, on a context that survives ctx's cancellation. When that
+// fails the lease stays held until its timeout: longer, never shorter.
+// It reports whether the lease is held so.
+func (r *Runner[T]) holdFor(ctx context.Context, lease Lease, sent time.Time) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
+	defer cancel()
+	hold := r.holdLeft(sent)
+	if hold <= 0 {
+		return false
+	}
+	err := r.repo.Hold(ctx, lease, hold)
+	switch {
+	case err == nil:
+		r.mon.logLease(ctx, slog.LevelDebug, "gormlease: lease held for the rest of its minimum hold", lease,
+			slog.Duration("hold", hold))
+		return true
+	case errors.Is(err, ErrLeaseLost):
+		return false
+	}
+	r.mon.logLease(ctx, slog.LevelWarn, "gormlease: minimum hold not recorded, the lease stays held until it times out",
+		lease, slog.Any("error", err))
+	return true
+}
+
+// commitFailed handles a fenced commit of lease that failed with err.
+func (r *Runner[T]) commitFailed(ctx context.Context, lease Lease, sent time.Time, err error) (commitOutcome, error) {
 	if errors.Is(err, ErrLeaseLost) {
 		return commitLost, err
 	}
@@ -241,7 +291,7 @@ func (r *Runner[T]) commit(ctx context.Context, lease Lease, save func(tx *gorm.
 	}
 	// The transaction was rolled back: the lease is still ours, or already
 	// gone, and releasing is safe.
-	return commitFailed, r.releaseAfter(ctx, lease, err)
+	return commitFailed, r.releaseAfter(ctx, lease, sent, err)
 }
 
 // checkCall returns an error wrapping ErrInvalidArgument when the
@@ -263,7 +313,10 @@ func checkCall[T any](ctx context.Context, targetID string,
 // releaseAfter releases lease after Run failed with runErr, and returns
 // runErr, with the release's own error added when that failed for a reason
 // other than the lease being gone already.
-func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, runErr error) error {
+func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, sent time.Time, runErr error) error {
+	if r.holdLeft(sent) > 0 && r.holdFor(ctx, lease, sent) {
+		return runErr // held for the rest of the minimum hold instead
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
 	defer cancel()
 	err := r.repo.ReleaseFailed(ctx, lease, runErr)

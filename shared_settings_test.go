@@ -2,6 +2,7 @@ package gormlease_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -348,5 +349,60 @@ func TestWaiters_ReadAgainWhenTheLeaseExpires(t *testing.T) {
 		assert.Equal(t, "taken over", got)
 		t.Logf("took the dead holder's lease over %v after it started to wait", took)
 		assert.Less(t, took, 5*time.Second, "the waiter did not read the row when the lease expired")
+	})
+}
+
+// WithMinHold: a job that ends early leaves its target held for the rest of
+// the minimum hold, after a save and after a failure alike, so that a Run
+// started a moment later (another pod's timer) is refused; once the hold
+// ends the target is acquired again. Run returns at once, without sleeping.
+func TestRun_MinHoldKeepsTheTargetHeld(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		const hold = 1500 * time.Millisecond
+		r := newRunner(t, db, append(fast(100*time.Millisecond, 2*time.Second), gormlease.WithMinHold(hold))...)
+		other := newRunner(t, db, fast(100*time.Millisecond, 2*time.Second)...)
+		never := func(context.Context) (string, error) {
+			t.Error("a second Run ran within the minimum hold")
+			return "", nil
+		}
+		for _, fail := range []bool{false, true} {
+			target := newTarget(t)
+			begin := time.Now()
+			_, err := r.Run(context.Background(), target, func(context.Context) (string, error) {
+				if fail {
+					return "", errors.New("work failed")
+				}
+				return "fast", nil
+			}, gormlease.SaveJSON[string])
+			took := time.Since(begin)
+			if fail {
+				require.Error(t, err)
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Less(t, took, hold/2, "Run slept out the hold")
+			_, err = other.Run(context.Background(), target, never, noSave(t))
+			require.ErrorIs(t, err, gormlease.ErrLeaseHeld, "refused within the hold (failed work: %v)", fail)
+			info, err := other.Repository().List(context.Background(), gormlease.ListOptions{Prefix: target, Limit: 1})
+			require.NoError(t, err)
+			require.Len(t, info, 1)
+			assert.Equal(t, gormlease.StateLive, info[0].State)
+			assert.Nil(t, info[0].ReleasedAt)
+			if !fail {
+				require.NotNil(t, info[0].SavedGeneration, "the save was not recorded")
+			}
+			// After the hold, the target is free again.
+			waitFor(t, 10*time.Second, "the hold to end", func() bool {
+				_, err := other.Run(context.Background(), target, func(context.Context) (string, error) { return "next", nil },
+					gormlease.SaveJSON[string])
+				if err != nil && !errors.Is(err, gormlease.ErrLeaseHeld) {
+					t.Fatalf("a Run after the hold: %v", err)
+				}
+				return err == nil
+			})
+			assert.GreaterOrEqual(t, time.Since(begin), hold, "the target was free before the hold ended")
+		}
+		_, _, err := r.Do(context.Background(), newTarget(t), never, gormlease.SaveJSON[string], loadJSON("x"))
+		require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 	})
 }

@@ -59,11 +59,12 @@ type Backend interface {
 	Acquire(ctx context.Context, db *gorm.DB, a AcquireArgs) (generation int64, acquired bool, err error)
 	// UpdateOwn runs op on l's own row: where the target and the token
 	// match and the lease is not released. It returns the number of rows
-	// changed, 1 exactly when the lease was still the caller's. failure is
-	// the text that ReleaseFailed records; the other ops ignore it. The
-	// ops that end a generation or save its result notify the waiters in
-	// other processes where the backend can (Capabilities.Notify).
-	UpdateOwn(ctx context.Context, db *gorm.DB, op Own, l Lease, failure string) (int64, error)
+	// changed, 1 exactly when the lease was still the caller's. args are
+	// op's own: the failure's text for ReleaseFailed, the timeout in
+	// milliseconds for HoldFor; none for the others. The ops that end a
+	// generation or save its result notify the waiters in other processes
+	// where the backend can (Capabilities.Notify).
+	UpdateOwn(ctx context.Context, db *gorm.DB, op Own, l Lease, args ...any) (int64, error)
 	// HeartbeatBatch renews leases (at most MaxBatch) as UpdateOwn(Renew)
 	// does each, and returns those it renewed. Only with
 	// Capabilities.BatchHeartbeat.
@@ -163,6 +164,9 @@ const (
 	// SaveRelease records the save and releases the lease, in one
 	// statement that also locks and checks the row (Run's fenced commit).
 	SaveRelease
+	// HoldFor stamps the row and records its argument, in milliseconds, as
+	// the lease's timeout: the lease stays held, unrenewed, until then.
+	HoldFor
 )
 
 // AcquireArgs are the values of one acquire.

@@ -53,7 +53,7 @@ type Dialect struct {
 type Common struct {
 	d      Dialect
 	tables Tables
-	own    [SaveRelease + 1]string
+	own    [HoldFor + 1]string
 	get    string
 }
 
@@ -66,11 +66,12 @@ func NewCommon(d Dialect, t Tables) Common {
 		ReleaseFailed: "released_at = " + d.Now + ", failure = ?",
 		Save:          "saved_generation = generation, saved_at = " + d.Now,
 		SaveRelease:   "released_at = " + d.Now + ", saved_generation = generation, saved_at = " + d.Now,
+		HoldFor:       "updated_at = " + d.Now + ", timeout_ms = ?",
 	}
 	for op, s := range set {
 		suffix := d.Notify
-		if Own(op) == Renew {
-			suffix = ""
+		if Own(op) == Renew || Own(op) == HoldFor {
+			suffix = "" // the generation goes on
 		}
 		c.own[op] = d.Rebind("UPDATE " + t.Lease + " SET " + s +
 			" WHERE target_id = ? AND lease_token = ? AND released_at IS NULL" + suffix)
@@ -98,19 +99,15 @@ func (c *Common) Capabilities() Capabilities { return Capabilities{} }
 func (c *Common) CheckSettings(context.Context, *gorm.DB) error { return nil }
 
 // OwnSQL returns the statement of op on the caller's own row. Its arguments
-// are, for ReleaseFailed, the failure, then the target and the token.
+// are op's own (see Backend.UpdateOwn), then the target and the token.
 func (c *Common) OwnSQL(op Own) string { return c.own[op] }
 
 // GetSQL returns Get's statement; its one argument is the target.
 func (c *Common) GetSQL() string { return c.get }
 
 // UpdateOwn runs op on l's own row.
-func (c *Common) UpdateOwn(ctx context.Context, db *gorm.DB, op Own, l Lease, failure string) (int64, error) {
-	args := []any{l.TargetID, l.Token.String()}
-	if op == ReleaseFailed {
-		args = append([]any{failure}, args...)
-	}
-	_, n, err := Exec(ctx, db, c.own[op], args...)
+func (c *Common) UpdateOwn(ctx context.Context, db *gorm.DB, op Own, l Lease, args ...any) (int64, error) {
+	_, n, err := Exec(ctx, db, c.own[op], append(args[:len(args):len(args)], l.TargetID, l.Token.String())...)
 	return n, err
 }
 

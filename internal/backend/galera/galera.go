@@ -147,16 +147,16 @@ func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArg
 // lock) that is RetryCommit's to decide, and on a known Galera node a
 // serialization failure there is retried or turned into the step's outcome,
 // not a fault for the logger.
-func (b *Backend) UpdateOwn(ctx context.Context, db *gorm.DB, op backend.Own, l backend.Lease, failure string) (int64, error) {
+func (b *Backend) UpdateOwn(ctx context.Context, db *gorm.DB, op backend.Own, l backend.Lease, args ...any) (int64, error) {
 	if backend.InTx(db) {
 		if b.state.Load() == yes {
 			ctx = backend.MarkRetried(ctx)
 		}
-		return b.Backend.UpdateOwn(ctx, db, op, l, failure)
+		return b.Backend.UpdateOwn(ctx, db, op, l, args...)
 	}
 	wait := backend.StatementBackoff()
 	for attempt := 1; ; attempt++ {
-		n, err := b.Backend.UpdateOwn(ctx, db, op, l, failure)
+		n, err := b.Backend.UpdateOwn(ctx, db, op, l, args...)
 		if err != nil || n > 0 || !b.On(ctx, db) {
 			return n, err
 		}
@@ -185,7 +185,7 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []back
 		if renewed[l] {
 			continue
 		}
-		n, err := b.UpdateOwn(ctx, db, backend.Renew, l, "")
+		n, err := b.UpdateOwn(ctx, db, backend.Renew, l)
 		if err != nil {
 			return nil, err
 		}
