@@ -146,6 +146,7 @@ WHERE (l.released_at IS NOT NULL
   AND (?5 < 0 OR l.generation = ?5)
 RETURNING generation`
 
+// Acquire runs acquireSQL.
 func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {
 	var generation int64
 	ok, err := backend.QueryRow(ctx, db, b.acquireSQL,
