@@ -15,10 +15,17 @@ import (
 //
 // Runnable examples cannot skip themselves, so when there is no PostgreSQL
 // server and CI is not set, Main leaves them out, loudly; the tests skip
-// (and fail under CI) on their own.
+// (and fail under CI) on their own. Under GORMLEASE_TEST_DOCKER, a
+// PostgreSQL container that does not start fails the run at once.
 func Main(m *testing.M) {
 	flag.Parse()
-	if _, err := Example(); err != nil && os.Getenv("CI") == "" && flag.Lookup("test.run").Value.String() == "" {
+	_, err := Example()
+	if err != nil && dockerRequired() {
+		fmt.Fprintln(os.Stderr, "FAIL: testdb:", err)
+		Close()
+		os.Exit(1)
+	}
+	if err != nil && os.Getenv("CI") == "" && flag.Lookup("test.run").Value.String() == "" {
 		fmt.Fprintln(os.Stderr, "DATABASE TESTS NOT RUN: examples left out:", err)
 		flag.Set("test.run", "^(Test|Fuzz)")
 	}

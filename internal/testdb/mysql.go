@@ -5,13 +5,12 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	mysqldriver "github.com/go-sql-driver/mysql"
-	"github.com/ory/dockertest/v3"
-	"github.com/ory/dockertest/v3/docker"
 	"gorm.io/driver/mysql"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -134,44 +133,43 @@ func mysqlConfig() (*mysqldriver.Config, error) {
 		}
 		return cfg, ping("mysql", cfg.FormatDSN())
 	}
-	if cfg, err := dockerMySQL(); err == nil {
+	cfg, derr := dockerMySQL()
+	if derr == nil {
 		return cfg, nil
 	}
-	cfg := mysqldriver.NewConfig()
+	if dockerRequired() {
+		return nil, fmt.Errorf("%s is set, and no container: %w", dockerEnv, derr)
+	}
+	cfg = mysqldriver.NewConfig()
 	cfg.User, cfg.Net, cfg.Addr, cfg.Timeout = "root", "tcp", "127.0.0.1:3306", 5*time.Second
 	if err := ping("mysql", cfg.FormatDSN()); err != nil {
-		return nil, fmt.Errorf("no DSN in GORMLEASE_TEST_MYSQL_DSN, no Docker engine, and the local server: %w", err)
+		return nil, fmt.Errorf("no DSN in GORMLEASE_TEST_MYSQL_DSN, no container (%v), and the local server: %w", derr, err)
 	}
 	return cfg, nil
 }
 
-// dockerMySQL starts MySQL 8 in a container when a Docker engine answers
-// within a few seconds.
+// dockerMySQL starts MariaDB 10.11 in a container when a Docker engine
+// answers. Its server listens on a port of its own (--port) of 127.0.0.1.
 func dockerMySQL() (*mysqldriver.Config, error) {
-	pool, err := dockerPool()
-	if err != nil {
-		return nil, err
+	config := func(port int) *mysqldriver.Config {
+		cfg := mysqldriver.NewConfig()
+		cfg.User, cfg.Net, cfg.Addr, cfg.Timeout = "root", "tcp", "127.0.0.1:"+strconv.Itoa(port), 5*time.Second
+		return cfg
 	}
-	res, err := pool.RunWithOptions(&dockertest.RunOptions{
-		Repository: "mysql",
-		Tag:        "8",
-		Env:        []string{"MYSQL_ALLOW_EMPTY_PASSWORD=yes"},
-	}, func(hc *docker.HostConfig) {
-		hc.AutoRemove = true
-		hc.RestartPolicy = docker.RestartPolicy{Name: "no"}
+	port, err := startContainer(containerSpec{
+		image: "mariadb:10.11",
+		env:   func(int) []string { return []string{"MARIADB_ALLOW_EMPTY_ROOT_PASSWORD=1", "MARIADB_DATABASE=test"} },
+		cmd: func(port int) []string {
+			return []string{"--port=" + strconv.Itoa(port), "--bind-address=127.0.0.1"}
+		},
+		ready:   func(port int) error { return ping("mysql", config(port).FormatDSN()) },
+		maxWait: 2 * time.Minute,
 	})
 	if err != nil {
 		return nil, err
 	}
-	closers = append(closers, func() error { return pool.Purge(res) })
-	_ = res.Expire(900) // the container goes even if this process dies
-	cfg := mysqldriver.NewConfig()
-	cfg.User, cfg.Net, cfg.Addr, cfg.Timeout = "root", "tcp", "127.0.0.1:"+res.GetPort("3306/tcp"), 5*time.Second
-	pool.MaxWait = 2 * time.Minute
-	if err := pool.Retry(func() error { return ping("mysql", cfg.FormatDSN()) }); err != nil {
-		return nil, err
-	}
-	return cfg, nil
+	shareWithChildren("GORMLEASE_TEST_MYSQL_DSN", config(port).FormatDSN())
+	return config(port), nil
 }
 
 // mysqlExec runs one statement on the server, outside any test database.

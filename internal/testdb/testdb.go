@@ -4,15 +4,22 @@
 //  1. a DSN from the environment: GORMLEASE_TEST_POSTGRES_DSN (or
 //     GORMLEASE_TEST_DSN) for PostgreSQL, GORMLEASE_TEST_MYSQL_DSN, in the
 //     go-sql-driver/mysql form, for MySQL or MariaDB;
-//  2. a container started with dockertest (postgres:15, mysql:8), when a
-//     Docker engine answers a ping within a few seconds;
+//  2. a container started with dockertest (postgres:15, mariadb:10.11) in
+//     the host's network, on a free port of 127.0.0.1, when a Docker engine
+//     answers a ping within a few seconds (see docker.go);
 //  3. the local server: PostgreSQL on 127.0.0.1:5432 (user postgres,
 //     database test), MySQL or MariaDB on 127.0.0.1:3306 (user root, no
 //     password).
 //
+// With GORMLEASE_TEST_DOCKER set, the second is the only way left after the
+// first: a container that does not start fails the tests, saying why (no
+// engine, no image, the port in use, the server's last log lines), rather
+// than falling back to the local server. GORMLEASE_TEST_NO_DOCKER leaves
+// the second out.
+//
 // When none answers, the tests that need it are skipped with a loud message,
-// or fail when the CI environment variable is set, so that CI never counts a
-// skipped database test as a pass.
+// or fail when the CI environment variable (or GORMLEASE_TEST_DOCKER) is
+// set, so that CI never counts a skipped database test as a pass.
 //
 // Each test process works in a schema (PostgreSQL) or database (MySQL) of
 // its own, dropped by Close, so test packages running at the same time never
@@ -36,8 +43,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/ory/dockertest/v3"
-	"github.com/ory/dockertest/v3/docker"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -144,12 +149,16 @@ func ExamplePool() (*gorm.DB, error) {
 	return lookup("postgres", findPostgres).open(nil)
 }
 
-// unavailable skips tb, loudly, or fails it under CI.
+// unavailable skips tb, loudly, or fails it under CI or
+// GORMLEASE_TEST_DOCKER.
 func unavailable(tb testing.TB, name string, err error) {
 	tb.Helper()
 	msg := fmt.Sprintf("DATABASE TESTS NOT RUN: no %s server: %v", name, err)
-	if os.Getenv("CI") != "" {
+	switch {
+	case os.Getenv("CI") != "":
 		tb.Fatal(msg + " (CI is set, so this fails instead of skipping)")
+	case dockerRequired():
+		tb.Fatal(msg + " (" + dockerEnv + " is set, so this fails instead of skipping)")
 	}
 	tb.Skip(msg)
 }
@@ -252,8 +261,8 @@ const (
 	spaceParam = "gormlease.space"
 )
 
-// Close drops the schemas the process made, stops the containers it started
-// and closes the shared pools. Call it from TestMain after m.Run.
+// Close drops the schemas the process made, removes the containers it
+// started and closes the shared pools. Call it from TestMain after m.Run.
 func Close() {
 	mu.Lock()
 	defer mu.Unlock()
@@ -267,7 +276,10 @@ func Close() {
 			fmt.Fprintln(os.Stderr, "testdb: close:", err)
 		}
 	}
-	servers, closers = map[string]*Server{}, nil
+	for _, key := range sharedEnv {
+		os.Unsetenv(key)
+	}
+	servers, closers, sharedEnv = map[string]*Server{}, nil, nil
 }
 
 func closeDB(db *gorm.DB) {
@@ -381,61 +393,40 @@ func postgresDSN() (string, error) {
 			return dsn, ping("pgx", dsn)
 		}
 	}
-	if dsn, err := dockerPostgres(); err == nil {
+	dsn, derr := dockerPostgres()
+	if derr == nil {
 		return dsn, nil
 	}
-	dsn := "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable connect_timeout=5"
+	if dockerRequired() {
+		return "", fmt.Errorf("%s is set, and no container: %w", dockerEnv, derr)
+	}
+	dsn = "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable connect_timeout=5"
 	if err := ping("pgx", dsn); err != nil {
-		return "", fmt.Errorf("no DSN in GORMLEASE_TEST_POSTGRES_DSN, no Docker engine, and the local server: %w", err)
+		return "", fmt.Errorf("no DSN in GORMLEASE_TEST_POSTGRES_DSN, no container (%v), and the local server: %w", derr, err)
 	}
 	return dsn, nil
 }
 
 // dockerPostgres starts PostgreSQL 15 in a container when a Docker engine
-// answers within a few seconds.
+// answers. Its server listens on a port of its own (PGPORT) of 127.0.0.1.
 func dockerPostgres() (string, error) {
-	pool, err := dockerPool()
-	if err != nil {
-		return "", err
+	dsn := func(port int) string {
+		return fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=test sslmode=disable connect_timeout=5", port)
 	}
-	res, err := pool.RunWithOptions(&dockertest.RunOptions{
-		Repository: "postgres",
-		Tag:        "15",
-		Env:        []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test"},
-	}, func(hc *docker.HostConfig) {
-		hc.AutoRemove = true
-		hc.RestartPolicy = docker.RestartPolicy{Name: "no"}
+	port, err := startContainer(containerSpec{
+		image: "postgres:15",
+		env: func(port int) []string {
+			return []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test", "PGPORT=" + strconv.Itoa(port)}
+		},
+		cmd:     func(int) []string { return []string{"postgres", "-c", "listen_addresses=127.0.0.1"} },
+		ready:   func(port int) error { return ping("pgx", dsn(port)) },
+		maxWait: time.Minute,
 	})
 	if err != nil {
 		return "", err
 	}
-	closers = append(closers, func() error { return pool.Purge(res) })
-	_ = res.Expire(900) // the container goes even if this process dies
-	dsn := fmt.Sprintf("host=127.0.0.1 port=%s user=postgres dbname=test sslmode=disable",
-		res.GetPort("5432/tcp"))
-	pool.MaxWait = time.Minute
-	if err := pool.Retry(func() error { return ping("pgx", dsn) }); err != nil {
-		return "", err
-	}
-	return dsn, nil
-}
-
-// dockerPool returns a dockertest pool when a Docker engine answers a ping
-// within a few seconds. Client.Ping has no timeout of its own.
-func dockerPool() (*dockertest.Pool, error) {
-	if os.Getenv("GORMLEASE_TEST_NO_DOCKER") != "" {
-		return nil, fmt.Errorf("GORMLEASE_TEST_NO_DOCKER is set")
-	}
-	pool, err := dockertest.NewPool("")
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	if err := pool.Client.PingWithContext(ctx); err != nil {
-		return nil, err
-	}
-	return pool, nil
+	shareWithChildren("GORMLEASE_TEST_POSTGRES_DSN", dsn(port))
+	return dsn(port), nil
 }
 
 // postgresExec runs one statement on the server.
