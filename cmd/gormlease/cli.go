@@ -116,7 +116,7 @@ func newCommand(name string, e env) *command {
 		f.StringVar(&c.prefix, "prefix", "", "only targets that start with this")
 		f.StringVar(&c.state, "state", "", "only leases in this state: live, expired or released")
 		f.StringVar(&c.after, "after", "", "start after this target (the last of the previous page)")
-		f.IntVar(&c.limit, "limit", listPage, "rows per page, at most 10000")
+		f.IntVar(&c.limit, "limit", listPage, "rows per page, 1 to 10000")
 		f.BoolVar(&c.all, "all", false, "list every page, not only the first")
 		f.BoolVar(&c.json, "json", false, "write JSON, one object a line")
 	case "show":
@@ -232,6 +232,11 @@ func toJSON(li gormlease.LeaseInfo) leaseJSON {
 }
 
 func listCmd(ctx context.Context, c *command) error {
+	if c.limit < 1 || c.limit > 10000 {
+		// The library's 0 would mean its default page, which -all would
+		// then never see end short of the limit.
+		return usagef("list: -limit %d: give 1 to 10000 rows per page", c.limit)
+	}
 	o := gormlease.ListOptions{Prefix: c.prefix, State: gormlease.LeaseState(c.state), After: c.after, Limit: c.limit}
 	var tw *tabwriter.Writer
 	enc := json.NewEncoder(c.env.stdout)

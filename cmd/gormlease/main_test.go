@@ -202,6 +202,7 @@ func TestCommand_BadUsage(t *testing.T) {
 		{"NoDSN", "", []string{"list"}, "give -dsn or set GORMLEASE_DSN"},
 		{"UnknownDSN", "", []string{"list", "-dsn", "oracle://scott:tiger@db/orcl"}, `unsupported DSN "oracle://scott:***@db/orcl"`},
 		{"BadMySQLDSN", "", []string{"list", "-dsn", "mysql://root@127.0.0.1/test"}, "mysql://USER:PASSWORD@tcp(HOST:3306)/DB"},
+		{"ZeroLimit", dsn, []string{"list", "-limit", "0", "-all"}, "-limit 0: give 1 to 10000 rows per page"},
 		{"NoTarget", dsn, []string{"release"}, "give one target"},
 		{"NoOlderThan", dsn, []string{"prune"}, "give -older-than"},
 		{"TooYoung", dsn, []string{"prune", "-older-than", "1s"}, "less than the minimum, 1m0s"},
