@@ -602,27 +602,5 @@ func TestGalera_OnePoolDifferentTablesBothFinish(t *testing.T) {
 		newRunner(t, f.nodes[0], opts...),
 		newRunner(t, f.nodes[0], append(opts, other)...),
 	}
-	target := newTarget(t)
-	var releases []func()
-	var dones []<-chan runResult[string]
-	for _, r := range runners {
-		release, done := holdOnRunner(t, r, target, "saved")
-		releases, dones = append(releases, release), append(dones, done)
-	}
-	for i, r := range runners {
-		first, found, err := r.Repository().Get(context.Background(), target)
-		require.NoError(t, err)
-		require.True(t, found, "runner %d's row", i)
-		waitFor(t, 20*time.Second, "a heartbeat of each Runner's own row", func() bool {
-			row, _, err := r.Repository().Get(context.Background(), target)
-			require.NoError(t, err)
-			return row.UpdatedAt.After(first.UpdatedAt)
-		})
-	}
-	for _, release := range releases {
-		release()
-	}
-	for i, done := range dones {
-		require.NoError(t, recv(t, done, 30*time.Second, "a Run").err, "runner %d", i)
-	}
+	runsRenewTheirOwnRows(t, runners, 20*time.Second)
 }

@@ -198,36 +198,39 @@ func TestRunners_OnePoolDifferentTablesBothFinish(t *testing.T) {
 			newRunner(t, db, opts...),
 			newRunner(t, db, append(opts, other)...),
 		}
-		target := newTarget(t)
-		type held struct {
-			release func()
-			done    <-chan runResult[string]
-		}
-		var runs []held
-		for _, r := range runners {
-			release, done := holdOnRunner(t, r, target, "saved")
-			runs = append(runs, held{release, done})
-		}
-		// Each row is renewed by heartbeats through its own Runner: its
-		// last heartbeat is newer than its acquire.
-		for i, r := range runners {
-			first, found, err := r.Repository().Get(context.Background(), target)
-			require.NoError(t, err)
-			require.True(t, found, "runner %d's row", i)
-			waitFor(t, 10*time.Second, "a heartbeat of each Runner's own row", func() bool {
-				row, _, err := r.Repository().Get(context.Background(), target)
-				require.NoError(t, err)
-				return row.UpdatedAt.After(first.UpdatedAt)
-			})
-		}
-		for _, h := range runs {
-			h.release()
-		}
-		for i, h := range runs {
-			res := recv(t, h.done, 20*time.Second, "a Run")
-			require.NoError(t, res.err, "runner %d", i)
-		}
+		runsRenewTheirOwnRows(t, runners, 10*time.Second)
 	})
+}
+
+// runsRenewTheirOwnRows holds a Run of each of runners on one target at
+// once, waits until each Runner's own row has been renewed by a heartbeat
+// (its last heartbeat newer than its acquire), then lets every Run save,
+// and checks that each did.
+func runsRenewTheirOwnRows(t *testing.T, runners []*gormlease.Runner[string], timeout time.Duration) {
+	t.Helper()
+	target := newTarget(t)
+	var releases []func()
+	var dones []<-chan runResult[string]
+	for _, r := range runners {
+		release, done := holdOnRunner(t, r, target, "saved")
+		releases, dones = append(releases, release), append(dones, done)
+	}
+	for i, r := range runners {
+		first, found, err := r.Repository().Get(context.Background(), target)
+		require.NoError(t, err)
+		require.True(t, found, "runner %d's row", i)
+		waitFor(t, timeout, "a heartbeat of each Runner's own row", func() bool {
+			row, _, err := r.Repository().Get(context.Background(), target)
+			require.NoError(t, err)
+			return row.UpdatedAt.After(first.UpdatedAt)
+		})
+	}
+	for _, release := range releases {
+		release()
+	}
+	for i, done := range dones {
+		require.NoError(t, recv(t, done, 3*timeout/2, "a Run").err, "runner %d", i)
+	}
 }
 
 // Runners on one pool with different heartbeat intervals and observers
