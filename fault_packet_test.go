@@ -286,9 +286,10 @@ func TestPacket_Loss(t *testing.T) {
 // the database's clock; a contender with a shorter timeout cannot take the
 // lease over before the holder's own timeout has passed since its last
 // heartbeat; the holder's work, which ignores the cancellation and returns
-// a result after the takeover, saves nothing (with a clean work link, its
-// fenced commit really reaches the database and is refused); and after the
-// link heals, the same Runner's next Run succeeds.
+// a result after the takeover, saves nothing, and the old Run leaves the
+// new holder's lease alone (with a clean work link, its release really
+// reaches the database, and only the token keeps it off the new lease);
+// and after the link heals, the same Runner's next Run succeeds.
 func TestPacket_Partition(t *testing.T) {
 	t.Parallel()
 	for _, hbOnly := range []bool{false, true} {
