@@ -39,10 +39,10 @@ import (
 // (Postgres, MariaDB), each started on first use and listening on every
 // address of the namespace. The test process reaches them over veth pairs
 // (NewLink): each test makes links of its own, with addresses of a /30 of
-// 169.254.100.0-169.254.163.255 (link-local, never routed, apart from
-// 169.254.169.254) that no other interface of the machine uses, and drops
-// packets on them with iptables rules inside the namespace, so that one
-// test's faults never touch another's links. The namespace is named
+// 169.254.100.0-169.254.163.255 (link-local, never routed; clear of the
+// cloud metadata address 169.254.169.254) that no other interface of the
+// machine uses, and drops packets on them with iptables rules inside the
+// namespace, so that one test's faults never touch another's links. The namespace is named
 // gormlease-<pid>, so test processes running at the same time never share
 // one.
 //
@@ -149,7 +149,8 @@ func removeStaleNetns() {
 		if !strings.HasPrefix(e.Name(), netnsPrefix) || err != nil || syscall.Kill(pid, 0) != syscall.ESRCH {
 			continue
 		}
-		out, _ := exec.Command("ip", "netns", "pids", e.Name()).Output()
+		ip, _ := lookTool("ip")
+		out, _ := exec.Command(ip, "netns", "pids", e.Name()).Output()
 		for _, f := range strings.Fields(string(out)) {
 			if p, err := strconv.Atoi(f); err == nil {
 				_ = syscall.Kill(p, syscall.SIGKILL)
@@ -175,6 +176,9 @@ func (n *Netns) close() error {
 
 // run runs a command, returning its output in the error when it fails.
 func run(name string, args ...string) error {
+	if path, err := lookTool(name); err == nil {
+		name = path
+	}
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
