@@ -39,16 +39,21 @@ func eachNetServer(t *testing.T, fn func(t *testing.T, ns *testdb.Netns, s *test
 	}
 }
 
-// clockOf reads the clock of s, the one that judges expiry.
-func clockOf(t *testing.T, s *testdb.NetServer, db *gorm.DB) time.Time {
-	t.Helper()
+// rowAndClock reads target's lease row and then the clock of s, the one
+// that judges expiry. It returns an error rather than failing t, for the
+// goroutines that are not the test's.
+func rowAndClock(s *testdb.NetServer, db *gorm.DB, target string) (gormlease.JobLease, time.Time, error) {
+	var row gormlease.JobLease
+	if err := db.Where("target_id = ?", target).Take(&row).Error; err != nil {
+		return row, time.Time{}, err
+	}
 	q := "SELECT clock_timestamp()"
 	if s.Name == "mysql" {
 		q = "SELECT UTC_TIMESTAMP(6)"
 	}
 	var now time.Time
-	require.NoError(t, db.Raw(q).Scan(&now).Error)
-	return now
+	err := db.Raw(q).Scan(&now).Error
+	return row, now, err
 }
 
 // expiry is when row's lease expires on the database's clock: its last
@@ -220,9 +225,11 @@ func TestPacket_Loss(t *testing.T) {
 					// Fenced: the lease must still be live, if it is still
 					// this Run's, on the database's clock.
 					l, _ := gormlease.LeaseFromContext(ctx)
-					row := leaseRow(t, observer, l.TargetID)
-					if row.LeaseToken == l.Token {
-						left := expiry(row).Sub(clockOf(t, s, observer))
+					row, now, err := rowAndClock(s, observer, l.TargetID)
+					if err != nil {
+						t.Errorf("read the lease at a fence: %v", err)
+					} else if row.LeaseToken == l.Token {
+						left := expiry(row).Sub(now)
 						assert.Positive(t, left, "fenced after the lease expired")
 						mu.Lock()
 						if fences == 0 || left < minLeft {
@@ -340,8 +347,8 @@ func partitionScenario(t *testing.T, ns *testdb.Netns, s *testdb.NetServer, hbOn
 			return "", nil
 		}
 		// At the fence, on the database's clock, through the clean link.
-		row := leaseRow(t, observer, target)
-		now := clockOf(t, s, observer)
+		row, now, err := rowAndClock(s, observer, target)
+		require.NoError(t, err)
 		assert.Equal(t, lease.Token, row.LeaseToken, "the lease changed hands before the holder fenced")
 		assert.ErrorIs(t, context.Cause(ctx), gormlease.ErrLeaseLost)
 		fencedAfter, leftAtFence = now.Sub(row.UpdatedAt), expiry(row).Sub(now)
