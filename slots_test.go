@@ -341,3 +341,36 @@ func TestSlots_InvalidArguments(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, countRows(t, db, &gormlease.JobLease{}, target))
 }
+
+// A lease table without the slots column, as the version before WithSlots
+// made it, still serves every target without slots: Run with heartbeats,
+// List, Prune. AutoMigrate then adds the column, and slots work.
+func TestSlots_TableWithoutSlotsColumn(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		db := s.OpenEmpty(t, nil)
+		ctx := context.Background()
+		require.NoError(t, gormlease.AutoMigrate(ctx, db))
+		require.NoError(t, db.Exec("ALTER TABLE job_lease DROP COLUMN slots").Error)
+		require.NotContains(t, leaseColumns(t, db), "slots")
+
+		r := newRunner(t, db, fast(50*time.Millisecond, time.Second)...)
+		target := newTarget(t)
+		got, err := r.Run(ctx, target, func(ctx context.Context) (string, error) {
+			time.Sleep(150 * time.Millisecond) // a few heartbeats: the work's own duration
+			return "done", nil
+		}, gormlease.SaveJSON[string])
+		require.NoError(t, err)
+		require.Equal(t, "done", got)
+		page, err := r.Repository().List(ctx, gormlease.ListOptions{})
+		require.NoError(t, err)
+		require.Len(t, page, 1)
+		require.Equal(t, target, page[0].Target)
+		_, err = r.Repository().Prune(ctx, time.Hour)
+		require.NoError(t, err)
+
+		require.NoError(t, gormlease.AutoMigrate(ctx, db))
+		slotted := newRunner(t, db, gormlease.WithSlots(2))
+		_, err = slotted.Run(ctx, target, func(context.Context) (string, error) { return "", nil }, func(*gorm.DB, string) error { return nil })
+		require.NoError(t, err)
+	})
+}
