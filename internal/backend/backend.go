@@ -230,7 +230,7 @@ type SlotRow struct {
 const (
 	SlotSeparator = "\x1f"
 	// MaxSlots is the largest count of a semaphore.
-	MaxSlots = 1000
+	MaxSlots = 100
 )
 
 // SlotKey is the key of slot's row of targetID.
