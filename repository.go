@@ -184,9 +184,10 @@ func (r *Repository) acquireFailed(ctx context.Context, targetID string, err err
 }
 
 // slotAttempts bounds how often AcquireSlot sends its statement while the
-// slots it saw free were taken by others first, or while it made the
-// target's slot rows.
-const slotAttempts = 5
+// slots it saw free were taken (or locked, by a SetSlots) by others first,
+// or while it made the target's slot rows; it pauses between attempts as
+// after a serialization failure.
+const slotAttempts = 10
 
 // AcquireSlot takes one of the n slots of targetID, a semaphore (see
 // WithSlots): a lease of its own on a row of its own, whose Lease.Slot says
@@ -219,6 +220,7 @@ func (r *Repository) AcquireSlot(ctx context.Context, targetID string, n int, ti
 		return Lease{}, wrapf(err, "acquire %q: mint token", targetID)
 	}
 	a := backend.SlotArgs{TargetID: targetID, Slots: n, Token: token, Holder: r.holder, Timeout: timeout}
+	pause := backend.StatementBackoff()
 	for attempt := 1; ; attempt++ {
 		var slot int
 		var gen int64
@@ -237,8 +239,12 @@ func (r *Repository) AcquireSlot(ctx context.Context, targetID string, n int, ti
 		if err != nil {
 			return Lease{}, wrapf(err, "acquire %q", targetID)
 		}
-		if !again || attempt >= slotAttempts {
+		switch {
+		case !again:
 			return Lease{}, wrapf(fmt.Errorf("%w: all %d slots are held", ErrLeaseHeld, n), "acquire %q", targetID)
+		case attempt >= slotAttempts || !pause.Wait(ctx):
+			return Lease{}, wrapf(fmt.Errorf("%w: concurrent acquires took the slots seen free first (%d attempts)", ErrLeaseHeld, attempt),
+				"acquire %q", targetID)
 		}
 	}
 }
@@ -248,7 +254,9 @@ func (r *Repository) AcquireSlot(ctx context.Context, targetID string, n int, ti
 // acquire took the one this one wanted, or a holder released since), or
 // when the rows did not all exist under count n and SetSlots has made them
 // so. All n held under n is ErrLeaseHeld's case: again is false. A slot
-// held under another count is ErrSlotCountConflict.
+// held under another count is ErrSlotCountConflict. It only reads, but
+// for SetSlots, which runs only when the rows of 1..n are not all there
+// under count n, and no slot is seen held under another count.
 func (r *Repository) slotsRefused(ctx context.Context, targetID string, n int) (again bool, err error) {
 	rows, err := r.backend.SlotRows(ctx, r.db, targetID, n)
 	if err != nil {
@@ -267,6 +275,26 @@ func (r *Repository) slotsRefused(ctx context.Context, targetID string, n int) (
 	}
 	if ready {
 		return again, nil
+	}
+	// A slot held under another count may be one beyond n: look at all
+	// of them, without locking, before SetSlots locks them.
+	if rows, err = r.backend.SlotRows(ctx, r.db, targetID, MaxSlots); err != nil {
+		return false, fmt.Errorf("read the slots: %w", err)
+	}
+	ready = true
+	have := 0
+	for _, row := range rows {
+		switch {
+		case row.Live && row.Slots != n:
+			return false, slotConflict(n, row.Slots)
+		case row.Slots != n:
+			ready = false
+		case row.Slot <= n:
+			have++
+		}
+	}
+	if ready && have == n {
+		return true, nil // another acquire made them meanwhile
 	}
 	var conflict int
 	err = r.retry(ctx, func(ctx context.Context) (err error) {

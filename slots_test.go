@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
@@ -398,5 +399,47 @@ func TestSlots_TableWithoutSlotsColumn(t *testing.T) {
 		slotted := newRunner(t, db, gormlease.WithSlots(2))
 		_, err = slotted.Run(ctx, target, func(context.Context) (string, error) { return "", nil }, func(*gorm.DB, string) error { return nil })
 		require.NoError(t, err)
+	})
+}
+
+// The slots that one Runner's Runs hold are renewed as its leases are: by
+// one heartbeat statement per interval for all of them, here six slots of
+// two targets, for longer than their timeout.
+func TestSlots_HeartbeatsAreBatched(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		const n, interval, timeout = 3, 100 * time.Millisecond, time.Second
+		rec, st := recording(s.Open(t, nil)) // a pool of its own: no other test's leases
+		r := newRunner(t, rec, append(fast(interval, timeout), gormlease.WithSlots(n), gormlease.WithOperationTimeout(5*time.Second))...)
+		targets := []string{newTarget(t), newTarget(t)}
+		inside := make(chan struct{}, 2*n)
+		release := make(chan struct{})
+		var results []<-chan runResult[string]
+		for _, target := range targets {
+			for range n {
+				results = append(results, goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+					inside <- struct{}{}
+					select {
+					case <-release:
+						return "ok", nil
+					case <-ctx.Done():
+						return "", context.Cause(ctx)
+					}
+				}, func(*gorm.DB, string) error { return nil }))
+			}
+		}
+		for range 2 * n {
+			recv(t, inside, 20*time.Second, "a Run's work")
+		}
+		st.take()
+		begun := time.Now()
+		time.Sleep(timeout + 2*interval) // the works hold their slots past the timeout
+		beats := heartbeatStatements(st.take())
+		rounds := int(time.Since(begun)/interval) + 2
+		close(release)
+		for _, res := range results {
+			require.NoError(t, recv(t, res, 10*time.Second, "a Run").err, "a slot renewed by heartbeats is kept")
+		}
+		assert.Positive(t, beats)
+		assert.LessOrEqual(t, beats, rounds, "%d heartbeat statements for %d slots in %d intervals", beats, 2*n, rounds)
 	})
 }

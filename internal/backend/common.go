@@ -477,86 +477,102 @@ func (c *Common) SlotRows(ctx context.Context, db *gorm.DB, targetID string, n i
 	return ScanSlots(rows)
 }
 
-// SetSlots records n as targetID's count of slots. The rows that exist
-// are locked first, so that no acquire takes one while the count changes
-// and two SetSlots run one after the other. Rows that do not exist cannot
-// be locked: when two SetSlots with different counts create them at once,
-// each finds afterwards whether its own count is in every row of 1..n, and
-// the one that finds not rolls back (and reports the other's count).
+// setSlotsRounds bounds the rounds of SetSlots' transaction.
+const setSlotsRounds = 5
+
+// SetSlots records n as targetID's count of slots, in rounds of one
+// transaction. Each round reads the target's slot rows with a locking
+// read, so that no acquire takes one of them while the count changes, and
+// two SetSlots on the rows that exist run one after the other; records n
+// in those that record another count, and creates the missing rows of
+// 1..n. Rows that another SetSlots creates meanwhile are not locked, and
+// its inserts may win over this one's; so the transaction ends only after
+// a round whose read, a statement of its own that sees what others
+// committed since, finds every row recording n and none missing.
 func (c *Common) SetSlots(ctx context.Context, db *gorm.DB, targetID string, n int) (conflict int, err error) {
-	t := c.tables
 	errConflict := errors.New("conflict")
 	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		conflict = 0
-		all := keyArgs(SlotKeys(targetID, MaxSlots))
-		rows, err := Query(ctx, tx, c.d.Rebind("SELECT "+c.slotColumns()+" FROM "+t.Lease+" WHERE "+in(MaxSlots)+c.d.Lock), all...)
-		if err != nil {
-			return fmt.Errorf("lock the slot rows: %w", err)
-		}
-		existing, err := ScanSlots(rows)
-		if err != nil {
-			return fmt.Errorf("lock the slot rows: %w", err)
-		}
-		have := make(map[int]bool, len(existing))
-		var change []any
-		for _, r := range existing {
-			if r.Live && r.Slots != n {
-				conflict = r.Slots
-				return errConflict
+		for round := 1; ; round++ {
+			existing, err := c.lockSlots(ctx, tx, targetID)
+			if err != nil {
+				return err
 			}
-			have[r.Slot] = true
-			if r.Slots != n {
-				change = append(change, SlotKey(targetID, r.Slot))
+			have := make(map[int]bool, len(existing))
+			var change, missing []string
+			for _, r := range existing {
+				if r.Live && r.Slots != n {
+					conflict = r.Slots
+					return errConflict
+				}
+				have[r.Slot] = true
+				if r.Slots != n {
+					change = append(change, SlotKey(targetID, r.Slot))
+				}
 			}
-		}
-		if len(change) > 0 {
-			if _, _, err := Exec(ctx, tx, c.d.Rebind("UPDATE "+t.Lease+" SET slots = ? WHERE "+in(len(change))),
-				append([]any{n}, change...)...); err != nil {
-				return fmt.Errorf("record the count: %w", err)
+			for slot := 1; slot <= n; slot++ {
+				if !have[slot] {
+					missing = append(missing, SlotKey(targetID, slot))
+				}
 			}
-		}
-		var missing []any
-		for slot := 1; slot <= n; slot++ {
-			if !have[slot] {
-				missing = append(missing, SlotKey(targetID, slot))
+			switch {
+			case len(change) == 0 && len(missing) == 0:
+				return nil
+			case round > setSlotsRounds:
+				return fmt.Errorf("the slot rows kept changing under concurrent changes of their count (%d rounds)", setSlotsRounds)
 			}
-		}
-		if len(missing) == 0 {
-			return nil
-		}
-		// A new slot row is released, by no one, at the generation floor:
-		// its first acquire is the floor's next generation, as a new
-		// target's is.
-		var floor int64
-		if _, err := QueryRow(ctx, tx, "SELECT generation FROM "+t.Floor()+" WHERE id = 1", nil, &floor); err != nil {
-			return fmt.Errorf("read the generation floor: %w", err)
-		}
-		values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, '', "+c.d.Now+", "+c.d.Now+", ?), ", len(missing)), ", ")
-		args := make([]any, 0, 4*len(missing))
-		for _, key := range missing {
-			args = append(args, key, uuid.Nil.String(), floor, n)
-		}
-		if _, _, err := Exec(ctx, tx, c.d.Rebind(c.d.InsertIgnore+" "+t.Lease+
-			" (target_id, lease_token, generation, holder, updated_at, released_at, slots) VALUES "+values+c.d.IgnoreSuffix), args...); err != nil {
-			return fmt.Errorf("create the slot rows: %w", err)
-		}
-		got, err := c.SlotRows(ctx, tx, targetID, n)
-		if err != nil {
-			return fmt.Errorf("read the slot rows: %w", err)
-		}
-		if len(got) != n {
-			return fmt.Errorf("created the slot rows, but found %d of %d", len(got), n)
-		}
-		for _, r := range got {
-			if r.Slots != n {
-				conflict = r.Slots
-				return errConflict
+			if err := c.writeSlots(ctx, tx, n, change, missing); err != nil {
+				return err
 			}
 		}
-		return nil
 	}, c.d.TxOptions)
 	if errors.Is(err, errConflict) {
 		return conflict, nil
 	}
 	return 0, err
+}
+
+// lockSlots reads every slot row of targetID with a locking read.
+func (c *Common) lockSlots(ctx context.Context, tx *gorm.DB, targetID string) ([]SlotRow, error) {
+	rows, err := Query(ctx, tx, c.d.Rebind("SELECT "+c.slotColumns()+" FROM "+c.tables.Lease+" WHERE "+in(MaxSlots)+c.d.Lock),
+		keyArgs(SlotKeys(targetID, MaxSlots))...)
+	if err != nil {
+		return nil, fmt.Errorf("lock the slot rows: %w", err)
+	}
+	existing, err := ScanSlots(rows)
+	if err != nil {
+		return nil, fmt.Errorf("lock the slot rows: %w", err)
+	}
+	return existing, nil
+}
+
+// writeSlots records n in the rows of keys change, and creates the rows
+// of keys missing, skipping those that exist by now. A new slot row is
+// released, by no one, at the generation floor: its first acquire is the
+// floor's next generation, as a new target's is.
+func (c *Common) writeSlots(ctx context.Context, tx *gorm.DB, n int, change, missing []string) error {
+	t := c.tables
+	if len(change) > 0 {
+		if _, _, err := Exec(ctx, tx, c.d.Rebind("UPDATE "+t.Lease+" SET slots = ? WHERE "+in(len(change))),
+			append([]any{n}, keyArgs(change)...)...); err != nil {
+			return fmt.Errorf("record the count: %w", err)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	var floor int64
+	if _, err := QueryRow(ctx, tx, "SELECT generation FROM "+t.Floor()+" WHERE id = 1", nil, &floor); err != nil {
+		return fmt.Errorf("read the generation floor: %w", err)
+	}
+	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, '', "+c.d.Now+", "+c.d.Now+", ?), ", len(missing)), ", ")
+	args := make([]any, 0, 4*len(missing))
+	for _, key := range missing {
+		args = append(args, key, uuid.Nil.String(), floor, n)
+	}
+	if _, _, err := Exec(ctx, tx, c.d.Rebind(c.d.InsertIgnore+" "+t.Lease+
+		" (target_id, lease_token, generation, holder, updated_at, released_at, slots) VALUES "+values+c.d.IgnoreSuffix), args...); err != nil {
+		return fmt.Errorf("create the slot rows: %w", err)
+	}
+	return nil
 }
