@@ -200,8 +200,10 @@ const slotAttempts = 10
 // rows, in one transaction. When a slot is held under another count, it
 // returns an error wrapping ErrSlotCountConflict, writing nothing. Every
 // later step (Heartbeat, CommitIfOwner, Release, ...) takes the Lease as
-// any other. n must be between 1 and MaxSlots, and targetID at most 255
-// bytes with the slot's key: len(targetID) + 1 + the digits of n.
+// any other. n must be between 1 and MaxSlots (1 is a semaphore of one
+// slot, in a slot row: not the target's own lease, which Acquire takes),
+// and targetID at most 255 bytes with the slot's key: len(targetID) + 1 +
+// the digits of n.
 func (r *Repository) AcquireSlot(ctx context.Context, targetID string, n int, timeout time.Duration) (Lease, error) {
 	if err := checkTargetID(targetID); err != nil {
 		return Lease{}, err
