@@ -1,0 +1,32 @@
+//go:build !gormlease_mutate_fence
+
+package history
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// Several worker processes, with different heartbeat intervals, lease
+// timeouts and operation timeouts, run Run loops on three targets while
+// the driver pauses, cuts, stalls and crashes them: the checker finds no
+// violation in their logs and the database's records.
+func TestHistory_Postgres(t *testing.T) {
+	t.Parallel()
+	checkScenario(t, testdb.Postgres(t))
+}
+
+func TestHistory_MariaDB(t *testing.T) {
+	t.Parallel()
+	checkScenario(t, testdb.MySQL(t))
+}
+
+func checkScenario(t *testing.T, s *testdb.Server) {
+	o := runScenario(t, s, scenario{duration: duration(t, 30e9), workers: 4, targets: 3, faults: allFaults, seed: seed(t)})
+	assert.Empty(t, o.rep.Violations, "violations")
+	assert.NotZero(t, o.rep.Saves, "nothing saved")
+	assert.NotZero(t, o.rep.Windows, "no quiet window was checked")
+}
