@@ -60,6 +60,9 @@ type Report struct {
 	// the operations of the model check; Windows the quiet windows.
 	Runs, Acquisitions, Saves, Changes, Ops, Windows int
 	Outcomes                                         map[string]int
+	// Errors is the first error message of each Run outcome that is an
+	// error.
+	Errors map[string]string
 }
 
 // run is one Run, put together from its events.
@@ -70,17 +73,21 @@ type run struct {
 	save, end      int64 // 0: not logged
 	gen            int64
 	token, outcome string
+	err            string
 }
 
 // Check verifies in's history.
 func Check(in Input) Report {
-	rep := Report{Outcomes: map[string]int{}}
+	rep := Report{Outcomes: map[string]int{}, Errors: map[string]string{}}
 	runs := assemble(in.Events)
 	byToken := map[string]*run{}
 	for _, r := range runs {
 		rep.Runs++
 		if r.end != 0 {
 			rep.Outcomes[r.outcome]++
+			if _, ok := rep.Errors[r.outcome]; !ok && r.err != "" {
+				rep.Errors[r.outcome] = r.err
+			}
 		} else {
 			rep.Outcomes["no end (crashed)"]++
 		}
@@ -136,7 +143,7 @@ func Check(in Input) Report {
 	}
 	for _, res := range in.Results {
 		for _, c := range acquiredAt[res.Target] {
-			if c.NewGen > res.Gen && c.At < res.At {
+			if c.At != 0 && c.NewGen > res.Gen && c.At < res.At {
 				add(ViolationStaleSave, res.Target, "generation %d saved at %s, after generation %d was acquired at %s (database clock)",
 					res.Gen, micros(res.At), c.NewGen, micros(c.At))
 				break
@@ -224,7 +231,7 @@ func assemble(events []Event) []*run {
 		case KindSave:
 			r.save = e.At
 		case KindEnd:
-			r.end, r.outcome = e.At, e.Outcome
+			r.end, r.outcome, r.err = e.At, e.Outcome, e.Err
 		}
 	}
 	return runs

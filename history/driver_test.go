@@ -254,6 +254,9 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 	rep := Check(in)
 	t.Logf("checked %d Runs (%v), %d acquisitions, %d saves, %d lease row changes, %d model operations, %d quiet windows; faults %v; %d violations",
 		rep.Runs, rep.Outcomes, rep.Acquisitions, rep.Saves, rep.Changes, rep.Ops, rep.Windows, counts, len(rep.Violations))
+	for outcome, msg := range rep.Errors {
+		t.Logf("first %s error: %s", outcome, msg)
+	}
 	for i, v := range rep.Violations {
 		if i == 20 {
 			t.Logf("... and %d more", len(rep.Violations)-i)

@@ -34,7 +34,7 @@ type Change struct {
 	OldReleased, NewReleased   int64
 	OldTimeoutMS, NewTimeoutMS int64
 	// At is when the change was made, read as it ran (not when its
-	// statement or transaction started).
+	// statement or transaction started); 0 when the database cannot tell.
 	At int64
 }
 
@@ -47,7 +47,10 @@ type schema struct {
 	// nowMicros is an SQL expression for the current time in Unix
 	// microseconds, read when it is evaluated.
 	nowMicros string
-	changes   string // reads every Change, in order
+	// changes reads every Change, in order; or versions reads every
+	// version of every lease row, by target and in order (target,
+	// generation, token, updated, released, timeout_ms).
+	changes, versions string
 }
 
 func schemaOf(db *gorm.DB) (schema, error) {
@@ -99,38 +102,30 @@ var postgresSchema = schema{
 		at_us FROM history_lease_log ORDER BY seq`,
 }
 
-// MySQL and MariaDB: the lease's datetime(6) columns hold UTC, so their
-// microseconds from the epoch are a plain difference; SYSDATE(6), unlike
-// UTC_TIMESTAMP(6), is read when it is evaluated, in the session's zone,
-// which UNIX_TIMESTAMP undoes. The log has no AUTO_INCREMENT column: the
-// acquire reads LAST_INSERT_ID.
+// MariaDB: no trigger, since any trigger on job_lease makes the server
+// report 0 as the insert ID of the acquire's statements, by which
+// gormlease reads the new generation (see docs/reliability.md). The lease
+// table is system-versioned instead: MariaDB keeps every version of every
+// row, and the Changes are consecutive versions. The datetime(6) columns
+// hold UTC, so their microseconds from the epoch are a plain difference;
+// SYSDATE(6), unlike UTC_TIMESTAMP(6), is read when it is evaluated, in the
+// session's zone, which UNIX_TIMESTAMP undoes. A version's own time is
+// its transaction's, not when its change was made, so these Changes have no
+// At, and the versions are put in order by what the protocol orders: the
+// generation, then the renewals, then the release.
 const myMicros = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', %s)"
-
-const myNow = "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)"
 
 var mysqlSchema = schema{
 	ddl: []string{
 		`CREATE TABLE history_result (id bigint NOT NULL AUTO_INCREMENT PRIMARY KEY, target varbinary(255) NOT NULL,
 			generation bigint NOT NULL, token char(36) NOT NULL, value text NOT NULL, at_us bigint NOT NULL) ENGINE=InnoDB`,
-		`CREATE TABLE history_lease_log (op char(1) NOT NULL, target_id varbinary(255) NOT NULL,
-			old_generation bigint, new_generation bigint, old_token char(36), new_token char(36),
-			old_updated_us bigint, new_updated_us bigint, old_released_us bigint, new_released_us bigint,
-			old_timeout_ms bigint, new_timeout_ms bigint, at_us bigint NOT NULL, KEY (at_us)) ENGINE=InnoDB`,
-		`CREATE TRIGGER history_lease_insert AFTER INSERT ON job_lease FOR EACH ROW
-			INSERT INTO history_lease_log VALUES ('I', NEW.target_id, NULL, NEW.generation, NULL, NEW.lease_token,
-				NULL, ` + fmt.Sprintf(myMicros, "NEW.updated_at") + `, NULL, ` + fmt.Sprintf(myMicros, "NEW.released_at") + `,
-				NULL, NEW.timeout_ms, ` + myNow + `)`,
-		`CREATE TRIGGER history_lease_update AFTER UPDATE ON job_lease FOR EACH ROW
-			INSERT INTO history_lease_log VALUES ('U', NEW.target_id, OLD.generation, NEW.generation, OLD.lease_token,
-				NEW.lease_token, ` + fmt.Sprintf(myMicros, "OLD.updated_at") + `, ` + fmt.Sprintf(myMicros, "NEW.updated_at") + `,
-				` + fmt.Sprintf(myMicros, "OLD.released_at") + `, ` + fmt.Sprintf(myMicros, "NEW.released_at") + `,
-				OLD.timeout_ms, NEW.timeout_ms, ` + myNow + `)`,
+		`ALTER TABLE job_lease ADD SYSTEM VERSIONING`,
 	},
-	nowMicros: myNow,
-	changes: `SELECT op = 'I', target_id, COALESCE(old_generation, 0), COALESCE(new_generation, 0),
-		COALESCE(old_token, ''), COALESCE(new_token, ''), COALESCE(old_updated_us, 0), COALESCE(new_updated_us, 0),
-		COALESCE(old_released_us, 0), COALESCE(new_released_us, 0), COALESCE(old_timeout_ms, 0), COALESCE(new_timeout_ms, 0),
-		at_us FROM history_lease_log ORDER BY at_us`,
+	nowMicros: "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)",
+	versions: `SELECT target_id, generation, lease_token, ` + fmt.Sprintf(myMicros, "updated_at") + `,
+		COALESCE(` + fmt.Sprintf(myMicros, "released_at") + `, 0), COALESCE(timeout_ms, 0)
+		FROM job_lease FOR SYSTEM_TIME ALL
+		ORDER BY target_id, generation, updated_at, released_at IS NOT NULL, released_at`,
 }
 
 // Migrate creates the history tables and the lease row trigger in db,
@@ -183,6 +178,10 @@ func ReadDB(ctx context.Context, db *gorm.DB) ([]Result, []Change, error) {
 	if err := rows.Err(); err != nil {
 		return nil, nil, err
 	}
+	if s.versions != "" {
+		changes, err := readVersions(db, s.versions)
+		return results, changes, err
+	}
 	var changes []Change
 	rows, err = db.Raw(s.changes).Rows()
 	if err != nil {
@@ -198,4 +197,30 @@ func ReadDB(ctx context.Context, db *gorm.DB) ([]Result, []Change, error) {
 		changes = append(changes, c)
 	}
 	return results, changes, rows.Err()
+}
+
+// readVersions reads the Changes of consecutive row versions.
+func readVersions(db *gorm.DB, query string) ([]Change, error) {
+	rows, err := db.Raw(query).Rows()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var changes []Change
+	var prev Change
+	for rows.Next() {
+		c := Change{}
+		if err := rows.Scan(&c.Target, &c.NewGen, &c.NewToken, &c.NewUpdated, &c.NewReleased, &c.NewTimeoutMS); err != nil {
+			return nil, err
+		}
+		if len(changes) == 0 || prev.Target != c.Target {
+			c.Insert = true
+		} else {
+			c.OldGen, c.OldToken, c.OldUpdated = prev.NewGen, prev.NewToken, prev.NewUpdated
+			c.OldReleased, c.OldTimeoutMS = prev.NewReleased, prev.NewTimeoutMS
+		}
+		changes = append(changes, c)
+		prev = c
+	}
+	return changes, rows.Err()
 }
