@@ -39,8 +39,6 @@ const (
 	FaultStall = "commit stall"
 )
 
-var allFaults = []string{FaultPause, FaultKill, FaultCrash, FaultStall}
-
 // commitNeedle is in the statement of the fenced commit that saves and
 // releases, and in no other.
 const commitNeedle = "saved_generation = generation"
@@ -52,8 +50,6 @@ type scenario struct {
 	targets  int
 	faults   []string
 	seed     uint64
-	// logDir keeps the logs there instead of in a temporary directory.
-	logDir string
 }
 
 // slot is one worker, across its incarnations.
@@ -158,9 +154,11 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 	require.NoError(t, gormlease.AutoMigrate(ctx, db))
 	require.NoError(t, Migrate(ctx, db))
 
-	dir := sc.logDir
-	if dir == "" {
-		dir = t.TempDir()
+	dir := t.TempDir()
+	if keep := os.Getenv("GORMLEASE_HISTORY_DIR"); keep != "" {
+		dir = filepath.Join(keep, fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), sc.seed))
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		t.Logf("logs kept in %s", dir)
 	}
 	rng := rand.New(rand.NewPCG(sc.seed, 0))
 	targets := make([]string, sc.targets)
@@ -314,7 +312,8 @@ func seed(t *testing.T) uint64 {
 	return uint64(time.Now().UnixNano())
 }
 
-// duration is GORMLEASE_HISTORY_DURATION, or short.
+// duration is GORMLEASE_HISTORY_DURATION, or short. (The logs are kept
+// in GORMLEASE_HISTORY_DIR, when set.)
 func duration(t *testing.T, short time.Duration) time.Duration {
 	if v := os.Getenv("GORMLEASE_HISTORY_DURATION"); v != "" {
 		d, err := time.ParseDuration(v)

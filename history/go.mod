@@ -6,6 +6,7 @@ replace github.com/gormlease/gormlease => ../
 
 require (
 	github.com/anishathalye/porcupine v1.3.1
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/gormlease/gormlease v0.0.0
 	github.com/stretchr/testify v1.12.1
 	gorm.io/driver/mysql v1.6.0
@@ -25,7 +26,6 @@ require (
 	github.com/docker/docker v27.1.1+incompatible // indirect
 	github.com/docker/go-connections v0.5.0 // indirect
 	github.com/docker/go-units v0.5.0 // indirect
-	github.com/go-sql-driver/mysql v1.10.1 // indirect
 	github.com/go-viper/mapstructure/v2 v2.1.0 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/google/shlex v0.0.0-20191202100458-e7afc7fbc510 // indirect

@@ -24,6 +24,8 @@ func TestHistory_MariaDB(t *testing.T) {
 	checkScenario(t, testdb.MySQL(t))
 }
 
+var allFaults = []string{FaultPause, FaultKill, FaultCrash, FaultStall}
+
 func checkScenario(t *testing.T, s *testdb.Server) {
 	o := runScenario(t, s, scenario{duration: duration(t, 30e9), workers: 4, targets: 3, faults: allFaults, seed: seed(t)})
 	assert.Empty(t, o.rep.Violations, "violations")

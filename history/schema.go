@@ -106,20 +106,25 @@ var postgresSchema = schema{
 // report 0 as the insert ID of the acquire's statements, by which
 // gormlease reads the new generation (see docs/reliability.md). The lease
 // table is system-versioned instead: MariaDB keeps every version of every
-// row, and the Changes are consecutive versions. The datetime(6) columns
-// hold UTC, so their microseconds from the epoch are a plain difference;
-// SYSDATE(6), unlike UTC_TIMESTAMP(6), is read when it is evaluated, in the
-// session's zone, which UNIX_TIMESTAMP undoes. A version's own time is
-// its transaction's, not when its change was made, so these Changes have no
-// At, and the versions are put in order by what the protocol orders: the
-// generation, then the renewals, then the release.
+// row, and the Changes are consecutive versions. The versioning is
+// transaction-precise (its bounds are transaction IDs): with timestamps,
+// MariaDB drops the version a fenced commit wrote when the takeover that
+// waited for its lock had begun earlier, and a release goes missing. A
+// version's bounds do not say when its change was made, so these Changes
+// have no At, and the versions are put in order by what the protocol
+// orders: the generation, then the renewals, then the release. The
+// datetime(6) columns hold UTC, so their microseconds from the epoch are a
+// plain difference; SYSDATE(6), unlike UTC_TIMESTAMP(6), is read when it
+// is evaluated, in the session's zone, which UNIX_TIMESTAMP undoes.
 const myMicros = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', %s)"
 
 var mysqlSchema = schema{
 	ddl: []string{
 		`CREATE TABLE history_result (id bigint NOT NULL AUTO_INCREMENT PRIMARY KEY, target varbinary(255) NOT NULL,
 			generation bigint NOT NULL, token char(36) NOT NULL, value text NOT NULL, at_us bigint NOT NULL) ENGINE=InnoDB`,
-		`ALTER TABLE job_lease ADD SYSTEM VERSIONING`,
+		`ALTER TABLE job_lease ADD COLUMN history_start BIGINT UNSIGNED GENERATED ALWAYS AS ROW START INVISIBLE,
+			ADD COLUMN history_end BIGINT UNSIGNED GENERATED ALWAYS AS ROW END INVISIBLE,
+			ADD PERIOD FOR SYSTEM_TIME(history_start, history_end), ADD SYSTEM VERSIONING`,
 	},
 	nowMicros: "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)",
 	versions: `SELECT target_id, generation, lease_token, ` + fmt.Sprintf(myMicros, "updated_at") + `,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	stdlog "log"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	mysqldriver "github.com/go-sql-driver/mysql"
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -194,6 +196,8 @@ func WorkerMain() int {
 		fmt.Fprintln(os.Stderr, "history worker:", err)
 		return 2
 	}
+	// The driver's own log of the connections the faults break.
+	_ = mysqldriver.SetLogger(stdlog.New(io.Discard, "", 0))
 	stop := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
