@@ -252,6 +252,13 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 	rep := Check(in)
 	t.Logf("checked %d Runs (%v), %d acquisitions, %d saves, %d lease row changes, %d model operations, %d quiet windows; faults %v; %d violations",
 		rep.Runs, rep.Outcomes, rep.Acquisitions, rep.Saves, rep.Changes, rep.Ops, rep.Windows, counts, len(rep.Violations))
+	byKind := map[string]int{}
+	for _, v := range rep.Violations {
+		byKind[v.Kind]++
+	}
+	if len(byKind) > 0 {
+		t.Logf("violations by kind: %v", byKind)
+	}
 	for outcome, msg := range rep.Errors {
 		t.Logf("first %s error: %s", outcome, msg)
 	}
