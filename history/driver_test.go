@@ -68,8 +68,7 @@ type slot struct {
 }
 
 // start starts the slot's next incarnation.
-func (s *slot) start() {
-	s.t.Helper()
+func (s *slot) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cfg := s.cfg
@@ -78,29 +77,42 @@ func (s *slot) start() {
 	cfg.Seed += uint64(s.incarnation) << 32
 	s.incarnation++
 	b, err := json.Marshal(cfg)
-	require.NoError(s.t, err)
+	if err != nil {
+		return err
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), WorkerEnv+"="+string(b))
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	stdin, err := cmd.StdinPipe()
-	require.NoError(s.t, err)
-	require.NoError(s.t, cmd.Start())
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start worker %s: %w", cfg.Name, err)
+	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	s.cmd, s.stdin, s.exited = cmd, stdin, exited
+	return nil
 }
 
 func (s *slot) signal(sig syscall.Signal) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_ = s.cmd.Process.Signal(sig)
+	if s.cmd != nil {
+		_ = s.cmd.Process.Signal(sig)
+	}
 }
 
-// crash kills the incarnation and waits for it to end.
+// crash kills the incarnation, if one runs, and waits for it to end.
 func (s *slot) crash() {
 	s.mu.Lock()
 	cmd, exited := s.cmd, s.exited
+	s.cmd = nil
 	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	<-exited
 }
@@ -110,7 +122,11 @@ func (s *slot) crash() {
 func (s *slot) stop() error {
 	s.mu.Lock()
 	cmd, stdin, exited := s.cmd, s.stdin, s.exited
+	s.cmd = nil
 	s.mu.Unlock()
+	if cmd == nil {
+		return fmt.Errorf("worker %d is not running", s.n)
+	}
 	_ = cmd.Process.Signal(syscall.SIGCONT)
 	stdin.Close()
 	select {
@@ -185,18 +201,16 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 			i, cfg.Goroutines, cfg.Interval, cfg.Timeout, cfg.OpTimeout, cfg.WorkMin, cfg.WorkMax)
 		slots[i] = &slot{t: t, n: i, cfg: cfg, proxy: proxy, dir: dir}
 	}
-	from := Micros(time.Now())
-	for _, s := range slots {
-		s.start()
-	}
-	stopped := false
+	// Whatever happens to the test, no worker outlives it.
 	t.Cleanup(func() {
-		if !stopped {
-			for _, s := range slots {
-				s.crash()
-			}
+		for _, s := range slots {
+			s.crash()
 		}
 	})
+	from := Micros(time.Now())
+	for _, s := range slots {
+		require.NoError(t, s.start())
+	}
 
 	recovery := maxTimeout + time.Second
 	window := 2500 * time.Millisecond
@@ -217,7 +231,10 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 			restart := time.Duration(200+rng.IntN(600)) * time.Millisecond
 			wg.Go(func() {
 				time.Sleep(delay) // when the fault strikes is the schedule's choice
-				f, hit := inject(s, kind, frac, restart)
+				f, hit, err := inject(s, kind, frac, restart)
+				if err != nil {
+					t.Error(err)
+				}
 				mu.Lock()
 				defer mu.Unlock()
 				faults = append(faults, f)
@@ -240,7 +257,6 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 			stopErrs = append(stopErrs, err.Error())
 		}
 	}
-	stopped = true
 	require.Empty(t, stopErrs, "workers")
 
 	events, err := ReadLogs(dir)
@@ -272,11 +288,12 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 	return outcome{in: in, rep: rep, faults: counts}
 }
 
-// inject injects one fault of kind on s, and reports it, and whether it
-// caught anything (a commit stall may find no commit to stall).
-func inject(s *slot, kind string, frac float64, restart time.Duration) (Fault, bool) {
+// inject injects one fault of kind on s, and reports it, whether it
+// caught anything (a commit stall may find no commit to stall), and a
+// crashed worker's failure to start again.
+func inject(s *slot, kind string, frac float64, restart time.Duration) (_ Fault, hit bool, err error) {
 	f := Fault{Kind: kind, Worker: strconv.Itoa(s.n), Start: Micros(time.Now())}
-	hit := true
+	hit = true
 	switch kind {
 	case FaultPause:
 		s.signal(syscall.SIGSTOP)
@@ -292,7 +309,7 @@ func inject(s *slot, kind string, frac float64, restart time.Duration) (Fault, b
 	case FaultCrash:
 		s.crash()
 		time.Sleep(restart)
-		s.start()
+		err = s.start()
 	case FaultStall:
 		tripped := s.proxy.BlackholeOn(commitNeedle, false)
 		select {
@@ -306,7 +323,7 @@ func inject(s *slot, kind string, frac float64, restart time.Duration) (Fault, b
 		s.proxy.Restore()
 	}
 	f.End = Micros(time.Now())
-	return f, hit
+	return f, hit, err
 }
 
 // seed is GORMLEASE_HISTORY_SEED, or a new one.
