@@ -29,6 +29,9 @@ type Input struct {
 	// lease left behind lives up to its timeout); Window is the shortest
 	// quiet window in which every target must make progress.
 	Recovery, Window time.Duration
+	// VisualizeDir, when set, is where the model check draws each target's
+	// history that is not linearizable.
+	VisualizeDir string
 }
 
 // Violation is one broken guarantee.
@@ -201,7 +204,7 @@ func Check(in Input) Report {
 	}
 
 	// The model check.
-	ops, vs := linearizable(runs, in.Results)
+	ops, vs := linearizable(runs, in.Results, in.VisualizeDir)
 	rep.Ops = ops
 	rep.Violations = append(rep.Violations, vs...)
 	return rep

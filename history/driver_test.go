@@ -170,11 +170,12 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 	require.NoError(t, gormlease.AutoMigrate(ctx, db))
 	require.NoError(t, Migrate(ctx, db))
 
-	dir := t.TempDir()
+	dir, visualize := t.TempDir(), ""
 	if keep := os.Getenv("GORMLEASE_HISTORY_DIR"); keep != "" {
 		dir = filepath.Join(keep, fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), sc.seed))
 		require.NoError(t, os.MkdirAll(dir, 0o755))
 		t.Logf("logs kept in %s", dir)
+		visualize = dir
 	}
 	rng := rand.New(rand.NewPCG(sc.seed, 0))
 	targets := make([]string, sc.targets)
@@ -264,7 +265,7 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 	results, changes, err := ReadDB(ctx, db)
 	require.NoError(t, err)
 	in := Input{Events: events, Results: results, Changes: changes, Faults: faults, Targets: targets,
-		From: from, To: to, Recovery: recovery, Window: window}
+		From: from, To: to, Recovery: recovery, Window: window, VisualizeDir: visualize}
 	rep := Check(in)
 	t.Logf("checked %d Runs (%v), %d acquisitions, %d saves, %d lease row changes, %d model operations, %d quiet windows; faults %v; %d violations",
 		rep.Runs, rep.Outcomes, rep.Acquisitions, rep.Saves, rep.Changes, rep.Ops, rep.Windows, counts, len(rep.Violations))
@@ -336,7 +337,8 @@ func seed(t *testing.T) uint64 {
 	return uint64(time.Now().UnixNano())
 }
 
-// duration is GORMLEASE_HISTORY_DURATION, or short. (The logs are kept
+// duration is GORMLEASE_HISTORY_DURATION, or short. (The logs, and the
+// model check's drawings of histories that are not linearizable, are kept
 // in GORMLEASE_HISTORY_DIR, when set.)
 func duration(t *testing.T, short time.Duration) time.Duration {
 	if v := os.Getenv("GORMLEASE_HISTORY_DURATION"); v != "" {

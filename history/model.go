@@ -3,6 +3,7 @@ package history
 import (
 	"fmt"
 	"math"
+	"path/filepath"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -67,7 +68,10 @@ const modelTimeout = time.Minute
 // linearizable checks runs and results against leaseModel, and returns
 // how many operations it checked and a Violation per target whose history
 // is not linearizable (or could not be decided in time).
-func linearizable(runs []*run, results []Result) (int, []Violation) {
+//
+// When dir is not empty, the history of each target that is not
+// linearizable is drawn there, as porcupine's HTML visualization.
+func linearizable(runs []*run, results []Result, dir string) (int, []Violation) {
 	var ops []porcupine.Operation
 	byToken := map[string]*run{}
 	for i, r := range runs {
@@ -93,11 +97,19 @@ func linearizable(runs []*run, results []Result) (int, []Violation) {
 	var vs []Violation
 	for _, part := range leaseModel.Partition(ops) {
 		target := part[0].Input.(leaseOp).Target
-		switch res := porcupine.CheckOperationsTimeout(leaseModel, part, modelTimeout); res {
+		switch res, info := porcupine.CheckOperationsVerbose(leaseModel, part, modelTimeout); res {
 		case porcupine.Ok:
 		case porcupine.Illegal:
-			vs = append(vs, Violation{Kind: ViolationNotLinearizable, Target: target,
-				Detail: fmt.Sprintf("%d acquisitions and saves admit no order in which only the current generation saves", len(part))})
+			detail := fmt.Sprintf("%d acquisitions and saves admit no order in which only the current generation saves", len(part))
+			if dir != "" {
+				path := filepath.Join(dir, "porcupine-"+target+".html")
+				if err := porcupine.VisualizePath(leaseModel, info, path); err != nil {
+					detail += fmt.Sprintf(" (drawing it failed: %v)", err)
+				} else {
+					detail += "; drawn in " + path
+				}
+			}
+			vs = append(vs, Violation{Kind: ViolationNotLinearizable, Target: target, Detail: detail})
 		default:
 			vs = append(vs, Violation{Kind: ViolationNotLinearizable, Target: target,
 				Detail: fmt.Sprintf("undecided within %v (%s)", modelTimeout, res)})

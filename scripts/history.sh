@@ -9,7 +9,8 @@
 #
 # HISTORY_RUNS (default 1) runs per database; GORMLEASE_HISTORY_SEED
 # repeats a run's settings and fault schedule (not its timing);
-# GORMLEASE_HISTORY_DIR keeps the logs; HISTORY_MUTATION=0 leaves the
+# GORMLEASE_HISTORY_DIR keeps the logs (and porcupine's drawings of the
+# histories that are not linearizable); HISTORY_MUTATION=0 leaves the
 # mutation out. The databases are those of the tests (internal/testdb):
 # start them as .ci/run does. Exits non-zero on any violation.
 set -euo pipefail
