@@ -42,6 +42,7 @@ type Violation struct {
 	Detail string
 }
 
+// String says what was broken, where, and how.
 func (v Violation) String() string { return fmt.Sprintf("%s on %q: %s", v.Kind, v.Target, v.Detail) }
 
 // The kinds of Violation.
