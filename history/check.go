@@ -29,6 +29,10 @@ type Input struct {
 	// lease left behind lives up to its timeout); Window is the shortest
 	// quiet window in which every target must make progress.
 	Recovery, Window time.Duration
+	// Resolution is that of the database's stamps in the lease rows (1 ms
+	// on SQLite, whose rows hold text with milliseconds; 0 elsewhere): a
+	// takeover within it of the holder's expiry is not early.
+	Resolution time.Duration
 	// VisualizeDir, when set, is where the model check draws each target's
 	// history that is not linearizable.
 	VisualizeDir string
@@ -180,7 +184,7 @@ func Check(in Input) Report {
 		if c.OldReleased != 0 {
 			continue
 		}
-		if age := c.NewUpdated - c.OldUpdated; age < c.OldTimeoutMS*1000 {
+		if age := c.NewUpdated - c.OldUpdated; age+in.Resolution.Microseconds() < c.OldTimeoutMS*1000 {
 			add(ViolationEarlyTakeover, c.Target, "generation %d taken over by %d after %v, within its holder's timeout of %v",
 				c.OldGen, c.NewGen, time.Duration(age)*time.Microsecond, time.Duration(c.OldTimeoutMS)*time.Millisecond)
 		}

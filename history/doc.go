@@ -12,6 +12,7 @@
 // The randomized test that drives it (history_test.go) runs the workers
 // as processes of their own, with different settings, while it injects
 // faults: pauses past the lease timeout, connection kills, commits stalled
-// past the lease timeout, and crashes with restarts. It is its own module
+// past the lease timeout, and crashes with restarts (on SQLite, which has
+// no server to proxy, pauses and crashes). It is its own module
 // so that porcupine stays out of the core module's dependencies.
 package history

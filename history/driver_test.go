@@ -185,11 +185,18 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 	slots := make([]*slot, sc.workers)
 	var maxTimeout time.Duration
 	for i := range slots {
-		proxy := testdb.NewProxy(t, server.Addr)
+		// Each worker reaches a server through a proxy of its own; a SQLite
+		// file has no server, and no proxy.
+		var proxy *testdb.Proxy
+		workerDSN := dsn
+		if server.Addr != "" {
+			proxy = testdb.NewProxy(t, server.Addr)
+			workerDSN = strings.Replace(dsn, server.Addr, proxy.Addr(), 1)
+		}
 		interval := time.Duration(100+rng.IntN(101)) * time.Millisecond
 		timeout := interval * time.Duration(5+rng.IntN(3))
 		cfg := WorkerConfig{
-			DSN: strings.Replace(dsn, server.Addr, proxy.Addr(), 1), Targets: targets,
+			DSN: workerDSN, Targets: targets,
 			Goroutines: 1 + rng.IntN(3), Interval: interval, Timeout: timeout,
 			// Longer than a commit stall, so that the stalled commit
 			// reaches the database.
@@ -266,6 +273,9 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 	require.NoError(t, err)
 	in := Input{Events: events, Results: results, Changes: changes, Faults: faults, Targets: targets,
 		From: from, To: to, Recovery: recovery, Window: window, VisualizeDir: visualize}
+	if server.Name == "sqlite" {
+		in.Resolution = time.Millisecond
+	}
 	rep := Check(in)
 	t.Logf("checked %d Runs (%v), %d acquisitions, %d saves, %d lease row changes, %d model operations, %d quiet windows; faults %v; %d violations",
 		rep.Runs, rep.Outcomes, rep.Acquisitions, rep.Saves, rep.Changes, rep.Ops, rep.Windows, counts, len(rep.Violations))

@@ -16,18 +16,25 @@ import (
 // violation in their logs and the database's records.
 func TestHistory_Postgres(t *testing.T) {
 	t.Parallel()
-	checkScenario(t, testdb.Postgres(t))
+	checkScenario(t, testdb.Postgres(t), allFaults)
 }
 
 func TestHistory_MariaDB(t *testing.T) {
 	t.Parallel()
-	checkScenario(t, testdb.MySQL(t))
+	checkScenario(t, testdb.MySQL(t), allFaults)
+}
+
+// On SQLite, processes on one file: pauses and crashes (no server, so no
+// connection to kill or stall).
+func TestHistory_SQLite(t *testing.T) {
+	t.Parallel()
+	checkScenario(t, testdb.SQLite(t), []string{FaultPause, FaultCrash})
 }
 
 var allFaults = []string{FaultPause, FaultKill, FaultCrash, FaultStall}
 
-func checkScenario(t *testing.T, s *testdb.Server) {
-	o := runScenario(t, s, scenario{duration: duration(t, 30e9), workers: 4, targets: 3, faults: allFaults, seed: seed(t)})
+func checkScenario(t *testing.T, s *testdb.Server, faults []string) {
+	o := runScenario(t, s, scenario{duration: duration(t, 30e9), workers: 4, targets: 3, faults: faults, seed: seed(t)})
 	assert.Empty(t, o.rep.Violations, "violations")
 	assert.NotZero(t, o.rep.Saves, "nothing saved")
 	assert.NotZero(t, o.rep.Windows, "no quiet window was checked")

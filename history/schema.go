@@ -59,6 +59,8 @@ func schemaOf(db *gorm.DB) (schema, error) {
 		return postgresSchema, nil
 	case "mysql":
 		return mysqlSchema, nil
+	case "sqlite":
+		return sqliteSchema, nil
 	default:
 		return schema{}, fmt.Errorf("history: no history schema for %s", name)
 	}
@@ -131,6 +133,39 @@ var mysqlSchema = schema{
 		COALESCE(` + fmt.Sprintf(myMicros, "released_at") + `, 0), COALESCE(timeout_ms, 0)
 		FROM job_lease FOR SYSTEM_TIME ALL
 		ORDER BY target_id, generation, updated_at, released_at IS NOT NULL, released_at`,
+}
+
+// SQLite: a trigger, as on PostgreSQL. The lease's times are text with
+// milliseconds (see Input.Resolution); 'now' is read once per statement,
+// possibly before the statement waited for the database's write lock, so
+// these Changes have no At.
+const liteMicros = "CAST(round((julianday(%s) - 2440587.5) * 86400000) AS INTEGER) * 1000"
+
+var sqliteSchema = schema{
+	ddl: []string{
+		`CREATE TABLE history_result (id integer PRIMARY KEY AUTOINCREMENT, target varchar(255) NOT NULL,
+			generation integer NOT NULL, token varchar(36) NOT NULL, value text NOT NULL, at_us integer NOT NULL)`,
+		`CREATE TABLE history_lease_log (seq integer PRIMARY KEY AUTOINCREMENT, op char(1) NOT NULL, target_id varchar(255) NOT NULL,
+			old_generation integer, new_generation integer, old_token varchar(36), new_token varchar(36),
+			old_updated_us integer, new_updated_us integer, old_released_us integer, new_released_us integer,
+			old_timeout_ms integer, new_timeout_ms integer, at_us integer NOT NULL)`,
+		`CREATE TRIGGER history_lease_insert AFTER INSERT ON job_lease BEGIN
+			INSERT INTO history_lease_log (op, target_id, new_generation, new_token, new_updated_us, new_released_us,
+				new_timeout_ms, at_us)
+			VALUES ('I', NEW.target_id, NEW.generation, NEW.lease_token, ` + fmt.Sprintf(liteMicros, "NEW.updated_at") + `,
+				` + fmt.Sprintf(liteMicros, "NEW.released_at") + `, NEW.timeout_ms, 0);
+		END`,
+		`CREATE TRIGGER history_lease_update AFTER UPDATE ON job_lease BEGIN
+			INSERT INTO history_lease_log (op, target_id, old_generation, new_generation, old_token, new_token,
+				old_updated_us, new_updated_us, old_released_us, new_released_us, old_timeout_ms, new_timeout_ms, at_us)
+			VALUES ('U', NEW.target_id, OLD.generation, NEW.generation, OLD.lease_token, NEW.lease_token,
+				` + fmt.Sprintf(liteMicros, "OLD.updated_at") + `, ` + fmt.Sprintf(liteMicros, "NEW.updated_at") + `,
+				` + fmt.Sprintf(liteMicros, "OLD.released_at") + `, ` + fmt.Sprintf(liteMicros, "NEW.released_at") + `,
+				OLD.timeout_ms, NEW.timeout_ms, 0);
+		END`,
+	},
+	nowMicros: "CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)",
+	changes:   postgresSchema.changes,
 }
 
 // Migrate creates the history tables and the lease row trigger in db,

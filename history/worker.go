@@ -15,6 +15,7 @@ import (
 	"time"
 
 	mysqldriver "github.com/go-sql-driver/mysql"
+	"github.com/ncruces/go-sqlite3/gormlite"
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -32,7 +33,8 @@ type WorkerConfig struct {
 	// Name names the worker and its incarnation; Log is its log file.
 	Name string
 	Log  string
-	// DSN opens the database ("postgres://..." or "mysql://...").
+	// DSN opens the database ("postgres://...", "mysql://..." or, for
+	// SQLite, "file:...").
 	DSN string
 	// Targets are the targets its Runs pick from, at random.
 	Targets []string
@@ -184,8 +186,10 @@ func Open(dsn string) (*gorm.DB, error) {
 		return gorm.Open(postgres.Open(dsn), cfg)
 	case strings.HasPrefix(dsn, "mysql://"):
 		return gorm.Open(mysql.Open(strings.TrimPrefix(dsn, "mysql://")), cfg)
+	case strings.HasPrefix(dsn, "file:"):
+		return gorm.Open(gormlite.Open(dsn), cfg)
 	}
-	return nil, fmt.Errorf("history: DSN %q is neither postgres:// nor mysql://", dsn)
+	return nil, fmt.Errorf("history: DSN %q is not postgres://, mysql:// nor file: (SQLite)", dsn)
 }
 
 // WorkerMain runs a worker process from the WorkerConfig in WorkerEnv, until

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # scripts/history.sh: the history checker's long run (history/, see
-# docs/reliability.md). Worker processes run Run loops on PostgreSQL and
-# on MariaDB while faults are injected; the checker then verifies every
-# log and the database's records. Then the fence mutation, which the
-# checker must catch.
+# docs/reliability.md). Worker processes run Run loops on PostgreSQL,
+# MariaDB and SQLite while faults are injected; the checker then verifies
+# every log and the database's records. Then the fence mutation, which the
+# checker must catch (on PostgreSQL and MariaDB).
 #
 #   scripts/history.sh [DURATION]     each run's length (default 5m)
 #
@@ -20,7 +20,7 @@ runs="${HISTORY_RUNS:-1}"
 for i in $(seq "$runs"); do
   echo "== history run $i of $runs, $duration per database"
   GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -timeout 0 \
-    -run '^TestHistory_(Postgres|MariaDB)$' ./
+    -run '^TestHistory_(Postgres|MariaDB|SQLite)$' ./
 done
 if [ "${HISTORY_MUTATION:-1}" != 0 ]; then
   echo "== the fence mutation, $duration per database: the checker must report violations"
