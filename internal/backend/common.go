@@ -63,6 +63,11 @@ type Common struct {
 	get    string
 }
 
+// ownWhere is the condition by which the statements on the caller's own
+// row find it: the target, the caller's token, not released. The fenced
+// commit's statements use fenceWhere, which is the same (see fence.go).
+const ownWhere = " WHERE target_id = ? AND lease_token = ? AND released_at IS NULL"
+
 // NewCommon returns the Common of d for tables t.
 func NewCommon(d Dialect, t Tables) Common {
 	c := Common{d: d, tables: t}
@@ -79,8 +84,11 @@ func NewCommon(d Dialect, t Tables) Common {
 		if Own(op) == Renew || Own(op) == HoldFor {
 			suffix = "" // the generation goes on
 		}
-		c.own[op] = d.Rebind("UPDATE " + t.Lease + " SET " + s +
-			" WHERE target_id = ? AND lease_token = ? AND released_at IS NULL" + suffix)
+		where := ownWhere
+		if Own(op) == Save || Own(op) == SaveRelease {
+			where = fenceWhere
+		}
+		c.own[op] = d.Rebind("UPDATE " + t.Lease + " SET " + s + where + suffix)
 	}
 	c.get = d.Rebind("SELECT " + RowColumns + " FROM " + t.Lease + " WHERE target_id = ?")
 	return c
