@@ -45,8 +45,17 @@ func TestCronSkipIfHeld_SkipsWhileAnotherPodRuns(t *testing.T) {
 		aDone := make(chan struct{})
 		go func() { defer close(aDone); a.Run() }()
 		recvT(t, started, "pod a's run")
-		b.Run() // returns at once: skipped
-		assert.EqualValues(t, 1, runs.Load(), "pod b ran while pod a did")
+		bDone := make(chan struct{})
+		go func() { defer close(bDone); b.Run() }()
+		select {
+		case <-bDone: // skipped
+		case <-started:
+			close(release)
+			<-aDone
+			<-bDone
+			t.Fatal("pod b ran while pod a did")
+		}
+		assert.EqualValues(t, 1, runs.Load())
 		assert.EqualValues(t, 1, logB.skips.Load())
 		close(release)
 		recvT(t, aDone, "pod a's run to end")

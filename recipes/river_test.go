@@ -85,7 +85,7 @@ func TestRiverSnoozeOnHeld_OneSyncAtATime(t *testing.T) {
 	defer func() {
 		stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		defer cancel()
-		require.NoError(t, client.Stop(stopCtx))
+		require.NoError(t, client.StopAndCancel(stopCtx))
 	}()
 
 	account := newTarget(t)
@@ -125,7 +125,7 @@ func recvT[V any](t *testing.T, ch <-chan V, what string) V {
 	case v := <-ch:
 		return v
 	case <-time.After(20 * time.Second):
-		t.Fatalf("no %s in 20s", what)
+		t.Fatalf("waited 20s for %s", what)
 		panic("unreachable")
 	}
 }
