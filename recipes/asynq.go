@@ -3,6 +3,7 @@ package recipes
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -18,10 +19,15 @@ import (
 // the server with AsynqIsFailure, so that such a retry does not count
 // against the task's MaxRetry, and with AsynqRetryDelay, so that it comes
 // soon. The handler's context carries the lease and is cancelled when it
-// is lost. A target of "" runs the task without a lease.
+// is lost. A target of "" runs the task without a lease. With a nil
+// runner or target, every task fails with an error wrapping
+// gormlease.ErrInvalidArgument, and no handler runs.
 func AsynqLeaseMiddleware(runner *gormlease.Runner[struct{}], target func(task *asynq.Task) string) asynq.MiddlewareFunc {
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			if runner == nil || target == nil {
+				return fmt.Errorf("asynq middleware: runner and target are required: %w", gormlease.ErrInvalidArgument)
+			}
 			id := target(task)
 			if id == "" {
 				return next.ProcessTask(ctx, task)

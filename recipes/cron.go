@@ -3,6 +3,7 @@ package recipes
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/robfig/cron/v3"
 	"gorm.io/gorm"
@@ -18,10 +19,18 @@ import (
 // database is logged with logger.Error. The job's cron.Job.Run takes no
 // context, so a lost lease cannot stop it (see the gocron module's package
 // doc for the same limit): jobs that must be fenced call runner.Run
-// themselves.
+// themselves. A nil logger logs nothing (cron.DiscardLogger). With a nil
+// runner, no run runs, and each is logged with logger.Error.
 func CronSkipIfHeld(runner *gormlease.Runner[struct{}], target string, logger cron.Logger) cron.JobWrapper {
+	if logger == nil {
+		logger = cron.DiscardLogger
+	}
 	return func(job cron.Job) cron.Job {
 		return cron.FuncJob(func() {
+			if runner == nil {
+				logger.Error(fmt.Errorf("cron wrapper: runner is required: %w", gormlease.ErrInvalidArgument), "run", "target", target)
+				return
+			}
 			_, err := runner.Run(context.Background(), target, func(context.Context) (struct{}, error) {
 				job.Run()
 				return struct{}{}, nil

@@ -110,9 +110,13 @@ func ExampleRiverSnoozeOnHeld() {
 		log.Fatal(err)
 	}
 	target := func(job *rivertype.JobRow) string { return syncTarget(job) } // "sync:<account>"
+	snoozeOnHeld, err := recipes.RiverSnoozeOnHeld(runner, target, 5*time.Second)
+	if err != nil {
+		log.Fatal(err)
+	}
 	config := &river.Config{
-		Queues:           map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
-		WorkerMiddleware: []rivertype.WorkerMiddleware{recipes.RiverSnoozeOnHeld(runner, target, 5*time.Second)},
+		Queues:     map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 10}},
+		Middleware: []rivertype.Middleware{snoozeOnHeld},
 	}
 	_ = config // river.NewClient(riverpgxv5.New(pool), config), with the workers
 }

@@ -69,10 +69,14 @@ func TestRiverSnoozeOnHeld_OneSyncAtATime(t *testing.T) {
 			return ctx.Err()
 		}
 	}))
+	middleware, err := recipes.RiverSnoozeOnHeld(runner, syncTarget, 50*time.Millisecond)
+	require.NoError(t, err)
+	_, err = recipes.RiverSnoozeOnHeld(runner, syncTarget, -time.Second)
+	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 	client, err := river.NewClient(driver, &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}},
 		Workers:           workers,
-		WorkerMiddleware:  []rivertype.WorkerMiddleware{recipes.RiverSnoozeOnHeld(runner, syncTarget, 50*time.Millisecond)},
+		Middleware:        []rivertype.Middleware{middleware},
 		FetchPollInterval: 20 * time.Millisecond,
 		FetchCooldown:     10 * time.Millisecond,
 		Logger:            slog.New(slog.DiscardHandler),
