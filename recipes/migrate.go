@@ -14,7 +14,9 @@ import (
 // SchemaVersion is a row of the table in which MigrateOnce records the
 // versions it applied.
 type SchemaVersion struct {
-	Version   string `gorm:"primaryKey;size:191"`
+	// Version is the version's name, as passed to MigrateOnce.
+	Version string `gorm:"primaryKey;size:191"`
+	// AppliedAt is when the migration was recorded, in UTC.
 	AppliedAt time.Time
 }
 

@@ -13,8 +13,10 @@ import (
 
 // Report is the slow report that ReportHandler serves.
 type Report struct {
-	User  string `json:"user"`
-	Score int    `json:"score"`
+	// User is the user the report is about.
+	User string `json:"user"`
+	// Score is what the slow call computed.
+	Score int `json:"score"`
 	// Generation is the lease generation that made the report.
 	Generation int64 `json:"generation"`
 }
