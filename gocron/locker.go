@@ -46,8 +46,10 @@ func NewLocker(db *gorm.DB, opts ...gormlease.Option) (*Locker, error) {
 // gocron.Lock that holds it until its Unlock. When another holder's lease
 // on key is live, Lock returns an error wrapping gormlease.ErrLeaseHeld at
 // once, having written nothing, and gocron skips the run. It returns an
-// error wrapping ctx's when ctx ends before the lease is taken, and the
-// acquire's error when the database cannot be reached.
+// error wrapping ctx's when ctx ends before the lease is taken (having
+// written nothing when ctx had ended before the call; a lease taken as ctx
+// ended is released), and the acquire's error when the database cannot be
+// reached.
 //
 // While the lease is held, a goroutine of the Locker's (a
 // gormlease.Runner.Run whose work waits for Unlock) renews it every
@@ -62,10 +64,14 @@ func (l *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("gormleasegocron: lock %q: context is nil: %w", key, gormlease.ErrInvalidArgument)
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("gormleasegocron: lock %q: %w", key, err) // before any statement
+	}
 	h := &lock{unlock: make(chan struct{}), done: make(chan struct{})}
 	acquired := make(chan struct{})
 	// The run's context outlives ctx once the lease is taken; before
-	// that, ctx's end cancels the acquire.
+	// that, ctx's end cancels the acquire (the cancel runs on a goroutine
+	// of its own: an acquire that it comes too late for is released).
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, cancel)
 	go func() {
