@@ -16,13 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ncruces/go-sqlite3/gormlite"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"gorm.io/driver/mysql"
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
@@ -269,7 +265,7 @@ func helperProcess(dsn string) int {
 		say("error "+format, args...)
 		return 1
 	}
-	db, err := openHelperDB(dsn)
+	db, err := testdb.OpenDSN(dsn)
 	if err != nil {
 		return fail("open: %v", err)
 	}
@@ -491,17 +487,4 @@ func doOutcome(v string, shared bool, err error) string {
 		kind = "other"
 	}
 	return "error " + kind + " " + strings.ReplaceAll(err.Error(), "\n", " ")
-}
-
-// openHelperDB opens the database of a testdb.Server's DSN.
-func openHelperDB(dsn string) (*gorm.DB, error) {
-	cfg := &gorm.Config{Logger: logger.Discard}
-	switch {
-	case strings.HasPrefix(dsn, "postgres://"):
-		return gorm.Open(postgres.Open(dsn), cfg)
-	case strings.HasPrefix(dsn, "mysql://"):
-		return gorm.Open(mysql.Open(strings.TrimPrefix(dsn, "mysql://")), cfg)
-	default:
-		return gorm.Open(gormlite.Open(dsn), cfg)
-	}
 }
