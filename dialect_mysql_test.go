@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	_ "time/tzdata" // for loc=Asia/Tokyo on machines without a zoneinfo database
 
 	"github.com/stretchr/testify/assert"
@@ -107,4 +108,44 @@ func showCreateTable(t *testing.T, db *gorm.DB, table string) string {
 	var name, ddl string
 	require.NoError(t, db.Raw("SHOW CREATE TABLE "+table).Row().Scan(&name, &ddl))
 	return ddl
+}
+
+// A trigger on the lease table that runs a statement makes MySQL and
+// MariaDB report no insert ID, where the acquire reads its generation
+// from: the acquire then reads it back by its token, for leases and for
+// slots alike, and every acquire still takes the next generation.
+func TestMySQL_TriggersOnTheLeaseTable(t *testing.T) {
+	t.Parallel()
+	db := testdb.MySQL(t).DB(t)
+	names := gormlease.WithTableNames("trigger_lease", "trigger_result")
+	require.NoError(t, gormlease.AutoMigrate(context.Background(), db, names))
+	require.NoError(t, db.Exec("CREATE TABLE trigger_audit (target_id VARCHAR(255), generation BIGINT)").Error)
+	for _, when := range []string{"INSERT", "UPDATE"} {
+		require.NoError(t, db.Exec("CREATE TRIGGER trigger_lease_after_"+strings.ToLower(when)+
+			" AFTER "+when+" ON trigger_lease FOR EACH ROW"+
+			" INSERT INTO trigger_audit VALUES (NEW.target_id, NEW.generation)").Error)
+	}
+	ctx := context.Background()
+	for _, slots := range []int{1, 3} {
+		r, err := gormlease.NewRunner[string](db, append(fast(50*time.Millisecond, time.Second), names, gormlease.WithSlots(slots))...)
+		require.NoError(t, err)
+		target := newTarget(t)
+		for i := 1; i <= 3; i++ {
+			var gen int64
+			_, err := r.Run(ctx, target, func(ctx context.Context) (string, error) {
+				l, _ := gormlease.LeaseFromContext(ctx)
+				gen = l.Generation
+				return "ok", nil
+			}, gormlease.SaveJSON[string])
+			require.NoError(t, err, "Run %d with %d slots", i, slots)
+			if slots == 1 {
+				assert.EqualValues(t, i, gen, "Run %d took another generation", i)
+			} else {
+				assert.Positive(t, gen)
+			}
+		}
+	}
+	var audited int64
+	require.NoError(t, db.Table("trigger_audit").Count(&audited).Error)
+	assert.Positive(t, audited, "the triggers did not run")
 }

@@ -7,6 +7,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ type Backend struct {
 	lease                                       string
 	leaseDDL, resultDDL, takeOverSQL, insertSQL string
 	floorDDL, floorRow, stateSQL, slotSQL       string
+	readBackSQL                                 string
 }
 
 // New returns the MySQL backend for tables t.
@@ -57,6 +59,7 @@ func New(t backend.Tables) *Backend {
 		takeOverSQL: t.Expand(takeOverSQL),
 		slotSQL:     t.Expand(slotSQL),
 		insertSQL:   t.Expand(insertSQL),
+		readBackSQL: t.Expand(readBackSQL),
 		floorDDL:    t.Expand(floorTable),
 		floorRow:    t.Expand(floorRow),
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
@@ -212,9 +215,9 @@ func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArg
 		return 0, false, fmt.Errorf("take over: %w", err)
 	}
 	if n > 0 {
-		gen, err := res.LastInsertId()
-		if err != nil || gen <= 0 {
-			return 0, false, fmt.Errorf("take over: read generation (insert ID %d): %v", gen, err)
+		gen, err := b.generation(ctx, db, res, a.Token.String(), a.TargetID)
+		if err != nil {
+			return 0, false, fmt.Errorf("take over: %w", err)
 		}
 		return gen, true, nil
 	}
@@ -228,11 +231,50 @@ func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArg
 	if n != 1 {
 		return 0, false, nil
 	}
-	gen, err := res.LastInsertId()
-	if err != nil || gen <= 0 {
-		return 0, false, fmt.Errorf("insert: read generation (insert ID %d): %v", gen, err)
+	gen, err := b.generation(ctx, db, res, a.Token.String(), a.TargetID)
+	if err != nil {
+		return 0, false, fmt.Errorf("insert: %w", err)
 	}
 	return gen, true, nil
+}
+
+// readBackSQL reads which of the given rows an acquire took, by its token,
+// which is new at every acquire.
+const readBackSQL = `SELECT target_id, generation FROM job_lease WHERE target_id IN (%s) AND lease_token = ?`
+
+// generation returns the generation that an acquire of one of keys, with
+// token, wrote: from the reply's insert ID, where LAST_INSERT_ID(expr) put
+// it, or, when the server reports none (it reports 0 when a trigger on the
+// lease table ran a statement), by reading the row back.
+func (b *Backend) generation(ctx context.Context, db *gorm.DB, res sql.Result, token string, keys ...string) (int64, error) {
+	if id, err := res.LastInsertId(); err == nil && id > 0 {
+		return id, nil
+	}
+	_, gen, err := b.readBack(ctx, db, token, keys)
+	return gen, err
+}
+
+// readBack reads the key and generation of the row among keys that holds
+// token.
+func (b *Backend) readBack(ctx context.Context, db *gorm.DB, token string, keys []string) (string, int64, error) {
+	args := make([]any, 0, len(keys)+1)
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	args = append(args, token)
+	q := fmt.Sprintf(b.readBackSQL, strings.TrimSuffix(strings.Repeat("?, ", len(keys)), ", "))
+	var (
+		key string
+		gen int64
+	)
+	found, err := backend.QueryRow(ctx, db, q, args, &key, &gen)
+	switch {
+	case err != nil:
+		return "", 0, fmt.Errorf("read the generation back: %w", err)
+	case !found:
+		return "", 0, errors.New("read the generation back: no row holds the new token any more (taken over at once)")
+	}
+	return key, gen, nil
 }
 
 // slotSQL takes a free slot in one statement: an UPDATE of one row, at
@@ -276,11 +318,20 @@ func (b *Backend) AcquireSlot(ctx context.Context, db *gorm.DB, a backend.SlotAr
 	if err != nil || n == 0 {
 		return 0, 0, false, err
 	}
-	v, err := res.LastInsertId()
-	if err != nil || v <= 0 {
-		return 0, 0, false, fmt.Errorf("read the slot and generation (insert ID %d): %v", v, err)
+	if v, err := res.LastInsertId(); err == nil && v > 0 {
+		return int(v % slotFactor), v / slotFactor, true, nil
 	}
-	return int(v % slotFactor), v / slotFactor, true, nil
+	// No insert ID (a trigger on the lease table ran a statement): the
+	// row that took the token says which slot, and its generation.
+	key, gen, err := b.readBack(ctx, db, a.Token.String(), keys)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	_, slot, ok := backend.ParseSlotKey(key)
+	if !ok {
+		return 0, 0, false, fmt.Errorf("read the slot back: %q is not a slot's key", key)
+	}
+	return slot, gen, true, nil
 }
 
 // HeartbeatBatch renews many leases with two statements: MySQL has no
