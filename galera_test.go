@@ -604,3 +604,42 @@ func TestGalera_OnePoolDifferentTablesBothFinish(t *testing.T) {
 	}
 	runsRenewTheirOwnRows(t, runners, 20*time.Second)
 }
+
+// A semaphore of 2 slots used from all three nodes: never more than 2
+// calls in their work at once across the cluster, and every call finishes.
+func TestGalera_SlotsAcrossNodes(t *testing.T) {
+	f := newGaleraFixture(t)
+	const n, calls = 2, 9
+	target := newTarget(t)
+	w := newInWork(n)
+	var rs []*gormlease.Runner[string]
+	for _, node := range f.nodes {
+		rs = append(rs, newRunner(t, node, galeraOpts(gormlease.WithSlots(n))...))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, calls)
+	for i := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := rs[i%len(rs)].RunWait(ctx, target, w.work, func(*gorm.DB, string) error { return nil })
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, n, w.most.Load(), "the most calls in their work at once")
+	page, err := rs[0].Repository().List(ctx, gormlease.ListOptions{Prefix: target})
+	require.NoError(t, err)
+	require.Len(t, page, n)
+	var gens int64
+	for _, li := range page {
+		gens += li.Generation
+	}
+	require.EqualValues(t, calls, gens, "one generation per call, over the slots")
+}
