@@ -407,7 +407,7 @@ func TestSlots_TableWithoutSlotsColumn(t *testing.T) {
 // two targets, for longer than their timeout.
 func TestSlots_HeartbeatsAreBatched(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
-		const n, interval, timeout = 3, 100 * time.Millisecond, time.Second
+		const n, interval, timeout = 3, 100 * time.Millisecond, 2 * time.Second
 		rec, st := recording(s.Open(t, nil)) // a pool of its own: no other test's leases
 		r := newRunner(t, rec, append(fast(interval, timeout), gormlease.WithSlots(n), gormlease.WithOperationTimeout(5*time.Second))...)
 		targets := []string{newTarget(t), newTarget(t)}
