@@ -468,20 +468,34 @@ func (c *Patroni) WaitLeader(tb testing.TB, old *PatroniMember, timeout time.Dur
 // DSN is the cluster's multi-host DSN: every member's PostgreSQL, in the
 // order of the members, with target_session_attrs=read-write, as
 // docs/scaling.md recommends.
-func (c *Patroni) DSN() string {
-	hosts := make([]string, len(c.members))
-	ports := make([]string, len(c.members))
-	for i, m := range c.members {
+func (c *Patroni) DSN() string { return c.DSNFirst(nil) }
+
+// DSNFirst is DSN with first's PostgreSQL listed first, as an application
+// configured while first led lists it: after a failover that leaves first
+// running and read-write, new connections still go to it.
+func (c *Patroni) DSNFirst(first *PatroniMember) string {
+	members := []*PatroniMember{}
+	if first != nil {
+		members = append(members, first)
+	}
+	for _, m := range c.members {
+		if m != first {
+			members = append(members, m)
+		}
+	}
+	hosts := make([]string, len(members))
+	ports := make([]string, len(members))
+	for i, m := range members {
 		hosts[i], ports[i] = "127.0.0.1", strconv.Itoa(m.pgPort)
 	}
 	return fmt.Sprintf("host=%s port=%s user=postgres dbname=postgres sslmode=disable connect_timeout=2"+
 		" target_session_attrs=read-write", strings.Join(hosts, ","), strings.Join(ports, ","))
 }
 
-// Open returns a new pool on DSN. It is closed when tb ends.
-func (c *Patroni) Open(tb testing.TB) *gorm.DB {
+// Open returns a new pool on DSNFirst(first). It is closed when tb ends.
+func (c *Patroni) Open(tb testing.TB, first *PatroniMember) *gorm.DB {
 	tb.Helper()
-	return openPostgres(tb, c.DSN())
+	return openPostgres(tb, c.DSNFirst(first))
 }
 
 // openPostgres opens a pool on dsn, closed when tb ends.
