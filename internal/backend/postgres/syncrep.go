@@ -70,12 +70,17 @@ var errNotPgx = errors.New("not a pgx connection")
 // when the server warned that it cut short a wait for synchronous
 // replication, or errNotPgx, having sent nothing, when conn's driver is not
 // pgx. A connection whose answer was not read to its end (ctx ended, the
-// connection broke) is closed.
-func simpleQuery(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string) (simpleResult, error) {
+// connection broke) is closed. The statement is reported to db's logger and
+// ctx's statement hook, as backend.Query reports its own, unless it is the
+// fenced transaction's COMMIT, which, like gorm's, is not.
+func simpleQuery(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string, report bool) (simpleResult, error) {
 	var res simpleResult
 	sent := false
 	begin := time.Now()
-	hookCtx, end := backend.StartStatement(ctx, db, query)
+	var end func(error)
+	if report {
+		ctx, end = backend.StartStatement(ctx, db, query)
+	}
 	err := conn.Raw(func(dc any) error {
 		c, ok := dc.(pgxConn)
 		if !ok {
@@ -88,9 +93,9 @@ func simpleQuery(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string)
 		}
 		pg.Frontend().Send(&pgproto3.Query{String: query})
 		if err := pg.Frontend().Flush(); err != nil {
-			return fmt.Errorf("%w: send: %w", driver.ErrBadConn, err)
+			return &badConn{err}
 		}
-		return readAnswer(hookCtx, pg, &res)
+		return readAnswer(ctx, pg, &res)
 	})
 	if !sent {
 		return res, errNotPgx
@@ -98,9 +103,19 @@ func simpleQuery(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string)
 	if end != nil {
 		end(err)
 	}
-	backend.Trace(hookCtx, db, begin, query, res.tag.RowsAffected(), err)
+	if report {
+		backend.Trace(ctx, db, begin, query, res.tag.RowsAffected(), err)
+	}
 	return res, err
 }
+
+// badConn is an error of a connection whose answer was not read to its
+// end: it matches driver.ErrBadConn, so that database/sql closes the
+// connection, and reads as its cause.
+type badConn struct{ err error }
+
+func (e *badConn) Error() string   { return e.err.Error() }
+func (e *badConn) Unwrap() []error { return []error{driver.ErrBadConn, e.err} }
 
 // readAnswer reads pg's messages up to ReadyForQuery into res. An error of
 // the connection (ctx ended, the server went away) is returned wrapping
@@ -112,7 +127,7 @@ func readAnswer(ctx context.Context, pg *pgconn.PgConn, res *simpleResult) error
 	for {
 		msg, err := pg.ReceiveMessage(ctx)
 		if err != nil {
-			return fmt.Errorf("%w: %w", driver.ErrBadConn, err)
+			return &badConn{err}
 		}
 		switch m := msg.(type) {
 		case *pgproto3.RowDescription:
@@ -148,7 +163,7 @@ func readAnswer(ctx context.Context, pg *pgconn.PgConn, res *simpleResult) error
 // the server committed locally but cut short its wait for the synchronous
 // standbys (see syncRepWarned).
 func (b *Backend) CommitOn(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string) error {
-	_, err := simpleQuery(ctx, db, conn, query)
+	_, err := simpleQuery(ctx, db, conn, query, false)
 	if errors.Is(err, errNotPgx) {
 		return b.Common.CommitOn(ctx, db, conn, query)
 	}
@@ -190,7 +205,7 @@ func (b *Backend) heartbeatSimple(ctx context.Context, db *gorm.DB, sqlDB *sql.D
 	}
 	defer conn.Close()
 	query := strings.NewReplacer("$1", literal(array(targets)), "$2", literal(array(tokens))).Replace(b.heartbeatSQL)
-	res, err := simpleQuery(ctx, db, conn, query)
+	res, err := simpleQuery(ctx, db, conn, query, true)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +243,7 @@ func (b *Backend) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (
 	}
 	defer conn.Close()
 	res, err := simpleQuery(ctx, db, conn, "BEGIN ISOLATION LEVEL READ COMMITTED; "+
-		strings.ReplaceAll(b.readSavedSQL, "$1", literal(targetID))+"; COMMIT")
+		strings.ReplaceAll(b.readSavedSQL, "$1", literal(targetID))+"; COMMIT", true)
 	switch {
 	case errors.Is(err, errNotPgx):
 		return b.readSavedTx(ctx, db, targetID)
