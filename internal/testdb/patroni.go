@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -417,10 +418,27 @@ func (c *Patroni) healthy(timeout time.Duration) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("after %v: %d primary, %d synchronous standby, %d replica", timeout, primary, sync, replica)
+			return fmt.Errorf("after %v: %d primary, %d synchronous standby, %d replica; the cluster as Patroni sees it: %s",
+				timeout, primary, sync, replica, c.clusterState())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// clusterState is what the first member that answers says of the cluster
+// (Patroni's /cluster), for error messages.
+func (c *Patroni) clusterState() string {
+	client := http.Client{Timeout: time.Second}
+	for _, m := range c.members {
+		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/cluster", m.apiPort))
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return string(b)
+	}
+	return "(no member answers)"
 }
 
 // Members returns the members, in order.

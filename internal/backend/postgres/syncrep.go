@@ -127,6 +127,10 @@ func readAnswer(ctx context.Context, pg *pgconn.PgConn, res *simpleResult) error
 	for {
 		msg, err := pg.ReceiveMessage(ctx)
 		if err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) {
+				err = pgErr // a FATAL error: the server's answer
+			}
 			return &badConn{err}
 		}
 		switch m := msg.(type) {
