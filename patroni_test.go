@@ -261,9 +261,13 @@ func TestPatroni_KillPostmaster(t *testing.T) {
 // that the client gives up on commit there locally. No Run may return nil
 // for a save that the new primary lacks.
 func TestPatroni_KillPatroni(t *testing.T) {
+	var killed *testdb.PatroniMember
 	stormFailover(t, patroniOptions(), func(t *testing.T, _ *testdb.Patroni, leader *testdb.PatroniMember) {
+		killed = leader
 		leader.KillPatroni(t)
 	})
+	t.Logf("the old primary's log: %d waits for synchronous replication cancelled, %d pg_rewind runs",
+		strings.Count(killed.Log(), "canceling wait for synchronous replication"), strings.Count(killed.Log(), "pg_rewind"))
 }
 
 // TestPatroni_StoppedPatroni stops the leader's Patroni with SIGSTOP, as a
