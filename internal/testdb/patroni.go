@@ -43,7 +43,9 @@ import (
 // Patroni and PostgreSQL run as the "postgres" user. Readiness is read from
 // Patroni's REST API (/primary, /sync, /replica). Every process is stopped
 // by its pid when the cluster closes: Patroni with its process group, each
-// postmaster by the pid in its postmaster.pid, etcd by its own. When a
+// postmaster by the pid in its postmaster.pid, etcd by its own; the
+// postmasters of a test process killed before it closed its cluster are
+// stopped by the next one that starts a cluster (sweepPatroni). When a
 // prerequisite is missing (patroni, patronictl, etcd, PostgreSQL) the test
 // is skipped loudly, or fails under CI.
 type Patroni struct {
@@ -123,8 +125,13 @@ func startPatroni() (*Patroni, error) {
 	if err != nil {
 		return nil, &missingError{"no postgres user to run Patroni as"}
 	}
-	dir, err := os.MkdirTemp("", "gormlease-patroni-")
+	sweepPatroni()
+	dir, err := os.MkdirTemp("", patroniDirPrefix)
 	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "owner"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		os.RemoveAll(dir)
 		return nil, err
 	}
 	c := &Patroni{dir: dir, bin: pg.bin, scope: filepath.Base(dir)}
@@ -181,6 +188,36 @@ func startPatroni() (*Patroni, error) {
 		return fail(fmt.Errorf("migrate: %w", err))
 	}
 	return c, nil
+}
+
+// patroniDirPrefix names the clusters' temporary directories.
+const patroniDirPrefix = "gormlease-patroni-"
+
+// sweepPatroni stops what a test process that was killed before it could
+// close its cluster left running: Patroni and etcd die with the process
+// that started them (a parent-death signal), but each postmaster, which
+// Patroni starts in a session of its own, outlives it. It kills the
+// postmaster of each member of every cluster whose owner (the pid in its
+// directory's owner file) is gone, and deletes the directory.
+func sweepPatroni() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), patroniDirPrefix+"*"))
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, "owner"))
+		if err != nil {
+			continue
+		}
+		if owner, err := strconv.Atoi(string(b)); err != nil || syscall.Kill(owner, 0) == nil {
+			continue // alive, or not ours to judge
+		}
+		pidFiles, _ := filepath.Glob(filepath.Join(dir, "m*", "postmaster.pid"))
+		for _, f := range pidFiles {
+			m := &PatroniMember{data: filepath.Dir(f)}
+			if pid := m.postmasterPID(); pid != 0 {
+				killWait(pid)
+			}
+		}
+		os.RemoveAll(dir)
+	}
 }
 
 // startEtcd starts the one-node etcd on client port client and peer port
@@ -308,9 +345,8 @@ func (m *PatroniMember) start() error {
 		Credential: &syscall.Credential{Uid: uint32(m.c.uid), Gid: uint32(m.c.gid)},
 		Setpgid:    true,
 		// Patroni dies with the test process, even when that is killed
-		// and Close never runs; its postmaster then shuts down on its own
-		// once Patroni's postmaster.pid is gone only if close runs, so
-		// close kills it by pid too.
+		// and close never runs. Its postmaster does not (see
+		// sweepPatroni): close kills it by its pid.
 		Pdeathsig: syscall.SIGKILL,
 	}
 	if err := cmd.Start(); err != nil {
