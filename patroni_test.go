@@ -36,42 +36,6 @@ func patroniOptions() []gormlease.Option {
 	}
 }
 
-// patroniSaves is a test's result table on the cluster: one row per save,
-// with no unique key, so that a second save of a target shows as a second
-// row. It is made on the primary, which copies it to the synchronous
-// standby before the CREATE returns.
-type patroniSaves struct{ table string }
-
-func newPatroniSaves(t *testing.T, db *gorm.DB) patroniSaves {
-	t.Helper()
-	s := patroniSaves{table: "patroni_saves_" + strings.ToLower(strings.TrimPrefix(t.Name(), "TestPatroni_"))}
-	require.NoError(t, db.Exec("DROP TABLE IF EXISTS "+s.table).Error)
-	require.NoError(t, db.Exec("CREATE TABLE "+s.table+
-		" (id bigserial PRIMARY KEY, target_id text NOT NULL, generation bigint NOT NULL)").Error)
-	return s
-}
-
-// save is the Runs' saver: it records the save under the lease's generation.
-func (s patroniSaves) save(tx *gorm.DB, _ string) error {
-	l, _ := gormlease.LeaseFromContext(tx.Statement.Context)
-	return tx.Exec("INSERT INTO "+s.table+" (target_id, generation) VALUES (?, ?)", l.TargetID, l.Generation).Error
-}
-
-// byTarget reads every target's saves from db, by generation.
-func (s patroniSaves) byTarget(t *testing.T, db *gorm.DB) map[string][]int64 {
-	t.Helper()
-	var rows []struct {
-		TargetID   string
-		Generation int64
-	}
-	require.NoError(t, db.Raw("SELECT target_id, generation FROM "+s.table+" ORDER BY id").Scan(&rows).Error)
-	m := map[string][]int64{}
-	for _, r := range rows {
-		m[r.TargetID] = append(m[r.TargetID], r.Generation)
-	}
-	return m
-}
-
 // stormOutcome is what one Run of a storm returned.
 type stormOutcome struct {
 	target     string
@@ -86,7 +50,7 @@ type stormOutcome struct {
 // that some Runs are in their commit at any moment).
 type storm struct {
 	r     *gormlease.Runner[string]
-	saves patroniSaves
+	saves saves
 
 	mu       sync.Mutex
 	outcomes []stormOutcome
@@ -159,7 +123,7 @@ var quoted = regexp.MustCompile(`"[^"]*"`)
 // count of each kind of outcome, for the log.
 func (s *storm) check(t *testing.T, db *gorm.DB) map[string]int {
 	t.Helper()
-	all := s.saves.byTarget(t, db)
+	all := s.saves.byTargetOn(t, db)
 	kinds := map[string]int{}
 	for _, o := range s.outcomes {
 		switch {
@@ -195,7 +159,7 @@ func stormFailover(t *testing.T, opts []gormlease.Option,
 	old := c.Leader()
 	require.NotNil(t, old, "no leader")
 	db := c.Open(t, old)
-	sv := newPatroniSaves(t, db)
+	sv := newSaves(t, db)
 	s := &storm{r: newRunner(t, db, opts...), saves: sv}
 	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() { defer close(stopped); s.run(t, 50, stop) }()
@@ -286,7 +250,7 @@ func TestPatroni_StoppedPatroni(t *testing.T) {
 	old := c.Leader()
 	require.NotNil(t, old, "no leader")
 	oldDB := old.Open(t)
-	sv := newPatroniSaves(t, oldDB)
+	sv := newSaves(t, oldDB)
 	// A safety margin of 1 s: the takeover on the new primary comes at
 	// least that long after the holder's fence, which leaves the test room
 	// to see the fence first on a loaded machine.
@@ -400,7 +364,7 @@ func TestPatroni_StoppedPatroni(t *testing.T) {
 	old.Continue(t)
 	c.Heal(t)
 	healed = true
-	saves := sv.byTarget(t, leader.Open(t))
+	saves := sv.byTargetOn(t, leader.Open(t))
 	for target, err := range outcomes {
 		if err == nil {
 			assert.Len(t, saves[target], 1, "%s: Run returned nil, but the new primary does not hold its save", target)

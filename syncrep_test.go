@@ -54,6 +54,21 @@ func cancelSyncRepWaits(t *testing.T, db *gorm.DB) (stop func() int64) {
 	return stop
 }
 
+// gatedRun starts a Run of target on r whose work returns once finish is
+// closed, and waits until the work has started.
+func gatedRun(t *testing.T, r *gormlease.Runner[string], target string, save func(*gorm.DB, string) error,
+) (finish chan struct{}, done <-chan runResult[string]) {
+	working := make(chan struct{})
+	finish = make(chan struct{})
+	done = goRun(context.Background(), r, target, func(context.Context) (string, error) {
+		close(working)
+		<-finish
+		return "lost", nil
+	}, save)
+	recv(t, working, 10*time.Second, "the work to start")
+	return finish, done
+}
+
 // rareHeartbeats are options under which no heartbeat is sent between the
 // moment the standby stops and the fenced commit, which follows at once: a
 // heartbeat would wait for the standby holding the lease row's lock, and
@@ -76,13 +91,7 @@ func TestSyncRep_CancelledCommitIsNotSuccess(t *testing.T) {
 	sv := newSaves(t, db)
 	r := newRunner(t, db, rareHeartbeats(2*time.Second)...)
 	target := newTarget(t)
-	working, finish := make(chan struct{}), make(chan struct{})
-	done := goRun(context.Background(), r, target, func(context.Context) (string, error) {
-		close(working)
-		<-finish
-		return "lost", nil
-	}, sv.save)
-	recv(t, working, 10*time.Second, "the work to start")
+	finish, done := gatedRun(t, r, target, sv.save)
 	ctl := pair.Primary().Open(t) // before the standby stops: opening it migrates, which writes
 	pair.WaitReplayed(t)
 	pair.DetachStandby(t)
@@ -153,13 +162,7 @@ func TestSyncRep_SettleOnIsolatedPrimary(t *testing.T) {
 	sv := newSaves(t, db)
 	r := newRunner(t, db, rareHeartbeats(time.Second)...)
 	target := newTarget(t)
-	working, finish := make(chan struct{}), make(chan struct{})
-	done := goRun(context.Background(), r, target, func(context.Context) (string, error) {
-		close(working)
-		<-finish
-		return "lost", nil
-	}, sv.save)
-	recv(t, working, 10*time.Second, "the work to start")
+	finish, done := gatedRun(t, r, target, sv.save)
 	pair.WaitReplayed(t)
 	pair.DetachStandby(t)
 	close(finish)

@@ -2,7 +2,6 @@ package testdb
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -89,17 +88,11 @@ func SharedPatroni(tb testing.TB) *Patroni {
 	patroniOnce.Do(func() {
 		patroniCluster, patroniErr = startPatroni()
 		if patroniErr == nil {
-			mu.Lock()
-			closers = append(closers, patroniCluster.close)
-			mu.Unlock()
+			closeAtEnd(patroniCluster.close)
 		}
 	})
 	if patroniErr != nil {
-		var missing *missingError
-		if errors.As(patroniErr, &missing) {
-			unavailable(tb, "Patroni cluster", patroniErr)
-		}
-		tb.Fatalf("start the Patroni cluster: %v", patroniErr)
+		startFailed(tb, "Patroni cluster", patroniErr)
 	}
 	if err := patroniCluster.healthy(30 * time.Second); err != nil {
 		tb.Fatalf("Patroni cluster not healthy: a test before this one did not heal it: %v", err)
