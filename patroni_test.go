@@ -364,6 +364,9 @@ func TestPatroni_StoppedPatroni(t *testing.T) {
 	old.Continue(t)
 	c.Heal(t)
 	healed = true
+	if now := c.Leader(); now != leader {
+		t.Errorf("the leader changed again while the cluster healed: %s, then %s", leader.Name(), now.Name())
+	}
 	saves := sv.byTargetOn(t, leader.Open(t))
 	for target, err := range outcomes {
 		if err == nil {

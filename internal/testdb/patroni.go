@@ -31,9 +31,10 @@ import (
 // calls Heal before it ends, so that the next test finds three members,
 // one of them the synchronous standby.
 //
-// The cluster runs in synchronous mode (synchronous_mode: true): the
-// leader names one standby in synchronous_standby_names, and only that one
-// may be promoted. ttl, loop_wait and retry_timeout are 7, 1 and 3
+// The cluster runs in strict synchronous mode (synchronous_mode and
+// synchronous_mode_strict): the leader names one standby in
+// synchronous_standby_names, only that one may be promoted, and commits
+// wait while there is none, rather than go asynchronous. ttl, loop_wait and retry_timeout are 7, 1 and 3
 // seconds, and primary_start_timeout is 0, so that a crashed postmaster
 // fails over at once instead of being restarted in place. There is no
 // watchdog: a member whose Patroni dies leaves its PostgreSQL running, as
@@ -282,6 +283,7 @@ bootstrap:
     retry_timeout: 3
     primary_start_timeout: 0
     synchronous_mode: true
+    synchronous_mode_strict: true
     maximum_lag_on_failover: 1048576
     postgresql:
       use_pg_rewind: true

@@ -70,7 +70,8 @@ var errNotPgx = errors.New("not a pgx connection")
 // when the server warned that it cut short a wait for synchronous
 // replication, or errNotPgx, having sent nothing, when conn's driver is not
 // pgx. A connection whose answer was not read to its end (ctx ended, the
-// connection broke) is closed. The statement is reported to db's logger and
+// connection broke) is closed, after a cancel request for the statement
+// when ctx ended. The statement is reported to db's logger and
 // ctx's statement hook, as backend.Query reports its own, unless it is the
 // fenced transaction's COMMIT, which, like gorm's, is not.
 func simpleQuery(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string, report bool) (simpleResult, error) {
@@ -109,6 +110,22 @@ func simpleQuery(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string,
 	return res, err
 }
 
+// cancelTimeout bounds the cancel request of a statement abandoned when its
+// context ended.
+const cancelTimeout = time.Second
+
+// cancelStatement asks the server to cancel the statement running on pg,
+// whose answer the caller abandons, as pgx does when it closes such a
+// connection: otherwise the statement would run on, holding its locks (a
+// heartbeat waiting for a standby holds the lease row's). A commit that the
+// cancel cuts short in its wait for the standbys commits locally, which is
+// why nothing that the caller abandoned so counts as done.
+func cancelStatement(pg *pgconn.PgConn) {
+	ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
+	defer cancel()
+	_ = pg.CancelRequest(ctx)
+}
+
 // badConn is an error of a connection whose answer was not read to its
 // end: it matches driver.ErrBadConn, so that database/sql closes the
 // connection, and reads as its cause.
@@ -127,6 +144,9 @@ func readAnswer(ctx context.Context, pg *pgconn.PgConn, res *simpleResult) error
 	for {
 		msg, err := pg.ReceiveMessage(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				cancelStatement(pg)
+			}
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) {
 				err = pgErr // a FATAL error: the server's answer
