@@ -90,7 +90,7 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 		if err == nil {
 			return nil
 		}
-		switch again, lost := r.backend.RetryCommit(ctx, r.db, backend.Lease(l), err, attempt); {
+		switch again, lost := r.backend.RetryCommit(ctx, r.db, l.row(), err, attempt); {
 		case lost:
 			return wrapf(fmt.Errorf("%w: another write on the lease row came first (%w)", ErrLeaseLost, unwrapStep(err)),
 				"commit %q", l.TargetID)
@@ -116,7 +116,7 @@ func (r *Repository) commitOnce(ctx context.Context, l Lease, fn func(tx *gorm.D
 		return saveFailed(l, err)
 	}
 	if !release {
-		switch n, err := r.backend.UpdateOwn(ctx, session(ctx, r.db, tx.pool), backend.Save, backend.Lease(l)); {
+		switch n, err := r.backend.UpdateOwn(ctx, session(ctx, r.db, tx.pool), backend.Save, l.row()); {
 		case err != nil:
 			return wrapf(err, "commit %q: record the save", l.TargetID)
 		case n != 1:
@@ -192,7 +192,7 @@ func (r *Repository) beginOnce(ctx context.Context, l Lease, release bool) (*fen
 // lock locks l's row in tx and reports whether it holds l.
 func (r *Repository) lock(ctx context.Context, tx *gorm.DB, l Lease, release bool) (bool, error) {
 	if release {
-		n, err := r.backend.UpdateOwn(ctx, tx, backend.SaveRelease, backend.Lease(l))
+		n, err := r.backend.UpdateOwn(ctx, tx, backend.SaveRelease, l.row())
 		if err != nil {
 			return false, wrapf(err, "commit %q: lock lease row", l.TargetID)
 		}
@@ -200,7 +200,7 @@ func (r *Repository) lock(ctx context.Context, tx *gorm.DB, l Lease, release boo
 	}
 	var rows []JobLease
 	err := tx.Table(r.tables.lease).Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).
-		Where("target_id = ?", l.TargetID).Limit(1).Find(&rows).Error
+		Where("target_id = ?", l.row().TargetID).Limit(1).Find(&rows).Error
 	if err != nil {
 		return false, wrapf(err, "commit %q: lock lease row", l.TargetID)
 	}
@@ -217,7 +217,7 @@ func (r *Repository) beginOneTrip(ctx context.Context, sqlDB *sql.DB, l Lease) (
 	if err != nil {
 		return nil, true, wrapf(err, "commit %q", l.TargetID)
 	}
-	_, n, err := backend.ExecOn(ctx, r.db, conn, r.backend.BeginLocked(backend.SaveRelease, backend.Lease(l)))
+	_, n, err := backend.ExecOn(ctx, r.db, conn, r.backend.BeginLocked(backend.SaveRelease, l.row()))
 	if err != nil {
 		if r.backend.RefusesQueries(err) {
 			_ = conn.Close()

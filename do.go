@@ -99,6 +99,10 @@ func (r *Runner[T]) Do(ctx context.Context, targetID string,
 	if err := checkCall(ctx, targetID, work, save); err != nil {
 		return zero, false, err
 	}
+	if r.cfg.slots > 1 {
+		return zero, false, invalidf("Do: the Runner has WithSlots(%d): one shared result among %d holders means nothing; use Run or RunWait, or a Runner without slots",
+			r.cfg.slots, r.cfg.slots)
+	}
 	if r.cfg.minHold > 0 {
 		return zero, false, invalidf("Do: the Runner has WithMinHold, which Do cannot honour: its waiters wait for a generation to be released or saved; use a Runner without it")
 	}
@@ -244,6 +248,9 @@ func (r *Runner[T]) load(ctx context.Context, targetID string, load func(*gorm.D
 
 // RunWait is Run, except that while another holder's lease is live it waits until
 // that lease is released or expires, then tries again; ctx bounds the whole wait.
+// With WithSlots(n), it waits while all n slots are held, until one of them
+// is released or expires; up to n calls of the process go to the database
+// at once. It does not wait on ErrSlotCountConflict, which it returns.
 //
 // Each call runs its own work, under a lease of its own: N calls for one
 // target run their work one at a time, each saving under its own
@@ -261,7 +268,7 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 	}
 	begin, tried := time.Now(), time.Time{}
 	defer func() { r.waited(ctx, targetID, observe.EventRunWait, begin, tried) }()
-	leave, err := r.local.enter(ctx, targetID)
+	leave, err := r.local.enter(ctx, targetID, max(r.cfg.slots, 1))
 	if err != nil {
 		return zero, wrapf(err, "run %q: waiting in the process", targetID)
 	}
@@ -272,7 +279,11 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 		if !errors.Is(err, ErrLeaseHeld) {
 			return v, err
 		}
-		if err := r.waitEnded(ctx, targetID); err != nil {
+		wait := r.waitEnded
+		if r.cfg.slots > 1 {
+			wait = r.waitSlotFree
+		}
+		if err := wait(ctx, targetID); err != nil {
 			return zero, fmt.Errorf("%w: target %q: stopped waiting: %w", ErrLeaseHeld, targetID, err)
 		}
 	}
@@ -292,6 +303,32 @@ func (r *Runner[T]) waitEnded(ctx context.Context, targetID string) error {
 		}
 		var st backend.State
 		st, _, changed = w.Current()
+		if !st.Live(r.cfg.leaseTimeout) {
+			return nil
+		}
+	}
+}
+
+// waitSlotFree is waitEnded for a Runner with slots: it waits until a read
+// of one of the target's slot rows, made after it was called, shows that
+// slot released or expired (or missing, for the acquire to make). It
+// watches each slot's row, as waitEnded watches a target's.
+func (r *Runner[T]) waitSlotFree(ctx context.Context, targetID string) error {
+	watches := make([]*wait.Watch, r.cfg.slots)
+	changed := make([]<-chan struct{}, len(watches))
+	for i := range watches {
+		watches[i] = r.watch(backend.SlotKey(targetID, i+1), nil)
+		defer watches[i].Unsubscribe()
+		_, _, changed[i] = watches[i].Current()
+		watches[i].Poke()
+	}
+	for {
+		i, err := wait.NextAny(ctx, changed)
+		if err != nil {
+			return err
+		}
+		var st backend.State
+		st, _, changed[i] = watches[i].Current()
 		if !st.Live(r.cfg.leaseTimeout) {
 			return nil
 		}
@@ -374,22 +411,23 @@ func (lc *localCalls[T]) forget(targetID string, f *flight[T]) {
 	}
 }
 
-// queue lets RunWait's calls for one target through one at a time.
+// queue lets RunWait's calls for one target through one at a time, or as
+// many at a time as the target has slots.
 type queue struct {
 	turn  chan struct{} // holds a value while a call has its turn
 	calls int
 }
 
-// enter waits for the turn of a RunWait call on targetID, until ctx is
-// done, and returns the function that ends the turn.
-func (lc *localCalls[T]) enter(ctx context.Context, targetID string) (leave func(), err error) {
+// enter waits for the turn of a RunWait call on targetID, one of n at a
+// time, until ctx is done, and returns the function that ends the turn.
+func (lc *localCalls[T]) enter(ctx context.Context, targetID string, n int) (leave func(), err error) {
 	lc.mu.Lock()
 	q := lc.queues[targetID]
 	if q == nil {
 		if lc.queues == nil {
 			lc.queues = map[string]*queue{}
 		}
-		q = &queue{turn: make(chan struct{}, 1)}
+		q = &queue{turn: make(chan struct{}, n)}
 		lc.queues[targetID] = q
 	}
 	q.calls++

@@ -107,6 +107,16 @@
 // waiter takes the expired lease over. A caller that comes just after a
 // job ended runs it again, unless WithReuseFor lets it reuse the result.
 //
+// # N at a time
+//
+// WithSlots(n) makes each target a semaphore of n slots, for work such as
+// calls to an API that allows n concurrent requests: Run is refused only
+// when all n are held, and RunWait waits for a free one. Each slot is a
+// lease of its own, in a row of its own (Lease.Slot says which), with its
+// own token, generation, heartbeat and fenced save. The slot rows record
+// n, and a Runner with another n is refused (ErrSlotCountConflict) while
+// slots are held under the first.
+//
 // # What is not guaranteed
 //
 // The external call itself is not fenced: a holder that lost its lease may

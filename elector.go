@@ -29,7 +29,8 @@ type Elector struct {
 // row of target name, in the tables of WithTableNames; the other options
 // are NewRunner's (interval, timeout, holder, logger, observer, …), with
 // which it leads: a leader that dies or freezes is replaced within the
-// lease timeout plus a heartbeat interval. It writes nothing; the tables
+// lease timeout plus a heartbeat interval. WithSlots is refused
+// (ErrInvalidArgument). It writes nothing; the tables
 // must exist (AutoMigrate).
 func NewElector(db *gorm.DB, name string, opts ...Option) (*Elector, error) {
 	if err := checkTargetID(name); err != nil {
@@ -38,6 +39,9 @@ func NewElector(db *gorm.DB, name string, opts ...Option) (*Elector, error) {
 	r, err := NewRunner[struct{}](db, opts...)
 	if err != nil {
 		return nil, err
+	}
+	if r.cfg.slots > 1 {
+		return nil, invalidf("elector: WithSlots(%d): a role has one leader", r.cfg.slots)
 	}
 	return &Elector{name: name, runner: r}, nil
 }

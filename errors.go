@@ -46,6 +46,13 @@ var (
 	// ErrLeaseLost: the lease was not taken from the Runner, which gave it up.
 	ErrMaxHoldExceeded = errors.New("gormlease: max hold exceeded")
 
+	// ErrSlotCountConflict is returned by Repository.AcquireSlot, and by
+	// Run and RunWait of a Runner with WithSlots(n), when a slot of the
+	// target is held under another count than n: the count is recorded in
+	// the target's slot rows, and the holders that live under it keep it
+	// until none is left. The work does not run, and nothing is written.
+	ErrSlotCountConflict = errors.New("gormlease: slots held under another count")
+
 	// ErrInvalidArgument is wrapped by every error about bad input: an empty,
 	// oversized or unstorable target ID, a nil function or database, or an
 	// option value that is out of range or contradicts another. Nothing is

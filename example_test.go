@@ -325,3 +325,45 @@ func ExampleElector_Lead() {
 	fmt.Println("term ended:", err)
 	// Output: term ended: <nil>
 }
+
+// WithSlots makes a target a semaphore: here an external API that allows
+// two concurrent calls. Up to two works run at once, each under a slot of
+// its own, with its own generation; the others wait in RunWait for a free
+// slot.
+func ExampleWithSlots() {
+	db := exampleDB()
+	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
+		log.Fatal(err)
+	}
+	runner, err := gormlease.NewRunner[string](db, gormlease.WithSlots(2))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var inside, most atomic.Int32
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			_, err := runner.RunWait(context.Background(), "api:geocoder",
+				func(ctx context.Context) (string, error) {
+					n := inside.Add(1)
+					defer inside.Add(-1)
+					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+					}
+					lease, _ := gormlease.LeaseFromContext(ctx)
+					if lease.Slot < 1 || lease.Slot > 2 {
+						return "", fmt.Errorf("slot %d", lease.Slot)
+					}
+					time.Sleep(20 * time.Millisecond) // the API call
+					return "geocoded", nil
+				},
+				func(tx *gorm.DB, result string) error { return nil })
+			if err != nil {
+				log.Fatal(err)
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println("at most two at once:", most.Load() <= 2)
+	// Output:
+	// at most two at once: true
+}

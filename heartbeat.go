@@ -6,7 +6,6 @@ import (
 	"reflect"
 	"time"
 
-	"github.com/gormlease/gormlease/internal/backend"
 	"github.com/gormlease/gormlease/internal/heartbeat"
 	"github.com/gormlease/gormlease/observe"
 )
@@ -54,7 +53,7 @@ func (r *Runner[T]) startHeartbeat(workCtx context.Context, lease Lease, sent ti
 		s.Round = func(ctx context.Context, round heartbeat.Round) { m.heartbeatRound(ctx, interval, round) }
 	}
 	trust := r.cfg.trustWindow()
-	return r.beater.beats.Join(s, workCtx, backend.Lease(lease), sent, trust, func(selfFenced bool) {
+	return r.beater.beats.Join(s, workCtx, lease.row(), sent, trust, func(selfFenced bool) {
 		if selfFenced {
 			cancelWork(&lossCause{kind: observe.EventSelfFenced,
 				err: wrapf(ErrLeaseLost, "heartbeat %q: no heartbeat confirmed the lease for %v", lease.TargetID, trust)})

@@ -204,3 +204,25 @@ func acquireNew(t *testing.T, repo *gormlease.Repository, timeout time.Duration)
 	require.NoError(t, err)
 	return target, l
 }
+
+// clockOf reads the clock of s, the one that judges a lease's expiry, in
+// the time zone and precision in which s keeps the lease rows' times.
+func clockOf(t *testing.T, s *testdb.Server, db *gorm.DB) time.Time {
+	t.Helper()
+	var q string
+	switch s.Name {
+	case "postgres":
+		q = "SELECT clock_timestamp()"
+	case "mysql":
+		q = "SELECT UTC_TIMESTAMP(6)"
+	default:
+		var text string
+		require.NoError(t, db.Raw("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')").Scan(&text).Error)
+		now, err := time.Parse("2006-01-02 15:04:05.000", text)
+		require.NoError(t, err)
+		return now
+	}
+	var now time.Time
+	require.NoError(t, db.Raw(q).Scan(&now).Error)
+	return now
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/google/uuid"
+
+	"github.com/gormlease/gormlease/internal/backend"
 )
 
 // Lease is a lease that the caller holds: what Repository.Acquire returns and
@@ -15,9 +17,24 @@ type Lease struct {
 	// Token was minted for this acquisition; no other acquisition has it.
 	Token uuid.UUID
 	// Generation is the fencing number of this acquisition: greater than that
-	// of every earlier acquisition of the same target. Use it, for instance,
-	// as the idempotency key of the external call the work makes.
+	// of every earlier acquisition of the same target (of the same slot, for
+	// a slot). Use it, for instance, as the idempotency key of the external
+	// call the work makes.
 	Generation int64
+	// Slot is the slot that the lease holds, from 1, when TargetID is a
+	// semaphore (WithSlots, Repository.AcquireSlot); 0 for an ordinary
+	// lease. Each slot is a lease of its own, in a row of its own.
+	Slot int
+}
+
+// row is l as the backend knows it: its TargetID is the key of l's row,
+// which for a slot is the slot row's.
+func (l Lease) row() backend.Lease {
+	id := l.TargetID
+	if l.Slot > 0 {
+		id = backend.SlotKey(l.TargetID, l.Slot)
+	}
+	return backend.Lease{TargetID: id, Token: l.Token, Generation: l.Generation}
 }
 
 // check returns an error wrapping ErrInvalidArgument when l cannot be a
@@ -28,6 +45,9 @@ func (l Lease) check() error {
 	}
 	if l.Token == uuid.Nil {
 		return invalidf("lease on %q has the nil token: use the Lease that Acquire returned", l.TargetID)
+	}
+	if l.Slot < 0 || l.Slot > MaxSlots {
+		return invalidf("lease on %q has slot %d, not between 0 and %d", l.TargetID, l.Slot, MaxSlots)
 	}
 	return nil
 }

@@ -51,6 +51,15 @@ type ListOptions struct {
 // the database's clock.
 type LeaseInfo struct {
 	JobLease
+	// Target is the target that the row leases: TargetID, or for the row
+	// of a slot of a semaphore (WithSlots), the semaphore's target, whose
+	// holders are its slot rows. A slot row's own TargetID is its key, the
+	// target ID, the byte 0x1f and the slot's number, which sorts right
+	// after the target's: List with the target as Prefix lists its slots.
+	Target string
+	// Slot is the slot of the row's semaphore, from 1; 0 for an ordinary
+	// lease row.
+	Slot int
 	// State is the row's state when it was read.
 	State LeaseState
 	// Age is the time since UpdatedAt: the acquisition or last heartbeat.
@@ -112,6 +121,10 @@ func (r *Repository) List(ctx context.Context, o ListOptions) ([]LeaseInfo, erro
 	out := make([]LeaseInfo, len(rows))
 	for i, row := range rows {
 		out[i].JobLease = JobLease(row.Row)
+		out[i].Target = row.Row.TargetID
+		if target, slot, ok := backend.ParseSlotKey(row.Row.TargetID); ok {
+			out[i].Target, out[i].Slot = target, slot
+		}
 		out[i].fill(LeaseState(row.State), row.Age)
 	}
 	return out, nil

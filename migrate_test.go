@@ -66,9 +66,9 @@ var previousDDL = map[string][]string{
 // addedColumns are the lease table's columns that the upgrade adds, by
 // database.
 var addedColumns = map[string][]string{
-	"postgres": {"saved_generation", "saved_at", "failure", "waiting"},
-	"mysql":    {"saved_generation", "saved_at", "failure"},
-	"sqlite":   {"saved_generation", "saved_at", "failure"},
+	"postgres": {"saved_generation", "saved_at", "failure", "waiting", "slots"},
+	"mysql":    {"saved_generation", "saved_at", "failure", "slots"},
+	"sqlite":   {"saved_generation", "saved_at", "failure", "slots"},
 }
 
 // heldTarget and releasedTarget are the targets of the rows that

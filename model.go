@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -155,6 +156,10 @@ func checkTargetID(id string) error {
 			id = truncateUTF8(id, 40) + "..."
 		}
 		return invalidf("target ID %q %s", id, problem)
+	}
+	if i := strings.Index(id, backend.SlotSeparator); i >= 0 {
+		return invalidf("target ID %q has the byte 0x1f at offset %d, which gormlease keeps for the keys of slot rows (WithSlots)",
+			truncateUTF8(id, 40), i)
 	}
 	return nil
 }

@@ -49,8 +49,11 @@ func (m *monitor) logLease(ctx context.Context, level slog.Level, msg string, l 
 	if !m.logs(ctx, level) {
 		return
 	}
-	all := make([]slog.Attr, 0, 3+len(attrs))
+	all := make([]slog.Attr, 0, 4+len(attrs))
 	all = append(all, slog.String("target", l.TargetID))
+	if l.Slot > 0 {
+		all = append(all, slog.Int("slot", l.Slot))
+	}
 	if l.Generation > 0 {
 		all = append(all, slog.Int64("generation", l.Generation))
 	}

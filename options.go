@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/gormlease/gormlease/internal/backend"
 	"github.com/gormlease/gormlease/observe"
 )
 
@@ -25,6 +26,10 @@ const (
 	// for the lease: the acquire, each heartbeat, the fenced commit with the
 	// saver inside it, and the release. WithOperationTimeout overrides it.
 	DefaultOperationTimeout = 10 * time.Second
+
+	// MaxSlots is the largest count that WithSlots and
+	// Repository.AcquireSlot accept.
+	MaxSlots = backend.MaxSlots
 
 	// defaultSafetyMarginDivisor sets the default safety margin to the lease
 	// timeout divided by this number (12 s for the default 2 min timeout).
@@ -215,6 +220,26 @@ func WithMinHold(d time.Duration) Option {
 	return option(func(c *config) { c.minHold = d; c.minHoldSet = true })
 }
 
+// WithSlots makes each target of the Runner a semaphore of n slots: up to
+// n Runs (of any process) hold the target at once, each under a lease of
+// its own, with its own token, generation (Lease.Slot says which slot),
+// heartbeat and fenced save. Run returns ErrLeaseHeld only when all n
+// slots are held; RunWait waits for a free slot; Do refuses a Runner with
+// slots (ErrInvalidArgument), since one shared result among n holders
+// means nothing. n must be between 1 and MaxSlots; 1, the default, is an
+// ordinary lease.
+//
+// The count is shared state: it is recorded in the target's slot rows,
+// and every acquire takes only a slot that records its own n. A Runner
+// with another n for a target whose slots are held is refused with an
+// error wrapping ErrSlotCountConflict, so that the holders never exceed
+// the count they were admitted under; once none of them holds a slot, the
+// next acquire records its own n. Give every Runner of a target the same
+// n; to change it, deploy the new n and let the old holders finish.
+func WithSlots(n int) Option {
+	return option(func(c *config) { c.slots = n; c.slotsSet = true })
+}
+
 // config holds a Runner's settings after validation.
 type config struct {
 	heartbeatInterval time.Duration
@@ -234,6 +259,8 @@ type config struct {
 	maxHoldSet        bool
 	minHold           time.Duration
 	minHoldSet        bool
+	slots             int
+	slotsSet          bool
 }
 
 // newConfig applies opts over the defaults and validates the result.
@@ -284,6 +311,8 @@ func (c config) validate() error {
 		return invalidf("WithMaxHold: max hold must be > 0, got %v", c.maxHold)
 	case c.minHoldSet && c.minHold <= 0:
 		return invalidf("WithMinHold: min hold must be > 0, got %v", c.minHold)
+	case c.slotsSet && (c.slots < 1 || c.slots > MaxSlots):
+		return invalidf("WithSlots: n must be between 1 and %d, got %d", MaxSlots, c.slots)
 	}
 	if c.heartbeatDBSet && c.heartbeatDB == nil {
 		return invalidf("WithHeartbeatDB: db is nil")

@@ -104,14 +104,6 @@ func (s *storm) run(t *testing.T, workers int, stop <-chan struct{}) {
 	wg.Wait()
 }
 
-// libraryError reports whether err is one of the library's: a named
-// sentinel, or an error that the library wrapped with the step it failed
-// in ("gormlease: <step>: ..."), never a driver's error as it came.
-func libraryError(err error) bool {
-	return errors.Is(err, gormlease.ErrLeaseLost) || errors.Is(err, gormlease.ErrCommitUnknown) ||
-		errors.Is(err, gormlease.ErrLeaseHeld) || strings.HasPrefix(err.Error(), "gormlease: ")
-}
-
 // quoted matches the quoted targets in errors' messages, which the log of
 // the kinds of errors leaves out.
 var quoted = regexp.MustCompile(`"[^"]*"`)

@@ -16,13 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ncruces/go-sqlite3/gormlite"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"gorm.io/driver/mysql"
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
@@ -249,6 +245,10 @@ func (p *proc) expectNothing(d time.Duration) {
 //	                        and it runs here ("holding") or waits for a
 //	                        holder ("waiting")
 //	finish                  lets the works of MODE hold return
+//	lead ROLE               campaigns for ROLE with an Elector, in the
+//	                        background, for one term: prints "leading GEN"
+//	                        when lead is called, and "deposed GEN" when its
+//	                        context is cancelled with ErrLeaseLost
 //
 // Anything else prints "error ..." and ends the helper with status 1. The
 // helper ends when its input does, after its calls of Do have returned; it
@@ -265,7 +265,7 @@ func helperProcess(dsn string) int {
 		say("error "+format, args...)
 		return 1
 	}
-	db, err := openHelperDB(dsn)
+	db, err := testdb.OpenDSN(dsn)
 	if err != nil {
 		return fail("open: %v", err)
 	}
@@ -290,8 +290,9 @@ func helperProcess(dsn string) int {
 			return fail("%s: %v", helperIntervalEnv, err)
 		}
 	}
-	runner, err := gormlease.NewRunner[string](db, gormlease.WithHolder("proc-"+name),
-		gormlease.WithHeartbeatInterval(interval), gormlease.WithLeaseTimeout(leaseTimeout))
+	opts := []gormlease.Option{gormlease.WithHolder("proc-" + name),
+		gormlease.WithHeartbeatInterval(interval), gormlease.WithLeaseTimeout(leaseTimeout)}
+	runner, err := gormlease.NewRunner[string](db, opts...)
 	if err != nil {
 		return fail("runner: %v", err)
 	}
@@ -317,7 +318,7 @@ func helperProcess(dsn string) int {
 	say("ready")
 	for in.Scan() {
 		f := strings.Fields(in.Text())
-		arity := map[string]int{"acquire": 3, "commit": 3, "run": 3, "do": 5, "status": 3, "finish": 1}
+		arity := map[string]int{"acquire": 3, "commit": 3, "run": 3, "do": 5, "status": 3, "finish": 1, "lead": 2}
 		if len(f) == 0 || arity[f[0]] != len(f) {
 			return fail("bad command %q", in.Text())
 		}
@@ -422,6 +423,22 @@ func helperProcess(dsn string) int {
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
+		case "lead":
+			e, err := gormlease.NewElector(db, f[1], opts...)
+			if err != nil {
+				return fail("elector: %v", err)
+			}
+			calls.Go(func() {
+				_ = e.Lead(life, func(ctx context.Context) error {
+					l, _ := gormlease.LeaseFromContext(ctx)
+					say("leading %d", l.Generation)
+					<-ctx.Done()
+					if errors.Is(context.Cause(ctx), gormlease.ErrLeaseLost) {
+						say("deposed %d", l.Generation)
+					}
+					return nil
+				})
+			})
 		case "finish":
 			if !finished {
 				close(finish)
@@ -470,17 +487,4 @@ func doOutcome(v string, shared bool, err error) string {
 		kind = "other"
 	}
 	return "error " + kind + " " + strings.ReplaceAll(err.Error(), "\n", " ")
-}
-
-// openHelperDB opens the database of a testdb.Server's DSN.
-func openHelperDB(dsn string) (*gorm.DB, error) {
-	cfg := &gorm.Config{Logger: logger.Discard}
-	switch {
-	case strings.HasPrefix(dsn, "postgres://"):
-		return gorm.Open(postgres.Open(dsn), cfg)
-	case strings.HasPrefix(dsn, "mysql://"):
-		return gorm.Open(mysql.Open(strings.TrimPrefix(dsn, "mysql://")), cfg)
-	default:
-		return gorm.Open(gormlite.Open(dsn), cfg)
-	}
 }

@@ -2,7 +2,6 @@ package gormlease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -153,25 +152,171 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.
 		return err
 	})
 	switch {
-	case backend.IsSerializationFailure(err):
+	case err != nil:
+		return Lease{}, r.acquireFailed(ctx, targetID, err, token, targetID)
+	case !ok:
+		return Lease{}, wrapf(ErrLeaseHeld, "acquire %q", targetID)
+	}
+	return Lease{TargetID: targetID, Token: token, Generation: gen}, nil
+}
+
+// acquireFailed returns the error of an acquire of targetID whose statement
+// failed with err, having first released, by token, the rows of keys that
+// it may have taken without hearing so.
+func (r *Repository) acquireFailed(ctx context.Context, targetID string, err error, token uuid.UUID, keys ...string) error {
+	if backend.IsSerializationFailure(err) {
 		// Every attempt was rolled back, having changed nothing, because
 		// another session changed the target's row (or, on MySQL, locked
 		// it) at the same time: another acquire taking it, or the holder's
 		// heartbeat, release or fenced commit. For the caller this is a
 		// lease held: the work must not run now, and a later Run may.
-		return Lease{}, wrapf(fmt.Errorf("%w: concurrent steps on the target kept conflicting with the acquire (%d attempts, the last: %w)",
+		return wrapf(fmt.Errorf("%w: concurrent steps on the target kept conflicting with the acquire (%d attempts, the last: %w)",
 			ErrLeaseHeld, r.attempts, err), "acquire %q", targetID)
-	case err != nil:
-		if !backend.AnsweredByServer(err) {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), acquireCleanupTimeout)
-			_, _ = r.updateOwn(cctx, backend.Release, Lease{TargetID: targetID, Token: token})
-			cancel()
-		}
-		return Lease{}, wrapf(err, "acquire %q", targetID)
-	case !ok:
-		return Lease{}, wrapf(ErrLeaseHeld, "acquire %q", targetID)
 	}
-	return Lease{TargetID: targetID, Token: token, Generation: gen}, nil
+	if !backend.AnsweredByServer(err) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), acquireCleanupTimeout)
+		for _, key := range keys {
+			_, _ = r.updateOwn(cctx, backend.Release, backend.Lease{TargetID: key, Token: token})
+		}
+		cancel()
+	}
+	return wrapf(err, "acquire %q", targetID)
+}
+
+// slotAttempts bounds how often AcquireSlot sends its statement while the
+// slots it saw free were taken (or locked, by a SetSlots) by others first,
+// or while it made the target's slot rows; it pauses between attempts as
+// after a serialization failure.
+const slotAttempts = 10
+
+// AcquireSlot takes one of the n slots of targetID, a semaphore (see
+// WithSlots): a lease of its own on a row of its own, whose Lease.Slot says
+// which. It is one statement when the target's slot rows exist and record
+// n: it takes one of the free slots (released, or expired by the timeout
+// its holder recorded) at random, and when all n are held it writes
+// nothing, and AcquireSlot reads the rows once to tell why and returns an
+// error wrapping ErrLeaseHeld. The first acquire of a target, or one after
+// its count changed or Prune deleted some of its rows, first makes the
+// rows, in one transaction. When a slot is held under another count, it
+// returns an error wrapping ErrSlotCountConflict, writing nothing. Every
+// later step (Heartbeat, CommitIfOwner, Release, ...) takes the Lease as
+// any other. n must be between 1 and MaxSlots (1 is a semaphore of one
+// slot, in a slot row: not the target's own lease, which Acquire takes),
+// and targetID at most 255 bytes with the slot's key: len(targetID) + 1 +
+// the digits of n.
+func (r *Repository) AcquireSlot(ctx context.Context, targetID string, n int, timeout time.Duration) (Lease, error) {
+	if err := checkTargetID(targetID); err != nil {
+		return Lease{}, err
+	}
+	switch key := backend.SlotKey(targetID, n); {
+	case n < 1 || n > MaxSlots:
+		return Lease{}, invalidf("acquire %q: slot count must be between 1 and %d, got %d", targetID, MaxSlots, n)
+	case len(key) > maxTargetIDLength:
+		return Lease{}, invalidf("acquire %q: the key of its slot %d is %d bytes long, more than the %d the column holds",
+			truncateUTF8(targetID, 40), n, len(key), maxTargetIDLength)
+	case timeout <= 0:
+		return Lease{}, invalidf("lease timeout must be > 0, got %v", timeout)
+	}
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return Lease{}, wrapf(err, "acquire %q: mint token", targetID)
+	}
+	a := backend.SlotArgs{TargetID: targetID, Slots: n, Token: token, Holder: r.holder, Timeout: timeout}
+	pause := backend.StatementBackoff()
+	for attempt := 1; ; attempt++ {
+		var slot int
+		var gen int64
+		var ok bool
+		err := r.retry(ctx, func(ctx context.Context) (err error) {
+			slot, gen, ok, err = r.backend.AcquireSlot(ctx, r.db, a)
+			return err
+		})
+		switch {
+		case err != nil:
+			return Lease{}, r.acquireFailed(ctx, targetID, err, token, backend.SlotKeys(targetID, n)...)
+		case ok:
+			return Lease{TargetID: targetID, Token: token, Generation: gen, Slot: slot}, nil
+		}
+		again, err := r.slotsRefused(ctx, targetID, n)
+		if err != nil {
+			return Lease{}, wrapf(err, "acquire %q", targetID)
+		}
+		switch {
+		case !again:
+			return Lease{}, wrapf(fmt.Errorf("%w: all %d slots are held", ErrLeaseHeld, n), "acquire %q", targetID)
+		case attempt >= slotAttempts || !pause.Wait(ctx):
+			return Lease{}, wrapf(fmt.Errorf("%w: concurrent acquires took the slots seen free first (%d attempts)", ErrLeaseHeld, attempt),
+				"acquire %q", targetID)
+		}
+	}
+}
+
+// slotsRefused finds out why an acquire of one of targetID's n slots took
+// none, and reports whether to try again: when a slot shows free (another
+// acquire took the one this one wanted, or a holder released since), or
+// when the rows did not all exist under count n and SetSlots has made them
+// so. All n held under n is ErrLeaseHeld's case: again is false. A slot
+// held under another count is ErrSlotCountConflict. It only reads, but
+// for SetSlots, which runs only when the rows of 1..n are not all there
+// under count n, and no slot is seen held under another count.
+func (r *Repository) slotsRefused(ctx context.Context, targetID string, n int) (again bool, err error) {
+	rows, err := r.backend.SlotRows(ctx, r.db, targetID, n)
+	if err != nil {
+		return false, fmt.Errorf("read the slots: %w", err)
+	}
+	ready := len(rows) == n
+	for _, row := range rows {
+		switch {
+		case row.Live && row.Slots != n:
+			return false, slotConflict(n, row.Slots)
+		case row.Slots != n:
+			ready = false
+		case !row.Live:
+			again = true
+		}
+	}
+	if ready {
+		return again, nil
+	}
+	// A slot held under another count may be one beyond n: look at all
+	// of them, without locking, before SetSlots locks them.
+	if rows, err = r.backend.SlotRows(ctx, r.db, targetID, MaxSlots); err != nil {
+		return false, fmt.Errorf("read the slots: %w", err)
+	}
+	ready = true
+	have := 0
+	for _, row := range rows {
+		switch {
+		case row.Live && row.Slots != n:
+			return false, slotConflict(n, row.Slots)
+		case row.Slots != n:
+			ready = false
+		case row.Slot <= n:
+			have++
+		}
+	}
+	if ready && have == n {
+		return true, nil // another acquire made them meanwhile
+	}
+	var conflict int
+	err = r.retry(ctx, func(ctx context.Context) (err error) {
+		conflict, err = r.backend.SetSlots(ctx, r.db, targetID, n)
+		return err
+	})
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("make the slot rows: %w", err)
+	case conflict != 0:
+		return false, slotConflict(n, conflict)
+	}
+	return true, nil
+}
+
+// slotConflict is the error of an acquire under count n of slots that are
+// held under count held.
+func slotConflict(n, held int) error {
+	return fmt.Errorf("%w: the target's slots are held under a count of %d, this acquire's count is %d; give every Runner of the target the same WithSlots",
+		ErrSlotCountConflict, held, n)
 }
 
 // Heartbeat renews l: one statement stamps the row with the database's time
@@ -184,7 +329,7 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 	if err := l.check(); err != nil {
 		return err
 	}
-	n, err := r.updateOwn(ctx, backend.Renew, l)
+	n, err := r.updateOwn(ctx, backend.Renew, l.row())
 	if err != nil {
 		return wrapf(err, "heartbeat %q", l.TargetID)
 	}
@@ -202,11 +347,13 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 // is reported lost then, but some leases may have been renewed.
 func (r *Repository) HeartbeatMany(ctx context.Context, leases []Lease) (lost map[Lease]bool, err error) {
 	bl := make([]backend.Lease, len(leases))
+	byRow := make(map[backend.Lease]Lease, len(leases))
 	for i, l := range leases {
 		if err := l.check(); err != nil {
 			return nil, err
 		}
-		bl[i] = backend.Lease(l)
+		bl[i] = l.row()
+		byRow[bl[i]] = l
 	}
 	lostB, err := r.heartbeatMany(ctx, bl)
 	if err != nil {
@@ -214,7 +361,7 @@ func (r *Repository) HeartbeatMany(ctx context.Context, leases []Lease) (lost ma
 	}
 	lost = make(map[Lease]bool, len(lostB))
 	for l := range lostB {
-		lost[Lease(l)] = true
+		lost[byRow[l]] = true
 	}
 	return lost, nil
 }
@@ -224,12 +371,12 @@ func (r *Repository) heartbeatMany(ctx context.Context, leases []backend.Lease) 
 	lost := map[backend.Lease]bool{}
 	if !r.backend.Capabilities().BatchHeartbeat {
 		for _, l := range leases {
-			err := r.Heartbeat(ctx, Lease(l))
+			n, err := r.updateOwn(ctx, backend.Renew, l)
 			switch {
-			case errors.Is(err, ErrLeaseLost):
-				lost[l] = true
 			case err != nil:
-				return nil, err
+				return nil, wrapf(err, "heartbeat %q", l.TargetID)
+			case n == 0:
+				lost[l] = true
 			}
 		}
 		return lost, nil
@@ -319,7 +466,7 @@ func (r *Repository) release(ctx context.Context, l Lease, op backend.Own, args 
 	if err := l.check(); err != nil {
 		return err
 	}
-	n, err := r.updateOwn(ctx, op, l, args...)
+	n, err := r.updateOwn(ctx, op, l.row(), args...)
 	if err != nil {
 		return wrapf(err, "release %q", l.TargetID)
 	}
@@ -344,7 +491,7 @@ func (r *Repository) Hold(ctx context.Context, l Lease, d time.Duration) error {
 	if d <= 0 {
 		return invalidf("hold %q: duration must be > 0, got %v", l.TargetID, d)
 	}
-	n, err := r.updateOwn(ctx, backend.HoldFor, l, backend.TimeoutMillis(d))
+	n, err := r.updateOwn(ctx, backend.HoldFor, l.row(), backend.TimeoutMillis(d))
 	if err != nil {
 		return wrapf(err, "hold %q", l.TargetID)
 	}
@@ -363,14 +510,14 @@ func (r *Repository) Hold(ctx context.Context, l Lease, d time.Duration) error {
 // step returns as ErrLeaseLost. When the row still holds l, the lease was
 // not lost but not stamped either, and the error is returned: a heartbeat
 // is tried again soon, and the lease timeout covers a release.
-func (r *Repository) updateOwn(ctx context.Context, op backend.Own, l Lease, args ...any) (n int64, err error) {
+func (r *Repository) updateOwn(ctx context.Context, op backend.Own, l backend.Lease, args ...any) (n int64, err error) {
 	err = r.retry(ctx, func(ctx context.Context) error {
-		n, err = r.backend.UpdateOwn(ctx, r.db, op, backend.Lease(l), args...)
+		n, err = r.backend.UpdateOwn(ctx, r.db, op, l, args...)
 		return err
 	})
 	if backend.IsSerializationFailure(err) {
 		row, found, getErr := r.backend.Get(ctx, r.db, l.TargetID)
-		if getErr == nil && !(found && row.Holds(backend.Lease(l))) {
+		if getErr == nil && !(found && row.Holds(l)) {
 			return 0, nil
 		}
 		err = fmt.Errorf("the row still holds the lease, but concurrent steps on it kept conflicting with this one (%d attempts, the last: %w)",

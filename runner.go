@@ -139,9 +139,12 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 	acquireCtx, cancel := context.WithTimeout(acquireCtx, r.cfg.operationTimeout)
 	sent := time.Now()
 	var lease Lease
-	if from == anyGeneration {
+	switch {
+	case r.cfg.slots > 1:
+		lease, err = r.repo.AcquireSlot(acquireCtx, targetID, r.cfg.slots, r.cfg.leaseTimeout)
+	case from == anyGeneration:
 		lease, err = r.repo.Acquire(acquireCtx, targetID, r.cfg.leaseTimeout)
-	} else {
+	default:
 		lease, err = r.repo.AcquireFrom(acquireCtx, targetID, r.cfg.leaseTimeout, from)
 	}
 	cancel()
@@ -226,14 +229,14 @@ func (r *Runner[T]) commit(ctx context.Context, lease Lease, sent time.Time, sav
 		err := r.repo.CommitIfOwner(commitCtx, lease, save)
 		if err == nil {
 			r.holdFor(ctx, lease, sent)
-			r.wake(lease.TargetID)
+			r.wake(lease)
 			return commitSaved, nil
 		}
 		return r.commitFailed(ctx, lease, sent, err)
 	}
 	err := r.repo.CommitAndRelease(commitCtx, lease, save)
 	if err == nil {
-		r.wake(lease.TargetID)
+		r.wake(lease)
 		return commitSaved, nil
 	}
 	return r.commitFailed(ctx, lease, sent, err)
@@ -282,7 +285,7 @@ func (r *Runner[T]) commitFailed(ctx context.Context, lease Lease, sent time.Tim
 	if errors.As(err, &unknown) {
 		switch committed, known := r.settleCommit(ctx, lease); {
 		case known && committed:
-			r.wake(lease.TargetID)
+			r.wake(lease)
 			return commitSaved, nil
 		case known:
 			return commitFailed, wrapf(unknown.cause, "commit %q: the connection failed during COMMIT and the database shows nothing saved", lease.TargetID)
@@ -321,7 +324,7 @@ func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, sent time.Tim
 	defer cancel()
 	err := r.repo.ReleaseFailed(ctx, lease, runErr)
 	if err == nil {
-		r.wake(lease.TargetID)
+		r.wake(lease)
 	}
 	if err == nil || errors.Is(err, ErrLeaseLost) {
 		r.mon.logLease(ctx, slog.LevelDebug, "gormlease: lease released", lease, slog.Any("reason", runErr))
@@ -365,13 +368,13 @@ func (r *Runner[T]) settleCommit(ctx context.Context, lease Lease) (committed, k
 func (r *Runner[T]) settleOnce(ctx context.Context, lease Lease) (committed, known bool, err error) {
 	err = r.repo.Release(ctx, lease)
 	if err == nil {
-		r.wake(lease.TargetID)
+		r.wake(lease)
 		return false, true, nil
 	}
 	if !errors.Is(err, ErrLeaseLost) {
 		return false, false, err
 	}
-	saved, found, err := r.repo.backend.ReadSaved(ctx, r.repo.db, lease.TargetID)
+	saved, found, err := r.repo.backend.ReadSaved(ctx, r.repo.db, lease.row().TargetID)
 	switch {
 	case err != nil:
 		return false, false, err

@@ -370,6 +370,7 @@ func TestRun_MinHoldKeepsTheTargetHeld(t *testing.T) {
 		}
 		for _, fail := range []bool{false, true} {
 			target := newTarget(t)
+			beginDB := clockOf(t, s, db)
 			begin := time.Now()
 			_, err := r.Run(context.Background(), target, func(context.Context) (string, error) {
 				if fail {
@@ -394,6 +395,14 @@ func TestRun_MinHoldKeepsTheTargetHeld(t *testing.T) {
 			if !fail {
 				require.NotNil(t, info[0].SavedGeneration, "the save was not recorded")
 			}
+			// The row, judged on the database's clock, stays held until the
+			// hold has passed since before the acquire (SQLite keeps its
+			// times to the millisecond: a millisecond of slack).
+			var row gormlease.JobLease
+			require.NoError(t, db.Where("target_id = ?", target).Take(&row).Error)
+			require.NotNil(t, row.TimeoutMS)
+			assert.False(t, expiry(row).Before(beginDB.Add(hold-time.Millisecond)),
+				"the row expires %v after the Run began, before its hold of %v", expiry(row).Sub(beginDB), hold)
 			// After the hold, the target is free again.
 			waitFor(t, 10*time.Second, "the hold to end", func() bool {
 				_, err := other.Run(context.Background(), target, func(context.Context) (string, error) { return "next", nil },
@@ -403,7 +412,8 @@ func TestRun_MinHoldKeepsTheTargetHeld(t *testing.T) {
 				}
 				return err == nil
 			})
-			assert.GreaterOrEqual(t, time.Since(begin), hold, "the target was free before the hold ended")
+			assert.False(t, clockOf(t, s, db).Before(beginDB.Add(hold-time.Millisecond)),
+				"the target was free before the hold ended, by the database's clock")
 		}
 		_, _, err := r.Do(context.Background(), newTarget(t), never, gormlease.SaveJSON[string], loadJSON("x"))
 		require.ErrorIs(t, err, gormlease.ErrInvalidArgument)

@@ -21,9 +21,9 @@ func (r *Runner[T]) watch(targetID string, initial *backend.State) *wait.Watch {
 		r.cfg.operationTimeout, initial)
 }
 
-// wake wakes the watch on targetID's row in this process, if there is one:
-// the Runner just ended or saved the target's generation.
-func (r *Runner[T]) wake(targetID string) { wait.Wake(r.repo.waitKey, targetID) }
+// wake wakes the watch on the row of lease in this process, if there is
+// one: the Runner just ended or saved its generation.
+func (r *Runner[T]) wake(lease Lease) { wait.Wake(r.repo.waitKey, lease.row().TargetID) }
 
 // readState reads targetID's row as a waiter needs it.
 func (r *Runner[T]) readState(ctx context.Context, targetID string) (backend.State, error) {

@@ -24,7 +24,11 @@
 -- (leaving out those it has):
 --   ALTER TABLE job_lease ADD COLUMN saved_generation bigint NULL,
 --     ADD COLUMN saved_at datetime(6) NULL, ADD COLUMN failure varchar(255) NULL,
---     ADD COLUMN timeout_ms bigint NULL;
+--     ADD COLUMN timeout_ms bigint NULL, ADD COLUMN slots int NULL;
+--
+-- slots is, in the row of a slot of a semaphore (WithSlots), the
+-- semaphore's count, and NULL in every other row. Only slotted targets use
+-- it: a table without it still serves the others.
 --
 -- job_lease_floor holds one row: the highest generation that Prune ever
 -- deleted. A target without a row starts above it, so that its generation
@@ -42,6 +46,7 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	saved_at    datetime(6) NULL,
 	failure     varchar(255) NULL,
 	timeout_ms  bigint NULL,
+	slots       int NULL,
 	PRIMARY KEY (target_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 

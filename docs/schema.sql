@@ -26,13 +26,17 @@ CREATE TABLE IF NOT EXISTS job_lease (
 -- generation that a caller of Runner.Do or RunWait waits for, so that the
 -- statement ending it sends a notification; timeout_ms is the lease timeout
 -- that the last acquisition asked for (NULL in rows written before it
--- existed, which count as expired since updated_at).
+-- existed, which count as expired since updated_at); slots is, in the row of
+-- a slot of a semaphore (WithSlots), the semaphore's count, and NULL in every
+-- other row. Only slotted targets use it: a table without it still serves
+-- the others.
 ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS saved_generation bigint,
 	ADD COLUMN IF NOT EXISTS saved_at         timestamptz,
 	ADD COLUMN IF NOT EXISTS failure          varchar(255),
 	ADD COLUMN IF NOT EXISTS waiting          boolean NOT NULL DEFAULT false,
-	ADD COLUMN IF NOT EXISTS timeout_ms       bigint;
+	ADD COLUMN IF NOT EXISTS timeout_ms       bigint,
+	ADD COLUMN IF NOT EXISTS slots            integer;
 
 -- job_lease_floor holds one row: the highest generation that Prune ever
 -- deleted. A target without a row starts above it, so that its generation

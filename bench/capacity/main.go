@@ -133,17 +133,10 @@ func measureAndWrite(o options) error {
 	return opsection.Write(o.out, doc)
 }
 
-// sectionPut returns the file at path with section as its capacity section.
+// sectionPut returns the file at path with section as its capacity
+// section.
 func sectionPut(path, section string) (string, error) {
-	old, err := opsection.Read(path)
-	if err != nil {
-		return "", err
-	}
-	doc, err := opsection.Capacity.Put(old, opsection.Capacity.Wrap(section))
-	if err != nil {
-		return "", fmt.Errorf("-out %s: %w", path, err)
-	}
-	return doc, nil
+	return opsection.Capacity.PutIn(path, section)
 }
 
 // results are what a run measured.

@@ -76,15 +76,7 @@ func measureAndWrite(dsn string, rows, leases int, interval time.Duration, out s
 // sectionPut returns the file at path with section as its operations
 // section.
 func sectionPut(path, section string) (string, error) {
-	old, err := opsection.Read(path)
-	if err != nil {
-		return "", err
-	}
-	doc, err := opsection.Put(old, opsection.Wrap(section))
-	if err != nil {
-		return "", fmt.Errorf("-out %s: %w", path, err)
-	}
-	return doc, nil
+	return opsection.Operations.PutIn(path, section)
 }
 
 // results are what a run measured.

@@ -8,6 +8,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -200,6 +202,7 @@ func invalid(err error) error {
 // leaseJSON is a lease as the -json output writes it.
 type leaseJSON struct {
 	Target          string     `json:"target"`
+	Slot            int        `json:"slot,omitempty"`
 	State           string     `json:"state"`
 	Generation      int64      `json:"generation"`
 	Holder          string     `json:"holder"`
@@ -216,7 +219,7 @@ type leaseJSON struct {
 
 func toJSON(li gormlease.LeaseInfo) leaseJSON {
 	j := leaseJSON{
-		Target: li.TargetID, State: string(li.State), Generation: li.Generation, Holder: li.Holder,
+		Target: li.Target, Slot: li.Slot, State: string(li.State), Generation: li.Generation, Holder: li.Holder,
 		Token: li.LeaseToken.String(), UpdatedAt: li.UpdatedAt, ReleasedAt: li.ReleasedAt,
 		AgeSeconds: li.Age.Seconds(), SavedGeneration: li.SavedGeneration, SavedAt: li.SavedAt, Failure: li.Failure,
 	}
@@ -242,7 +245,7 @@ func listCmd(ctx context.Context, c *command) error {
 	enc := json.NewEncoder(c.env.stdout)
 	if !c.json {
 		tw = tabwriter.NewWriter(c.env.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "TARGET\tSTATE\tGEN\tHOLDER\tAGE\tEXPIRES IN\tTIMEOUT\tSAVED GEN")
+		fmt.Fprintln(tw, "TARGET\tSTATE\tGEN\tHOLDER\tAGE\tEXPIRES IN\tTIMEOUT\tSAVED GEN\tSLOT")
 	}
 	n, last := 0, ""
 	for {
@@ -257,8 +260,8 @@ func listCmd(ctx context.Context, c *command) error {
 				}
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", li.TargetID, li.State, li.Generation, li.Holder,
-				short(li.Age), expiresIn(li), timeout(li), optInt(li.SavedGeneration))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", li.Target, li.State, li.Generation, li.Holder,
+				short(li.Age), expiresIn(li), timeout(li), optInt(li.SavedGeneration), slot(li))
 		}
 		n += len(page)
 		if len(page) > 0 {
@@ -289,7 +292,7 @@ func showCmd(ctx context.Context, c *command) error {
 		return err
 	}
 	if !ok {
-		return fmt.Errorf("no lease row for target %q: never acquired, or pruned", c.target)
+		return c.showSlots(ctx)
 	}
 	if c.json {
 		return json.NewEncoder(c.env.stdout).Encode(toJSON(li))
@@ -311,6 +314,58 @@ func showCmd(ctx context.Context, c *command) error {
 		fmt.Fprintf(tw, "failure:\t%s\n", *li.Failure)
 	}
 	return tw.Flush()
+}
+
+// showSlots shows the holders of c.target's slots (see
+// gormlease.WithSlots): a slotted target has no row of its own, but one per
+// slot, whose keys follow the target's.
+func (c *command) showSlots(ctx context.Context) error {
+	page, err := c.repo.List(ctx, gormlease.ListOptions{Prefix: c.target + "\x1f", Limit: gormlease.MaxSlots})
+	if err != nil {
+		return invalid(err)
+	}
+	var slots []gormlease.LeaseInfo
+	for _, li := range page {
+		if li.Slot > 0 && li.Target == c.target {
+			slots = append(slots, li)
+		}
+	}
+	if len(slots) == 0 {
+		return fmt.Errorf("no lease row for target %q: never acquired, or pruned", c.target)
+	}
+	sort.Slice(slots, func(i, j int) bool { return slots[i].Slot < slots[j].Slot })
+	if c.json {
+		enc := json.NewEncoder(c.env.stdout)
+		for _, li := range slots {
+			if err := enc.Encode(toJSON(li)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	held := 0
+	for _, li := range slots {
+		if li.State == gormlease.StateLive {
+			held++
+		}
+	}
+	tw := tabwriter.NewWriter(c.env.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "target:\t%s\n", c.target)
+	fmt.Fprintf(tw, "slot rows:\t%d, %d held\n", len(slots), held)
+	fmt.Fprintln(tw, "SLOT\tSTATE\tGEN\tHOLDER\tAGE\tEXPIRES IN\tTOKEN")
+	for _, li := range slots {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\n", li.Slot, li.State, li.Generation, li.Holder,
+			short(li.Age), expiresIn(li), li.LeaseToken)
+	}
+	return tw.Flush()
+}
+
+// slot is li's slot, or "-" for a row that is not a slot's.
+func slot(li gormlease.LeaseInfo) string {
+	if li.Slot == 0 {
+		return "-"
+	}
+	return strconv.Itoa(li.Slot)
 }
 
 // lookup reads c.target's row: the first row under the target as a prefix

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -215,6 +216,58 @@ func TestCommand_BadUsage(t *testing.T) {
 			r := gl(t, tc.env, "", tc.args...)
 			assert.Equal(t, 2, r.code, r.stderr)
 			assert.Contains(t, r.stderr, tc.want)
+		})
+	}
+}
+
+// For a semaphore (gormlease.WithSlots), list shows each slot row under
+// its target with its slot, and show lists the target's holders, one line
+// per slot, as a table or JSON.
+func TestCommand_ShowsSlotHolders(t *testing.T) {
+	t.Parallel()
+	for _, s := range testdb.All(t) {
+		t.Run(s.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := s.DB(t)
+			names := gormlease.WithTableNames("cli_slot_lease", "cli_slot_result")
+			require.NoError(t, gormlease.AutoMigrate(ctx, db, names))
+			repo, err := gormlease.NewRepository(db, names, gormlease.WithHolder("worker-7"))
+			require.NoError(t, err)
+			first, err := repo.AcquireSlot(ctx, "api/x", 3, time.Hour)
+			require.NoError(t, err)
+			second, err := repo.AcquireSlot(ctx, "api/x", 3, time.Hour)
+			require.NoError(t, err)
+			flags := []string{"-dsn", s.DSN, "-lease-table", "cli_slot_lease", "-result-table", "cli_slot_result"}
+			cmd := func(name string, args ...string) result {
+				return gl(t, "", "", append(append([]string{name}, flags...), args...)...)
+			}
+
+			r := cmd("list", "-prefix", "api/")
+			require.Equal(t, 0, r.code, r.stderr)
+			assert.Contains(t, r.stdout, "SLOT")
+			for _, l := range []gormlease.Lease{first, second} {
+				assert.Regexp(t, fmt.Sprintf(`(?m)^api/x\s+live\s+%d\s+worker-7\s.*\s%d$`, l.Generation, l.Slot), r.stdout)
+			}
+			assert.NotContains(t, r.stdout, "\x1f")
+
+			r = cmd("show", "api/x")
+			require.Equal(t, 0, r.code, r.stderr)
+			assert.Regexp(t, `slot rows:\s+3, 2 held`, r.stdout)
+			assert.Contains(t, r.stdout, first.Token.String())
+			assert.Contains(t, r.stdout, second.Token.String())
+
+			r = cmd("show", "-json", "api/x")
+			require.Equal(t, 0, r.code, r.stderr)
+			dec := json.NewDecoder(strings.NewReader(r.stdout))
+			var slots []int
+			for dec.More() {
+				var j leaseJSON
+				require.NoError(t, dec.Decode(&j))
+				assert.Equal(t, "api/x", j.Target)
+				slots = append(slots, j.Slot)
+			}
+			assert.Equal(t, []int{1, 2, 3}, slots)
 		})
 	}
 }

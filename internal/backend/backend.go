@@ -20,6 +20,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -128,6 +130,24 @@ type Backend interface {
 	// driver, a connection pooler). Only with Capabilities.Notify.
 	Listen(ctx context.Context, db *gorm.DB, ready func(), notified func(table, targetID string)) error
 
+	// AcquireSlot takes one free slot of the semaphore a.TargetID of
+	// a.Slots slots, in one statement: one of the rows SlotKey(a.TargetID,
+	// 1..a.Slots) that records a.Slots as its count and is released or
+	// expired (judged as Acquire judges a row), chosen at random among
+	// those. When none is, it writes nothing. It reports the slot taken and
+	// its new generation. Rows that do not exist yet are SetSlots' to
+	// create.
+	AcquireSlot(ctx context.Context, db *gorm.DB, a SlotArgs) (slot int, generation int64, acquired bool, err error)
+	// SlotRows reads the rows of slots 1..n of targetID that exist, in one
+	// statement, with the count that each records and whether it is live.
+	SlotRows(ctx context.Context, db *gorm.DB, targetID string, n int) ([]SlotRow, error)
+	// SetSlots makes targetID a semaphore of n slots, in one transaction
+	// that locks every slot row of the target (1..MaxSlots): unless a live
+	// row records another count, which it returns as conflict, it records
+	// n in every row and creates the missing rows of 1..n, released. It
+	// changes no row that already records n.
+	SetSlots(ctx context.Context, db *gorm.DB, targetID string, n int) (conflict int, err error)
+
 	// List reads the rows that q chooses, with their state and age on the
 	// database's clock, in one statement.
 	List(ctx context.Context, db *gorm.DB, q ListQuery) ([]Listed, error)
@@ -199,6 +219,63 @@ type AcquireArgs struct {
 	// caller that waited for a generation to end takes over from that one
 	// only, never from one that began and ended since it looked.
 	From int64
+}
+
+// SlotArgs are the values of one AcquireSlot.
+type SlotArgs struct {
+	TargetID string
+	Slots    int
+	Token    uuid.UUID
+	Holder   string
+	Timeout  time.Duration
+}
+
+// SlotRow is a slot row as SlotRows reads it.
+type SlotRow struct {
+	Slot int
+	// Slots is the count that the row records; 0 when it records none.
+	Slots int
+	Live  bool
+}
+
+// A semaphore's slots are lease rows of their own, one per slot, keyed by
+// the target ID, SlotSeparator and the slot's number from 1: the target
+// IDs that the steps accept never contain SlotSeparator, so that no target
+// shares a key with a slot, and a slot's row sorts right after its
+// target's own key. Each row records the semaphore's count in its slots
+// column.
+const (
+	SlotSeparator = "\x1f"
+	// MaxSlots is the largest count of a semaphore.
+	MaxSlots = 100
+)
+
+// SlotKey is the key of slot's row of targetID.
+func SlotKey(targetID string, slot int) string {
+	return targetID + SlotSeparator + strconv.Itoa(slot)
+}
+
+// SlotKeys are the keys of the rows of slots 1..n of targetID.
+func SlotKeys(targetID string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = SlotKey(targetID, i+1)
+	}
+	return keys
+}
+
+// ParseSlotKey splits the key of a slot's row; ok is false for any other
+// key.
+func ParseSlotKey(key string) (targetID string, slot int, ok bool) {
+	i := strings.LastIndex(key, SlotSeparator)
+	if i < 0 {
+		return "", 0, false
+	}
+	slot, err := strconv.Atoi(key[i+len(SlotSeparator):])
+	if err != nil || slot < 1 || slot > MaxSlots {
+		return "", 0, false
+	}
+	return key[:i], slot, true
 }
 
 // AnyGeneration is AcquireArgs.From when any generation may be taken over.

@@ -44,6 +44,12 @@ type Dialect struct {
 	// PrefixRange reports whether target IDs order byte for byte, so that
 	// a prefix is a range of the primary key; nil means they always do.
 	PrefixRange func(ctx context.Context, db *gorm.DB) (bool, error)
+	// Lock is appended to SetSlots' read of the rows it may change: a
+	// locking read ("" where a transaction locks the database).
+	Lock string
+	// InsertIgnore begins, and IgnoreSuffix ends, an INSERT that skips the
+	// rows whose key exists.
+	InsertIgnore, IgnoreSuffix string
 }
 
 // Common is the part of a Backend that is the same SQL on every database,
@@ -56,6 +62,11 @@ type Common struct {
 	own    [HoldFor + 1]string
 	get    string
 }
+
+// ownWhere is the condition by which the statements on the caller's own
+// row find it: the target, the caller's token, not released. The fenced
+// commit's statements use fenceWhere, which is the same (see fence.go).
+const ownWhere = " WHERE target_id = ? AND lease_token = ? AND released_at IS NULL"
 
 // NewCommon returns the Common of d for tables t.
 func NewCommon(d Dialect, t Tables) Common {
@@ -73,8 +84,11 @@ func NewCommon(d Dialect, t Tables) Common {
 		if Own(op) == Renew || Own(op) == HoldFor {
 			suffix = "" // the generation goes on
 		}
-		c.own[op] = d.Rebind("UPDATE " + t.Lease + " SET " + s +
-			" WHERE target_id = ? AND lease_token = ? AND released_at IS NULL" + suffix)
+		where := ownWhere
+		if Own(op) == Save || Own(op) == SaveRelease {
+			where = fenceWhere
+		}
+		c.own[op] = d.Rebind("UPDATE " + t.Lease + " SET " + s + where + suffix)
 	}
 	c.get = d.Rebind("SELECT " + RowColumns + " FROM " + t.Lease + " WHERE target_id = ?")
 	return c
@@ -440,4 +454,156 @@ func ScanState(ctx context.Context, db *gorm.DB, query, targetID string) (State,
 	}
 	st.Timeout = time.Duration(timeoutMS.Int64) * time.Millisecond
 	return st, nil
+}
+
+// in is the condition that target_id is one of n arguments.
+func in(n int) string {
+	return "target_id IN (" + strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ")"
+}
+
+// slotColumns are what SlotRows and SetSlots read of a slot row.
+func (c *Common) slotColumns() string {
+	return "target_id, COALESCE(slots, 0), " + StateExpr(c.d.SecondsSince("updated_at")) + " = 'live'"
+}
+
+// ScanSlots reads, and closes, the rows of SlotRowsQuery's statement.
+func ScanSlots(rows *sql.Rows) ([]SlotRow, error) {
+	defer rows.Close()
+	var out []SlotRow
+	for rows.Next() {
+		var key string
+		var r SlotRow
+		if err := rows.Scan(&key, &r.Slots, &r.Live); err != nil {
+			return nil, err
+		}
+		if _, slot, ok := ParseSlotKey(key); ok {
+			r.Slot = slot
+			out = append(out, r)
+		}
+	}
+	return out, rows.Err()
+}
+
+// keyArgs are keys as statement arguments.
+func keyArgs(keys []string) []any {
+	args := make([]any, len(keys))
+	for i, k := range keys {
+		args[i] = k
+	}
+	return args
+}
+
+// SlotRowsQuery returns SlotRows' statement and its arguments.
+func (c *Common) SlotRowsQuery(targetID string, n int) (string, []any) {
+	return c.d.Rebind("SELECT " + c.slotColumns() + " FROM " + c.tables.Lease + " WHERE " + in(n)), keyArgs(SlotKeys(targetID, n))
+}
+
+// SlotRows reads the rows of slots 1..n of targetID.
+func (c *Common) SlotRows(ctx context.Context, db *gorm.DB, targetID string, n int) ([]SlotRow, error) {
+	query, args := c.SlotRowsQuery(targetID, n)
+	rows, err := Query(ctx, db, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return ScanSlots(rows)
+}
+
+// setSlotsRounds bounds the rounds of SetSlots' transaction.
+const setSlotsRounds = 5
+
+// SetSlots records n as targetID's count of slots, in rounds of one
+// transaction. Each round reads the target's slot rows with a locking
+// read, so that no acquire takes one of them while the count changes, and
+// two SetSlots on the rows that exist run one after the other; records n
+// in those that record another count, and creates the missing rows of
+// 1..n. Rows that another SetSlots creates meanwhile are not locked, and
+// its inserts may win over this one's; so the transaction ends only after
+// a round whose read, a statement of its own that sees what others
+// committed since, finds every row recording n and none missing.
+func (c *Common) SetSlots(ctx context.Context, db *gorm.DB, targetID string, n int) (conflict int, err error) {
+	errConflict := errors.New("conflict")
+	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		conflict = 0
+		for round := 1; ; round++ {
+			existing, err := c.lockSlots(ctx, tx, targetID)
+			if err != nil {
+				return err
+			}
+			have := make(map[int]bool, len(existing))
+			var change, missing []string
+			for _, r := range existing {
+				if r.Live && r.Slots != n {
+					conflict = r.Slots
+					return errConflict
+				}
+				have[r.Slot] = true
+				if r.Slots != n {
+					change = append(change, SlotKey(targetID, r.Slot))
+				}
+			}
+			for slot := 1; slot <= n; slot++ {
+				if !have[slot] {
+					missing = append(missing, SlotKey(targetID, slot))
+				}
+			}
+			switch {
+			case len(change) == 0 && len(missing) == 0:
+				return nil
+			case round > setSlotsRounds:
+				return fmt.Errorf("the slot rows kept changing under concurrent changes of their count (%d rounds)", setSlotsRounds)
+			}
+			if err := c.writeSlots(ctx, tx, n, change, missing); err != nil {
+				return err
+			}
+		}
+	}, c.d.TxOptions)
+	if errors.Is(err, errConflict) {
+		return conflict, nil
+	}
+	return 0, err
+}
+
+// lockSlots reads every slot row of targetID with a locking read.
+func (c *Common) lockSlots(ctx context.Context, tx *gorm.DB, targetID string) ([]SlotRow, error) {
+	rows, err := Query(ctx, tx, c.d.Rebind("SELECT "+c.slotColumns()+" FROM "+c.tables.Lease+" WHERE "+in(MaxSlots)+c.d.Lock),
+		keyArgs(SlotKeys(targetID, MaxSlots))...)
+	if err != nil {
+		return nil, fmt.Errorf("lock the slot rows: %w", err)
+	}
+	existing, err := ScanSlots(rows)
+	if err != nil {
+		return nil, fmt.Errorf("lock the slot rows: %w", err)
+	}
+	return existing, nil
+}
+
+// writeSlots records n in the rows of keys change, and creates the rows
+// of keys missing, skipping those that exist by now. A new slot row is
+// released, by no one, at the generation floor: its first acquire is the
+// floor's next generation, as a new target's is.
+func (c *Common) writeSlots(ctx context.Context, tx *gorm.DB, n int, change, missing []string) error {
+	t := c.tables
+	if len(change) > 0 {
+		if _, _, err := Exec(ctx, tx, c.d.Rebind("UPDATE "+t.Lease+" SET slots = ? WHERE "+in(len(change))),
+			append([]any{n}, keyArgs(change)...)...); err != nil {
+			return fmt.Errorf("record the count: %w", err)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	var floor int64
+	if _, err := QueryRow(ctx, tx, "SELECT generation FROM "+t.Floor()+" WHERE id = 1", nil, &floor); err != nil {
+		return fmt.Errorf("read the generation floor: %w", err)
+	}
+	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, '', "+c.d.Now+", "+c.d.Now+", ?), ", len(missing)), ", ")
+	args := make([]any, 0, 4*len(missing))
+	for _, key := range missing {
+		args = append(args, key, uuid.Nil.String(), floor, n)
+	}
+	if _, _, err := Exec(ctx, tx, c.d.Rebind(c.d.InsertIgnore+" "+t.Lease+
+		" (target_id, lease_token, generation, holder, updated_at, released_at, slots) VALUES "+values+c.d.IgnoreSuffix), args...); err != nil {
+		return fmt.Errorf("create the slot rows: %w", err)
+	}
+	return nil
 }

@@ -4,11 +4,12 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Proxy is a TCP proxy in front of a database server, for fault tests: it can
-// blackhole traffic (keep connections open and deliver nothing) and cut every
-// connection.
+// blackhole traffic (keep connections open and deliver nothing), delay it,
+// and cut every connection.
 type Proxy struct {
 	ln     net.Listener
 	target string
@@ -19,7 +20,8 @@ type Proxy struct {
 	closed  bool
 	conns   map[net.Conn]struct{}
 	wg      sync.WaitGroup
-	trigger *trigger // see BlackholeOn
+	trigger *trigger         // see BlackholeOn
+	delay   [2]time.Duration // see SetDelay; [1] is towards the server
 }
 
 // NewProxy starts a proxy to target ("host:port") on a free loopback port.
@@ -54,6 +56,18 @@ func (p *Proxy) Restore() {
 	p.mu.Lock()
 	p.blocked = false
 	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// SetDelay delays every byte that the proxy receives from now on, on every
+// connection, old and new: by toServer on its way from the client to the
+// server, by toClient on its way back. Each chunk is held for the delay
+// from the moment it arrived, not from when the one before it left, so a
+// delay adds latency without lowering throughput, as a long link would.
+// Nothing is closed or lost. Zero delays turn it off.
+func (p *Proxy) SetDelay(toServer, toClient time.Duration) {
+	p.mu.Lock()
+	p.delay = [2]time.Duration{toClient, toServer}
 	p.mu.Unlock()
 }
 
@@ -112,8 +126,15 @@ func (p *Proxy) track(a, b net.Conn) bool {
 	return true
 }
 
-// pipe copies from src to dst, holding each chunk while the proxy is blocked.
-// toServer says that src is the client.
+// chunk is what the proxy read in one go, and when it may be delivered.
+type chunk struct {
+	data []byte
+	due  time.Time
+}
+
+// pipe copies from src to dst: it reads on its own goroutine, so that each
+// chunk's delay counts from its arrival, and holds each chunk while the
+// proxy is blocked. toServer says that src is the client.
 func (p *Proxy) pipe(src, dst net.Conn, toServer bool) {
 	defer p.wg.Done()
 	defer func() {
@@ -124,22 +145,57 @@ func (p *Proxy) pipe(src, dst net.Conn, toServer bool) {
 		delete(p.conns, dst)
 		p.mu.Unlock()
 	}()
+	chunks := make(chan chunk, 64)
+	done := make(chan struct{})
+	defer close(done)
+	p.wg.Add(1)
+	go p.read(src, toServer, chunks, done)
+	for c := range chunks {
+		if wait := time.Until(c.due); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-done:
+			}
+			t.Stop()
+		}
+		p.mu.Lock()
+		passes := toServer && p.tripLocked(c.data)
+		for p.blocked && !p.closed && !passes {
+			p.cond.Wait()
+		}
+		p.mu.Unlock()
+		if _, werr := dst.Write(c.data); werr != nil {
+			return
+		}
+	}
+}
+
+// read reads src into chunks, each stamped with the time it may be
+// delivered, until src fails (io.EOF or a closed connection: the pair is
+// done) or pipe has returned (done).
+func (p *Proxy) read(src net.Conn, toServer bool, chunks chan<- chunk, done <-chan struct{}) {
+	defer p.wg.Done()
+	defer close(chunks)
+	dir := 0
+	if toServer {
+		dir = 1
+	}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			passes := toServer && p.tripLocked(buf[:n])
-			for p.blocked && !p.closed && !passes {
-				p.cond.Wait()
-			}
+			due := time.Now().Add(p.delay[dir])
 			p.mu.Unlock()
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+			select {
+			case chunks <- chunk{data: append([]byte(nil), buf[:n]...), due: due}:
+			case <-done:
 				return
 			}
 		}
 		if err != nil {
-			return // io.EOF or a closed connection: the pair is done
+			return
 		}
 	}
 }

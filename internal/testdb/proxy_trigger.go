@@ -37,3 +37,11 @@ func (p *Proxy) tripLocked(chunk []byte) bool {
 	close(t.tripped)
 	return t.deliver
 }
+
+// Disarm takes back a BlackholeOn that has not tripped; its channel is
+// never closed. It does not end a blackhole: Restore does.
+func (p *Proxy) Disarm() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.trigger = nil
+}

@@ -27,6 +27,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -191,6 +192,22 @@ func (w *Watch) Next(ctx context.Context, changed <-chan struct{}) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// NextAny waits until one of the watches whose channels changed are, as
+// Current returned them, reads its row again, and returns its index; or
+// until ctx is done.
+func NextAny(ctx context.Context, changed []<-chan struct{}) (int, error) {
+	cases := make([]reflect.SelectCase, len(changed)+1)
+	cases[0] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())}
+	for i, c := range changed {
+		cases[i+1] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c)}
+	}
+	chosen, _, _ := reflect.Select(cases)
+	if chosen == 0 {
+		return 0, ctx.Err()
+	}
+	return chosen - 1, nil
 }
 
 // loop reads the row until ctx is cancelled: at once (unless initial, read

@@ -26,12 +26,18 @@ const (
 // line of its own.
 type Section struct{ Begin, End string }
 
-// Operations is the operations section of docs/performance.md, and
-// Capacity the capacity section of docs/scaling.md.
+// Operations is the operations section of docs/performance.md, Roles its
+// roles section (the rolebench command's), and Capacity the capacity
+// section of docs/scaling.md.
 var (
 	Operations = Section{Begin, End}
+	Roles      = Section{"<!-- roles:begin -->", "<!-- roles:end -->"}
 	Capacity   = Section{"<!-- capacity:begin -->", "<!-- capacity:end -->"}
 )
+
+// carried are the sections of docs/performance.md that other commands
+// write, which Carry keeps.
+var carried = []Section{Operations, Roles}
 
 // Wrap returns section between the markers, as a block that Find finds.
 func Wrap(section string) string { return Operations.Wrap(section) }
@@ -75,15 +81,38 @@ func (s Section) Put(doc, block string) (string, error) {
 	}
 }
 
-// Carry returns fresh with the marked block of old at its end, or fresh
-// alone when old has none: what a command that rewrites the rest of the
-// file writes in place of old.
-func Carry(old, fresh string) (string, error) {
-	block, ok, err := Find(old)
-	if !ok || err != nil {
-		return fresh, err
+// PutIn returns the file at path, read, with section as the block that s
+// marks (see Put): with "" as section, it checks the file's markers.
+func (s Section) PutIn(path, section string) (string, error) {
+	old, err := Read(path)
+	if err != nil {
+		return "", err
 	}
-	return Put(fresh, block)
+	doc, err := s.Put(old, s.Wrap(section))
+	if err != nil {
+		return "", fmt.Errorf("-out %s: %w", path, err)
+	}
+	return doc, nil
+}
+
+// Carry returns fresh with the marked blocks of old (the operations
+// section, then the roles section) at its end, or fresh alone when old has
+// none: what a command that rewrites the rest of the file writes in place
+// of old.
+func Carry(old, fresh string) (string, error) {
+	for _, s := range carried {
+		block, ok, err := s.Find(old)
+		if err != nil {
+			return fresh, err
+		}
+		if !ok {
+			continue
+		}
+		if fresh, err = s.Put(fresh, block); err != nil {
+			return fresh, err
+		}
+	}
+	return fresh, nil
 }
 
 // bounds returns where the block of doc that s marks begins and where its

@@ -92,3 +92,13 @@ func TestSectionsAreIndependent(t *testing.T) {
 		t.Fatalf("the operations block after Capacity.Put = %q, %v, %v", block, ok, err)
 	}
 }
+
+// Carry keeps the roles section too, after the operations section.
+func TestCarry_Roles(t *testing.T) {
+	old := "# Old report\n\n" + Wrap("ops") + "\n" + Roles.Wrap("roles")
+	got, err := Carry(old, "# New report\n")
+	want := "# New report\n\n" + Wrap("ops") + "\n" + Roles.Wrap("roles")
+	if err != nil || got != want {
+		t.Fatalf("Carry = %q, %v; want %q", got, err, want)
+	}
+}

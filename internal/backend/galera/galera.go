@@ -148,6 +148,47 @@ func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArg
 	}
 }
 
+// AcquireSlot sends the acquire again when it was refused only because the
+// node had not yet applied the release of a slot made elsewhere, as
+// Acquire does.
+func (b *Backend) AcquireSlot(ctx context.Context, db *gorm.DB, a backend.SlotArgs) (int, int64, bool, error) {
+	wait := backend.StatementBackoff()
+	for attempt := 1; ; attempt++ {
+		slot, gen, ok, err := b.Backend.AcquireSlot(ctx, db, a)
+		if err != nil || ok || attempt >= Attempts || !b.On(ctx, db) || !b.slotFree(ctx, db, a) || !wait.Wait(ctx) {
+			return slot, gen, ok, err
+		}
+	}
+}
+
+// slotFree reports whether a causal read of a's slot rows finds one of
+// them free under a's count.
+func (b *Backend) slotFree(ctx context.Context, db *gorm.DB, a backend.SlotArgs) bool {
+	rows, err := b.SlotRows(ctx, db, a.TargetID, a.Slots)
+	if err != nil {
+		return false
+	}
+	for _, r := range rows {
+		if r.Slots == a.Slots && !r.Live {
+			return true
+		}
+	}
+	return false
+}
+
+// SlotRows reads the rows with a causal read on a Galera node, as Get does.
+func (b *Backend) SlotRows(ctx context.Context, db *gorm.DB, targetID string, n int) ([]backend.SlotRow, error) {
+	if !b.On(ctx, db) {
+		return b.Backend.SlotRows(ctx, db, targetID, n)
+	}
+	query, args := b.SlotRowsQuery(targetID, n)
+	rows, err := backend.Query(ctx, db, "SET STATEMENT wsrep_sync_wait=1 FOR "+query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return backend.ScanSlots(rows)
+}
+
 // UpdateOwn sends the statement again when it changed nothing only because
 // the node had not yet applied l. Inside a transaction (the fenced commit's
 // lock) that is RetryCommit's to decide, and on a known Galera node a

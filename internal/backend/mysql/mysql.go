@@ -21,7 +21,7 @@ type Backend struct {
 	backend.Common
 	lease                                       string
 	leaseDDL, resultDDL, takeOverSQL, insertSQL string
-	floorDDL, floorRow, stateSQL                string
+	floorDDL, floorRow, stateSQL, slotSQL       string
 }
 
 // New returns the MySQL backend for tables t.
@@ -47,12 +47,15 @@ func New(t backend.Tables) *Backend {
 			// READ COMMITTED, as on PostgreSQL. InnoDB's locking read sees
 			// the latest row at any level, but READ COMMITTED takes no gap
 			// locks, so the saver's writes block fewer other transactions.
-			TxOptions: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+			TxOptions:    &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+			Lock:         " FOR UPDATE",
+			InsertIgnore: "INSERT IGNORE INTO",
 		}, t),
 		lease:       t.Lease,
 		leaseDDL:    t.Expand(leaseTable),
 		resultDDL:   t.Expand(resultTable),
 		takeOverSQL: t.Expand(takeOverSQL),
+		slotSQL:     t.Expand(slotSQL),
 		insertSQL:   t.Expand(insertSQL),
 		floorDDL:    t.Expand(floorTable),
 		floorRow:    t.Expand(floorRow),
@@ -91,6 +94,7 @@ const (
 	saved_at    datetime(6) NULL,
 	failure     varchar(255) NULL,
 	timeout_ms  bigint NULL,
+	slots       int NULL,
 	PRIMARY KEY (target_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
 
@@ -134,6 +138,7 @@ var addedColumns = []backend.Column{
 	{Name: "saved_at", DDL: "datetime(6) NULL"},
 	{Name: "failure", DDL: "varchar(255) NULL"},
 	{Name: "timeout_ms", DDL: "bigint NULL"},
+	{Name: "slots", DDL: "int NULL"},
 }
 
 // CheckTimes makes sure that the DSN lets the lease rows be read: a
@@ -228,6 +233,54 @@ func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArg
 		return 0, false, fmt.Errorf("insert: read generation (insert ID %d): %v", gen, err)
 	}
 	return gen, true, nil
+}
+
+// slotSQL takes a free slot in one statement: an UPDATE of one row, at
+// random, among the semaphore's rows that record its count and are
+// released or expired. InnoDB locks the rows it reads before checking them,
+// so concurrent acquires take their turns and each finds the slots that
+// the others took live; a refusal changes no row. LAST_INSERT_ID(expr)
+// returns, in the reply's insert ID, the new generation times
+// slotFactor plus the slot's number (read from the key, after the
+// separator, which starts at the byte the last argument names): MySQL has
+// no RETURNING, and this keeps the acquire one round trip.
+const slotSQL = `UPDATE job_lease SET
+	lease_token = ?,
+	generation  = LAST_INSERT_ID((generation + 1) * ` + slotFactorSQL + ` + CAST(SUBSTRING(target_id, ?) AS UNSIGNED)) DIV ` + slotFactorSQL + `,
+	holder      = ?,
+	updated_at  = UTC_TIMESTAMP(6),
+	released_at = NULL,
+	failure     = NULL,
+	timeout_ms  = ?
+WHERE target_id IN (%s) AND slots = ?
+  AND (released_at IS NOT NULL OR updated_at < UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND)
+ORDER BY RAND() LIMIT 1`
+
+// slotFactor is greater than backend.MaxSlots; slotFactorSQL is the same
+// in the statement's text.
+const (
+	slotFactor    = 1024
+	slotFactorSQL = "1024"
+)
+
+// AcquireSlot runs slotSQL.
+func (b *Backend) AcquireSlot(ctx context.Context, db *gorm.DB, a backend.SlotArgs) (int, int64, bool, error) {
+	keys := backend.SlotKeys(a.TargetID, a.Slots)
+	args := []any{a.Token.String(), len(a.TargetID) + len(backend.SlotSeparator) + 1, a.Holder, backend.TimeoutMillis(a.Timeout)}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	args = append(args, a.Slots, a.Timeout.Microseconds())
+	stmt := fmt.Sprintf(b.slotSQL, strings.TrimSuffix(strings.Repeat("?, ", len(keys)), ", "))
+	res, n, err := backend.Exec(ctx, db, stmt, args...)
+	if err != nil || n == 0 {
+		return 0, 0, false, err
+	}
+	v, err := res.LastInsertId()
+	if err != nil || v <= 0 {
+		return 0, 0, false, fmt.Errorf("read the slot and generation (insert ID %d): %v", v, err)
+	}
+	return int(v % slotFactor), v / slotFactor, true, nil
 }
 
 // HeartbeatBatch renews many leases with two statements: MySQL has no

@@ -31,7 +31,8 @@ type Backend struct {
 	backend.Common
 	lease                               string
 	schemaSQL, acquireSQL, heartbeatSQL string
-	stateSQL, markSQL, readSavedSQL     string
+	stateSQL, markSQL, slotSQL          string
+	readSavedSQL                        string
 	// bytewise is 1 once List found that target_id orders byte for byte,
 	// -1 once it found not, 0 before it looked.
 	bytewise atomic.Int32
@@ -47,6 +48,7 @@ func New(t backend.Tables) *Backend {
 		schemaSQL:    t.Expand(Schema),
 		acquireSQL:   t.Expand(AcquireSQL),
 		heartbeatSQL: t.Expand(heartbeatBatchSQL),
+		slotSQL:      t.Expand(slotSQL),
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	EXTRACT(EPOCH FROM clock_timestamp() - updated_at), EXTRACT(EPOCH FROM clock_timestamp() - saved_at), waiting, timeout_ms
 FROM ` + t.Lease + ` WHERE target_id = $1`,
@@ -86,7 +88,10 @@ func dialect(t backend.Tables) backend.Dialect {
 		// READ COMMITTED whatever the session default: under REPEATABLE
 		// READ, a heartbeat committed after the transaction's snapshot
 		// makes the locking read fail with a serialization error (40001).
-		TxOptions: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+		TxOptions:    &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+		Lock:         " FOR UPDATE",
+		InsertIgnore: "INSERT INTO",
+		IgnoreSuffix: " ON CONFLICT (target_id) DO NOTHING",
 	}
 }
 
@@ -123,7 +128,8 @@ ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS saved_at         timestamptz,
 	ADD COLUMN IF NOT EXISTS failure          varchar(255),
 	ADD COLUMN IF NOT EXISTS waiting          boolean NOT NULL DEFAULT false,
-	ADD COLUMN IF NOT EXISTS timeout_ms       bigint;
+	ADD COLUMN IF NOT EXISTS timeout_ms       bigint,
+	ADD COLUMN IF NOT EXISTS slots            integer;
 CREATE TABLE IF NOT EXISTS job_lease_floor (
 	id         smallint PRIMARY KEY CHECK (id = 1),
 	generation bigint   NOT NULL
@@ -244,6 +250,48 @@ func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArg
 	ok, err := backend.QueryRow(ctx, db, b.acquireSQL,
 		[]any{a.TargetID, a.Token.String(), a.Holder, timeoutMicros(a.Timeout), a.From, backend.TimeoutMillis(a.Timeout)}, &generation)
 	return generation, ok, err
+}
+
+// slotSQL takes a free slot in one statement. The subquery picks one of
+// the semaphore's rows that records its count and is released or expired,
+// at random, so that concurrent acquires seldom want the same one, and
+// locks it, skipping the rows that other statements hold locked; under the
+// lock PostgreSQL checks the row's latest version against the conditions
+// again, and goes on to the next when it no longer qualifies. When no row
+// qualifies, nothing is locked or written. Its arguments are the keys of
+// the slot rows as an array literal, the token, the holder, the timeout in
+// microseconds and in milliseconds, and the count.
+const slotSQL = `
+UPDATE job_lease AS l SET
+	lease_token = CAST($2 AS uuid),
+	generation  = l.generation + 1,
+	holder      = CAST($3 AS varchar),
+	updated_at  = clock_timestamp(),
+	released_at = NULL,
+	failure     = NULL,
+	waiting     = false,
+	timeout_ms  = CAST($5 AS bigint)
+WHERE l.target_id = (
+	SELECT target_id FROM job_lease
+	WHERE target_id = ANY(CAST($1 AS varchar[])) AND slots = CAST($6 AS integer)
+	  AND (released_at IS NOT NULL
+	    OR updated_at < clock_timestamp() - COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+	ORDER BY random() LIMIT 1
+	FOR UPDATE SKIP LOCKED)
+RETURNING l.target_id, l.generation`
+
+// AcquireSlot runs slotSQL.
+func (b *Backend) AcquireSlot(ctx context.Context, db *gorm.DB, a backend.SlotArgs) (int, int64, bool, error) {
+	var key string
+	var generation int64
+	ok, err := backend.QueryRow(ctx, db, b.slotSQL,
+		[]any{array(backend.SlotKeys(a.TargetID, a.Slots)), a.Token.String(), a.Holder, timeoutMicros(a.Timeout),
+			backend.TimeoutMillis(a.Timeout), a.Slots}, &key, &generation)
+	if err != nil || !ok {
+		return 0, 0, false, err
+	}
+	_, slot, _ := backend.ParseSlotKey(key)
+	return slot, generation, true, nil
 }
 
 // timeoutMicros is d, which is positive, in whole microseconds, rounded to

@@ -30,6 +30,7 @@ type Backend struct {
 	backend.Common
 	lease                                         string
 	schemaSQL, acquireSQL, heartbeatSQL, stateSQL string
+	slotSQL                                       string
 }
 
 // now is the database's current time as the text the tables hold: UTC,
@@ -53,12 +54,15 @@ func New(t backend.Tables) *Backend {
 			// takes the write lock before its first statement. (The driver
 			// refuses READ COMMITTED; SQLite transactions are serializable
 			// anyway.)
-			TxOptions: &sql.TxOptions{Isolation: sql.LevelSerializable},
+			TxOptions:    &sql.TxOptions{Isolation: sql.LevelSerializable},
+			InsertIgnore: "INSERT INTO",
+			IgnoreSuffix: " ON CONFLICT (target_id) DO NOTHING",
 		}, t),
 		lease:        t.Lease,
 		schemaSQL:    t.Expand(schema),
 		acquireSQL:   t.Expand(acquireSQL),
 		heartbeatSQL: t.Expand(heartbeatBatchSQL),
+		slotSQL:      t.Expand(slotSQL),
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	(julianday('now') - julianday(updated_at)) * 86400.0,
 	(julianday('now') - julianday(saved_at)) * 86400.0, 0, timeout_ms
@@ -79,6 +83,7 @@ var addedColumns = []backend.Column{
 	{Name: "saved_at", DDL: "datetime"},
 	{Name: "failure", DDL: "text"},
 	{Name: "timeout_ms", DDL: "integer"},
+	{Name: "slots", DDL: "integer"},
 }
 
 // schema is the DDL of docs/sqlite.md. The datetime column type makes
@@ -94,7 +99,8 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	saved_generation integer,
 	saved_at    datetime,
 	failure     text,
-	timeout_ms  integer
+	timeout_ms  integer,
+	slots       integer
 );
 CREATE TABLE IF NOT EXISTS job_lease_floor (
 	id         integer NOT NULL PRIMARY KEY CHECK (id = 1),
@@ -152,6 +158,47 @@ func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArg
 	ok, err := backend.QueryRow(ctx, db, b.acquireSQL,
 		[]any{a.TargetID, a.Token.String(), a.Holder, a.Timeout.Seconds(), a.From, backend.TimeoutMillis(a.Timeout)}, &generation) // the token as text
 	return generation, ok, err
+}
+
+// slotSQL takes a free slot in one statement: the subquery picks one of
+// the semaphore's rows that records its count and is released or expired,
+// at random, and the UPDATE takes it; the statement holds the write lock
+// from its start, so no other step changes the rows in between. When no
+// row qualifies, nothing is written. Its arguments are the keys of the slot
+// rows as a JSON array, the token, the holder, the timeout in seconds and in
+// milliseconds, and the count.
+const slotSQL = `
+UPDATE job_lease SET
+	lease_token = ?2,
+	generation  = generation + 1,
+	holder      = ?3,
+	updated_at  = ` + now + `,
+	released_at = NULL,
+	failure     = NULL,
+	timeout_ms  = ?5
+WHERE target_id = (
+	SELECT target_id FROM job_lease
+	WHERE target_id IN (SELECT value FROM json_each(?1)) AND slots = ?6
+	  AND (released_at IS NOT NULL
+	    OR (julianday('now') - julianday(updated_at)) * 86400.0 > COALESCE(timeout_ms / 1000.0, ?4))
+	ORDER BY random() LIMIT 1)
+RETURNING target_id, generation`
+
+// AcquireSlot runs slotSQL.
+func (b *Backend) AcquireSlot(ctx context.Context, db *gorm.DB, a backend.SlotArgs) (int, int64, bool, error) {
+	keys, err := json.Marshal(backend.SlotKeys(a.TargetID, a.Slots))
+	if err != nil {
+		return 0, 0, false, err
+	}
+	var key string
+	var generation int64
+	ok, err := backend.QueryRow(ctx, db, b.slotSQL,
+		[]any{string(keys), a.Token.String(), a.Holder, a.Timeout.Seconds(), backend.TimeoutMillis(a.Timeout), a.Slots}, &key, &generation)
+	if err != nil || !ok {
+		return 0, 0, false, err
+	}
+	_, slot, _ := backend.ParseSlotKey(key)
+	return slot, generation, true, nil
 }
 
 // MinBusyTimeout is the shortest busy timeout accepted on an SQLite

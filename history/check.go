@@ -1,0 +1,274 @@
+package history
+
+import (
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Fault is one fault the driver injected, on one worker, from Start to End
+// (Unix microseconds, wall clock).
+type Fault struct {
+	Kind       string
+	Worker     string
+	Start, End int64
+}
+
+// Input is everything Check reads: the workers' logs, the database's
+// records, and the faults.
+type Input struct {
+	Events  []Event
+	Results []Result
+	Changes []Change
+	Faults  []Fault
+	// Targets are the targets the workers ran on.
+	Targets []string
+	// From and To bound the run (wall clock, Unix microseconds).
+	From, To int64
+	// Recovery is how long after a fault ends its effects may last (a
+	// lease left behind lives up to its timeout); Window is the shortest
+	// quiet window in which every target must make progress.
+	Recovery, Window time.Duration
+	// Resolution is that of the database's stamps in the lease rows (1 ms
+	// on SQLite, whose rows hold text with milliseconds; 0 elsewhere): a
+	// takeover within it of the holder's expiry is not early.
+	Resolution time.Duration
+	// VisualizeDir, when set, is where the model check draws each target's
+	// history that is not linearizable.
+	VisualizeDir string
+}
+
+// Violation is one broken guarantee.
+type Violation struct {
+	// Kind is one of the Violation* constants.
+	Kind   string
+	Target string
+	Detail string
+}
+
+// String says what was broken, where, and how.
+func (v Violation) String() string { return fmt.Sprintf("%s on %q: %s", v.Kind, v.Target, v.Detail) }
+
+// The kinds of Violation.
+const (
+	ViolationDoubleSave      = "double save"
+	ViolationStaleSave       = "save by a generation after a later one started"
+	ViolationLostResult      = "lost result"
+	ViolationPhantomSave     = "save that Run did not report"
+	ViolationForeignSave     = "save by no logged acquisition"
+	ViolationEarlyTakeover   = "takeover before the holder's recorded expiry"
+	ViolationNoProgress      = "no progress in a quiet window"
+	ViolationNotLinearizable = "not linearizable"
+)
+
+// Report is what Check found, with counts of what it checked.
+type Report struct {
+	Violations []Violation
+	// Runs, Acquisitions, Saves and Changes count what was checked; Ops
+	// the operations of the model check; Windows the quiet windows.
+	Runs, Acquisitions, Saves, Changes, Ops, Windows int
+	Outcomes                                         map[string]int
+	// Errors is the first error message of each Run outcome that is an
+	// error.
+	Errors map[string]string
+}
+
+// run is one Run, put together from its events.
+type run struct {
+	worker, target string
+	id             int64
+	start, work    int64
+	save, end      int64 // 0: not logged
+	gen            int64
+	token, outcome string
+	err            string
+}
+
+// Check verifies in's history.
+func Check(in Input) Report {
+	rep := Report{Outcomes: map[string]int{}, Errors: map[string]string{}}
+	runs := assemble(in.Events)
+	byToken := map[string]*run{}
+	for _, r := range runs {
+		rep.Runs++
+		if r.end != 0 {
+			rep.Outcomes[r.outcome]++
+			if _, ok := rep.Errors[r.outcome]; !ok && r.err != "" {
+				rep.Errors[r.outcome] = r.err
+			}
+		} else {
+			rep.Outcomes["no end (crashed)"]++
+		}
+		if r.token != "" {
+			rep.Acquisitions++
+			byToken[r.token] = r
+		}
+	}
+	rep.Saves, rep.Changes = len(in.Results), len(in.Changes)
+	add := func(kind, target, format string, args ...any) {
+		rep.Violations = append(rep.Violations, Violation{Kind: kind, Target: target, Detail: fmt.Sprintf(format, args...)})
+	}
+
+	// No double save per (target, generation); each save by a logged
+	// acquisition of that generation, whose Run did not deny it.
+	saved := map[string]map[int64]int{}
+	savedBy := map[string]Result{}
+	for _, res := range in.Results {
+		if saved[res.Target] == nil {
+			saved[res.Target] = map[int64]int{}
+		}
+		saved[res.Target][res.Gen]++
+		if saved[res.Target][res.Gen] == 2 {
+			add(ViolationDoubleSave, res.Target, "generation %d saved more than once", res.Gen)
+		}
+		savedBy[res.Token] = res
+		r := byToken[res.Token]
+		switch {
+		case r == nil || r.target != res.Target || r.gen != res.Gen:
+			add(ViolationForeignSave, res.Target, "generation %d saved with token %s (value %s)", res.Gen, res.Token, res.Value)
+		case r.end != 0 && r.outcome != OutcomeOK && r.outcome != OutcomeUnknown:
+			add(ViolationPhantomSave, res.Target, "generation %d (%s run %d) saved, but Run returned %s", res.Gen, r.worker, r.id, r.outcome)
+		}
+	}
+	// No lost result: a Run that returned nil has its row.
+	for _, r := range runs {
+		if r.end != 0 && r.outcome == OutcomeOK {
+			if _, ok := savedBy[r.token]; !ok {
+				add(ViolationLostResult, r.target, "%s run %d returned nil for generation %d, and no result row has its token", r.worker, r.id, r.gen)
+			}
+		}
+	}
+
+	// No save by a generation after a later one started: on the
+	// database's clock (the save's INSERT after the later acquisition's
+	// change of the row), and on the wall clock (the saver started after
+	// the later generation's work did).
+	acquiredAt := map[string][]Change{}
+	for _, c := range in.Changes {
+		if c.Takeover() {
+			acquiredAt[c.Target] = append(acquiredAt[c.Target], c)
+		}
+	}
+	for _, res := range in.Results {
+		for _, c := range acquiredAt[res.Target] {
+			if c.At != 0 && c.NewGen > res.Gen && c.At < res.At {
+				add(ViolationStaleSave, res.Target, "generation %d saved at %s, after generation %d was acquired at %s (database clock)",
+					res.Gen, micros(res.At), c.NewGen, micros(c.At))
+				break
+			}
+		}
+		r := byToken[res.Token]
+		if r == nil || r.save == 0 {
+			continue
+		}
+		for _, later := range runs {
+			if later.target == r.target && later.gen > r.gen && later.work != 0 && later.work < r.save {
+				add(ViolationStaleSave, res.Target, "generation %d's saver started at %s, after generation %d's work started at %s (wall clock)",
+					r.gen, micros(r.save), later.gen, micros(later.work))
+				break
+			}
+		}
+	}
+
+	// No takeover before the holder's own recorded expiry: a change that
+	// starts a new generation on a row not released comes at least the
+	// old holder's timeout_ms after its last renewal (the database's
+	// stamps, both).
+	for _, c := range in.Changes {
+		if c.Insert || !c.Takeover() {
+			continue
+		}
+		if c.NewGen < c.OldGen {
+			add(ViolationEarlyTakeover, c.Target, "generation went back from %d to %d", c.OldGen, c.NewGen)
+		}
+		if c.OldReleased != 0 {
+			continue
+		}
+		if age := c.NewUpdated - c.OldUpdated; age+in.Resolution.Microseconds() < c.OldTimeoutMS*1000 {
+			add(ViolationEarlyTakeover, c.Target, "generation %d taken over by %d after %v, within its holder's timeout of %v",
+				c.OldGen, c.NewGen, time.Duration(age)*time.Microsecond, time.Duration(c.OldTimeoutMS)*time.Millisecond)
+		}
+	}
+
+	// Liveness: in every quiet window, each target has a Run that saved.
+	windows := quietWindows(in)
+	rep.Windows = len(windows)
+	for _, w := range windows {
+		for _, target := range in.Targets {
+			ok := false
+			for _, r := range runs {
+				if r.target == target && r.outcome == OutcomeOK && r.end >= w[0] && r.end <= w[1] {
+					ok = true
+					break
+				}
+			}
+			if !ok {
+				add(ViolationNoProgress, target, "no Run saved from %s to %s", micros(w[0]), micros(w[1]))
+			}
+		}
+	}
+
+	// The model check.
+	ops, vs := linearizable(runs, in.Results, in.VisualizeDir)
+	rep.Ops = ops
+	rep.Violations = append(rep.Violations, vs...)
+	return rep
+}
+
+// assemble puts each Run together from its events.
+func assemble(events []Event) []*run {
+	type key struct {
+		worker string
+		id     int64
+	}
+	byKey := map[key]*run{}
+	var runs []*run
+	for _, e := range events {
+		k := key{e.Worker, e.Run}
+		r := byKey[k]
+		if r == nil {
+			r = &run{worker: e.Worker, id: e.Run, target: e.Target}
+			byKey[k] = r
+			runs = append(runs, r)
+		}
+		switch e.Kind {
+		case KindRun:
+			r.start = e.At
+		case KindWork:
+			r.work, r.gen, r.token = e.At, e.Gen, e.Token
+		case KindSave:
+			r.save = e.At
+		case KindEnd:
+			r.end, r.outcome, r.err = e.At, e.Outcome, e.Err
+		}
+	}
+	return runs
+}
+
+// quietWindows returns the windows of at least in.Window in which no
+// fault was in effect: each fault from its start to in.Recovery after its
+// end, and the run's first in.Recovery too (the workers start up).
+func quietWindows(in Input) [][2]int64 {
+	rec := in.Recovery.Microseconds()
+	busy := [][2]int64{{in.From, in.From + rec}}
+	for _, f := range in.Faults {
+		busy = append(busy, [2]int64{f.Start, f.End + rec})
+	}
+	sort.Slice(busy, func(i, j int) bool { return busy[i][0] < busy[j][0] })
+	var windows [][2]int64
+	free := in.From
+	for _, b := range busy {
+		if b[0]-free >= in.Window.Microseconds() {
+			windows = append(windows, [2]int64{free, b[0]})
+		}
+		free = max(free, b[1])
+	}
+	if in.To-free >= in.Window.Microseconds() {
+		windows = append(windows, [2]int64{free, in.To})
+	}
+	return windows
+}
+
+func micros(us int64) string {
+	return time.UnixMicro(us).UTC().Format("15:04:05.000000")
+}

@@ -1,0 +1,101 @@
+package history
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// clean is a history with nothing wrong: generation 1 acquired, saved and
+// released; generation 2 acquired after the release, saved and released.
+func clean() Input {
+	return Input{
+		Events: []Event{
+			{Worker: "a", Run: 1, Kind: KindRun, Target: "t", At: 100},
+			{Worker: "a", Run: 1, Kind: KindWork, Target: "t", Gen: 1, Token: "A", At: 200},
+			{Worker: "a", Run: 1, Kind: KindSave, Target: "t", Gen: 1, Token: "A", At: 300},
+			{Worker: "a", Run: 1, Kind: KindEnd, Target: "t", Outcome: OutcomeOK, At: 400},
+			{Worker: "b", Run: 1, Kind: KindRun, Target: "t", At: 150},
+			{Worker: "b", Run: 1, Kind: KindEnd, Target: "t", Outcome: OutcomeHeld, At: 160},
+			{Worker: "b", Run: 2, Kind: KindRun, Target: "t", At: 500},
+			{Worker: "b", Run: 2, Kind: KindWork, Target: "t", Gen: 2, Token: "B", At: 600},
+			{Worker: "b", Run: 2, Kind: KindSave, Target: "t", Gen: 2, Token: "B", At: 700},
+			{Worker: "b", Run: 2, Kind: KindEnd, Target: "t", Outcome: OutcomeOK, At: 800},
+		},
+		Results: []Result{{Target: "t", Gen: 1, Token: "A", At: 310}, {Target: "t", Gen: 2, Token: "B", At: 710}},
+		Changes: []Change{
+			{Insert: true, Target: "t", NewGen: 1, NewToken: "A", NewUpdated: 190, NewTimeoutMS: 1, At: 190},
+			{Target: "t", OldGen: 1, NewGen: 1, OldToken: "A", NewToken: "A", OldUpdated: 190, NewUpdated: 190,
+				NewReleased: 350, OldTimeoutMS: 1, NewTimeoutMS: 1, At: 350},
+			{Target: "t", OldGen: 1, NewGen: 2, OldToken: "A", NewToken: "B", OldUpdated: 190, NewUpdated: 590,
+				OldReleased: 350, OldTimeoutMS: 1, NewTimeoutMS: 1, At: 590},
+		},
+		Targets: []string{"t"}, From: 0, To: 900, Recovery: 0, Window: 500 * time.Microsecond,
+	}
+}
+
+func kinds(rep Report) map[string]int {
+	k := map[string]int{}
+	for _, v := range rep.Violations {
+		k[v.Kind]++
+	}
+	return k
+}
+
+func TestCheck_CleanHistoryPasses(t *testing.T) {
+	rep := Check(clean())
+	assert.Empty(t, rep.Violations)
+	assert.Equal(t, 3, rep.Runs)
+	assert.Equal(t, 2, rep.Acquisitions)
+	assert.Equal(t, 4, rep.Ops)
+	assert.Equal(t, 1, rep.Windows)
+}
+
+// Each broken guarantee, put into the clean history, is found, and named.
+func TestCheck_FindsEachViolation(t *testing.T) {
+	for name, tc := range map[string]struct {
+		break_ func(in *Input)
+		want   []string
+	}{
+		"DoubleSave": {func(in *Input) {
+			in.Results = append(in.Results, Result{Target: "t", Gen: 2, Token: "B", At: 720})
+		}, []string{ViolationDoubleSave}},
+		"StaleSave": {func(in *Input) {
+			// Generation 1's save comes after generation 2 started.
+			in.Events[2].At, in.Events[3].At, in.Results[0].At = 650, 660, 650
+		}, []string{ViolationStaleSave, ViolationNotLinearizable}},
+		"LostResult":  {func(in *Input) { in.Results = in.Results[1:] }, []string{ViolationLostResult}},
+		"PhantomSave": {func(in *Input) { in.Events[3].Outcome = OutcomeLost }, []string{ViolationPhantomSave}},
+		"ForeignSave": {func(in *Input) {
+			in.Results = append(in.Results, Result{Target: "t", Gen: 3, Token: "C", At: 850})
+		}, []string{ViolationForeignSave}},
+		"EarlyTakeover": {func(in *Input) {
+			// Generation 2 takes over the unreleased generation 1 0.4 ms
+			// after its last renewal, within its 1 ms timeout.
+			in.Changes = []Change{in.Changes[0], in.Changes[2]}
+			in.Changes[1].OldReleased = 0
+		}, []string{ViolationEarlyTakeover}},
+		"NoProgress": {func(in *Input) {
+			// Nothing saved from the end of a fault to the end of the run.
+			in.To, in.Faults = 5000, []Fault{{Start: 0, End: 1000}}
+		}, []string{ViolationNoProgress}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			in := clean()
+			tc.break_(&in)
+			got := kinds(Check(in))
+			for _, k := range tc.want {
+				assert.NotZero(t, got[k], "%s not found; found %v", k, got)
+			}
+			assert.Len(t, got, len(tc.want), "found %v, want only %v", got, tc.want)
+		})
+	}
+}
+
+// A fault, and its recovery, is no quiet window.
+func TestCheck_QuietWindowsLeaveFaultsOut(t *testing.T) {
+	in := Input{From: 0, To: 10_000_000, Recovery: time.Second, Window: 2 * time.Second,
+		Faults: []Fault{{Start: 4_000_000, End: 5_000_000}, {Start: 5_500_000, End: 6_000_000}}}
+	assert.Equal(t, [][2]int64{{1_000_000, 4_000_000}, {7_000_000, 10_000_000}}, quietWindows(in))
+}

@@ -1,0 +1,129 @@
+package history
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+)
+
+// The kinds of Event a worker logs, in the order one Run logs them.
+const (
+	// KindRun: Run is called (Target).
+	KindRun = "run"
+	// KindWork: the work starts: the acquire succeeded (Gen, Token).
+	KindWork = "work"
+	// KindWorkEnd: the work returns.
+	KindWorkEnd = "workend"
+	// KindSave: the saver starts, inside the fenced commit (Gen, Token).
+	KindSave = "save"
+	// KindEnd: Run returned (Outcome, Err).
+	KindEnd = "end"
+)
+
+// The outcomes of a Run, by the error it returned.
+const (
+	OutcomeOK      = "ok"      // nil: saved
+	OutcomeHeld    = "held"    // ErrLeaseHeld: nothing ran
+	OutcomeLost    = "lost"    // ErrLeaseLost: nothing saved
+	OutcomeUnknown = "unknown" // ErrCommitUnknown: saved or not
+	OutcomeError   = "error"   // any other error: nothing saved
+)
+
+// Event is one line of a worker's log.
+type Event struct {
+	// Worker names the worker process (its name and incarnation); Run
+	// numbers its Runs, from 1.
+	Worker string `json:"w"`
+	Run    int64  `json:"r"`
+	Kind   string `json:"k"`
+	Target string `json:"t,omitempty"`
+	Gen    int64  `json:"g,omitempty"`
+	Token  string `json:"tok,omitempty"`
+	// Outcome and Err are a KindEnd's.
+	Outcome string `json:"o,omitempty"`
+	Err     string `json:"e,omitempty"`
+	// At is the wall time, in Unix microseconds, when the event happened
+	// (for KindRun and KindSave, just before the call or statement).
+	At int64 `json:"at"`
+}
+
+// Micros returns t in Unix microseconds, the unit of every time here.
+func Micros(t time.Time) int64 { return t.UnixMicro() }
+
+// Log writes Events to a file, one JSON line with one write each, so that
+// what was written survives the process being killed.
+type Log struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+// CreateLog creates the log file path.
+func CreateLog(path string) (*Log, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return &Log{f: f}, nil
+}
+
+// Write logs e.
+func (l *Log) Write(e Event) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, err = l.f.Write(append(b, '\n'))
+	return err
+}
+
+// Close closes the file.
+func (l *Log) Close() error { return l.f.Close() }
+
+// ReadLogs reads every *.jsonl file in dir, in time order. A last line cut
+// short by a kill is left out.
+func ReadLogs(dir string) ([]Event, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, "*.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	var all []Event
+	for _, p := range paths {
+		evs, err := readLog(p)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, evs...)
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].At < all[j].At })
+	return all, nil
+}
+
+func readLog(path string) ([]Event, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var evs []Event
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var e Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			// Only a torn last line can fail: one write per line.
+			if !sc.Scan() {
+				break
+			}
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		evs = append(evs, e)
+	}
+	return evs, sc.Err()
+}

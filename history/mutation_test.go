@@ -1,0 +1,39 @@
+//go:build gormlease_mutate_fence
+
+package history
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// Built with the tag gormlease_mutate_fence, the fenced commit no longer
+// compares the token (internal/backend/fence_mutated.go): a worker whose
+// commit was stalled past its lease timeout saves over the holder that
+// took the lease over meanwhile. The checker must catch it, by the direct
+// check and by the model check.
+func TestHistory_MutatedFenceIsCaught_Postgres(t *testing.T) {
+	t.Parallel()
+	checkCaught(t, testdb.Postgres(t))
+}
+
+func TestHistory_MutatedFenceIsCaught_MariaDB(t *testing.T) {
+	t.Parallel()
+	checkCaught(t, testdb.MySQL(t))
+}
+
+func checkCaught(t *testing.T, s *testdb.Server) {
+	o := runScenario(t, s, scenario{duration: duration(t, 25e9), workers: 4, targets: 2,
+		faults: []string{FaultStall}, seed: seed(t)})
+	require.NotZero(t, o.faults[FaultStall], "no commit was stalled")
+	kinds := map[string]int{}
+	for _, v := range o.rep.Violations {
+		kinds[v.Kind]++
+	}
+	assert.NotZero(t, kinds[ViolationStaleSave], "no stale save found; violations: %v", kinds)
+	assert.NotZero(t, kinds[ViolationNotLinearizable], "the model check found nothing; violations: %v", kinds)
+}

@@ -1,0 +1,266 @@
+package history
+
+import (
+	"context"
+	"fmt"
+
+	"gorm.io/gorm"
+)
+
+// Result is one row of history_result: a result saved by a Run's saver,
+// inside the fenced commit. Nothing in the table stops a second save of a
+// generation: that is for Check to find.
+type Result struct {
+	Target string
+	Gen    int64
+	Token  string
+	Value  string
+	// At is the database's clock, in Unix microseconds, when the saver's
+	// INSERT ran (after the fenced commit locked the lease row).
+	At int64
+}
+
+// Change is one row of history_lease_log: one change of a lease row, with
+// the row before (Old*) and after (New*), written by a trigger in the
+// statement's own transaction, so it exists only if the change does.
+// Times are the database's clock in Unix microseconds; Old* are zero for
+// an insert, Released* zero when not released.
+type Change struct {
+	Insert                     bool
+	Target                     string
+	OldGen, NewGen             int64
+	OldToken, NewToken         string
+	OldUpdated, NewUpdated     int64
+	OldReleased, NewReleased   int64
+	OldTimeoutMS, NewTimeoutMS int64
+	// At is when the change was made, read as it ran (not when its
+	// statement or transaction started); 0 when the database cannot tell.
+	At int64
+}
+
+// Takeover reports whether c started a new generation.
+func (c Change) Takeover() bool { return c.Insert || c.NewGen != c.OldGen }
+
+// schema is a database's statements for the history tables.
+type schema struct {
+	ddl []string
+	// nowMicros is an SQL expression for the current time in Unix
+	// microseconds, read when it is evaluated.
+	nowMicros string
+	// changes reads every Change, in order; or versions reads every
+	// version of every lease row, by target and in order (target,
+	// generation, token, updated, released, timeout_ms).
+	changes, versions string
+}
+
+func schemaOf(db *gorm.DB) (schema, error) {
+	switch name := db.Dialector.Name(); name {
+	case "postgres":
+		return postgresSchema, nil
+	case "mysql":
+		return mysqlSchema, nil
+	case "sqlite":
+		return sqliteSchema, nil
+	default:
+		return schema{}, fmt.Errorf("history: no history schema for %s", name)
+	}
+}
+
+// PostgreSQL: times as microseconds of the epoch.
+const pgMicros = "CAST(extract(epoch FROM %s) * 1000000 AS bigint)"
+
+var postgresSchema = schema{
+	ddl: []string{
+		`CREATE TABLE history_result (id bigserial PRIMARY KEY, target varchar(255) NOT NULL,
+			generation bigint NOT NULL, token varchar(36) NOT NULL, value text NOT NULL, at_us bigint NOT NULL)`,
+		`CREATE TABLE history_lease_log (seq bigserial PRIMARY KEY, op char(1) NOT NULL, target_id varchar(255) NOT NULL,
+			old_generation bigint, new_generation bigint, old_token varchar(36), new_token varchar(36),
+			old_updated_us bigint, new_updated_us bigint, old_released_us bigint, new_released_us bigint,
+			old_timeout_ms bigint, new_timeout_ms bigint, at_us bigint NOT NULL)`,
+		`CREATE FUNCTION history_lease_log() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF TG_OP = 'INSERT' THEN
+				INSERT INTO history_lease_log (op, target_id, new_generation, new_token, new_updated_us, new_released_us,
+					new_timeout_ms, at_us)
+				VALUES ('I', NEW.target_id, NEW.generation, NEW.lease_token::text, ` + fmt.Sprintf(pgMicros, "NEW.updated_at") + `,
+					` + fmt.Sprintf(pgMicros, "NEW.released_at") + `, NEW.timeout_ms, ` + fmt.Sprintf(pgMicros, "clock_timestamp()") + `);
+			ELSE
+				INSERT INTO history_lease_log (op, target_id, old_generation, new_generation, old_token, new_token,
+					old_updated_us, new_updated_us, old_released_us, new_released_us, old_timeout_ms, new_timeout_ms, at_us)
+				VALUES ('U', NEW.target_id, OLD.generation, NEW.generation, OLD.lease_token::text, NEW.lease_token::text,
+					` + fmt.Sprintf(pgMicros, "OLD.updated_at") + `, ` + fmt.Sprintf(pgMicros, "NEW.updated_at") + `,
+					` + fmt.Sprintf(pgMicros, "OLD.released_at") + `, ` + fmt.Sprintf(pgMicros, "NEW.released_at") + `,
+					OLD.timeout_ms, NEW.timeout_ms, ` + fmt.Sprintf(pgMicros, "clock_timestamp()") + `);
+			END IF;
+			RETURN NULL;
+		END $$`,
+		`CREATE TRIGGER history_lease_log AFTER INSERT OR UPDATE ON job_lease
+			FOR EACH ROW EXECUTE FUNCTION history_lease_log()`,
+	},
+	nowMicros: fmt.Sprintf(pgMicros, "clock_timestamp()"),
+	changes: `SELECT op = 'I', target_id, COALESCE(old_generation, 0), COALESCE(new_generation, 0),
+		COALESCE(old_token, ''), COALESCE(new_token, ''), COALESCE(old_updated_us, 0), COALESCE(new_updated_us, 0),
+		COALESCE(old_released_us, 0), COALESCE(new_released_us, 0), COALESCE(old_timeout_ms, 0), COALESCE(new_timeout_ms, 0),
+		at_us FROM history_lease_log ORDER BY seq`,
+}
+
+// MariaDB: no trigger, since any trigger on job_lease makes the server
+// report 0 as the insert ID of the acquire's statements, by which
+// gormlease reads the new generation (see docs/reliability.md). The lease
+// table is system-versioned instead: MariaDB keeps every version of every
+// row, and the Changes are consecutive versions. The versioning is
+// transaction-precise (its bounds are transaction IDs): with timestamps,
+// MariaDB drops the version a fenced commit wrote when the takeover that
+// waited for its lock had begun earlier, and a release goes missing. A
+// version's bounds do not say when its change was made, so these Changes
+// have no At, and the versions are put in order by what the protocol
+// orders: the generation, then the renewals, then the release. The
+// datetime(6) columns hold UTC, so their microseconds from the epoch are a
+// plain difference; SYSDATE(6), unlike UTC_TIMESTAMP(6), is read when it
+// is evaluated, in the session's zone, which UNIX_TIMESTAMP undoes.
+const myMicros = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', %s)"
+
+var mysqlSchema = schema{
+	ddl: []string{
+		`CREATE TABLE history_result (id bigint NOT NULL AUTO_INCREMENT PRIMARY KEY, target varbinary(255) NOT NULL,
+			generation bigint NOT NULL, token char(36) NOT NULL, value text NOT NULL, at_us bigint NOT NULL) ENGINE=InnoDB`,
+		`ALTER TABLE job_lease ADD COLUMN history_start BIGINT UNSIGNED GENERATED ALWAYS AS ROW START INVISIBLE,
+			ADD COLUMN history_end BIGINT UNSIGNED GENERATED ALWAYS AS ROW END INVISIBLE,
+			ADD PERIOD FOR SYSTEM_TIME(history_start, history_end), ADD SYSTEM VERSIONING`,
+	},
+	nowMicros: "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)",
+	versions: `SELECT target_id, generation, lease_token, ` + fmt.Sprintf(myMicros, "updated_at") + `,
+		COALESCE(` + fmt.Sprintf(myMicros, "released_at") + `, 0), COALESCE(timeout_ms, 0)
+		FROM job_lease FOR SYSTEM_TIME ALL
+		ORDER BY target_id, generation, updated_at, released_at IS NOT NULL, released_at`,
+}
+
+// SQLite: a trigger, as on PostgreSQL. The lease's times are text with
+// milliseconds (see Input.Resolution); 'now' is read once per statement,
+// possibly before the statement waited for the database's write lock, so
+// these Changes have no At.
+const liteMicros = "CAST(round((julianday(%s) - 2440587.5) * 86400000) AS INTEGER) * 1000"
+
+var sqliteSchema = schema{
+	ddl: []string{
+		`CREATE TABLE history_result (id integer PRIMARY KEY AUTOINCREMENT, target varchar(255) NOT NULL,
+			generation integer NOT NULL, token varchar(36) NOT NULL, value text NOT NULL, at_us integer NOT NULL)`,
+		`CREATE TABLE history_lease_log (seq integer PRIMARY KEY AUTOINCREMENT, op char(1) NOT NULL, target_id varchar(255) NOT NULL,
+			old_generation integer, new_generation integer, old_token varchar(36), new_token varchar(36),
+			old_updated_us integer, new_updated_us integer, old_released_us integer, new_released_us integer,
+			old_timeout_ms integer, new_timeout_ms integer, at_us integer NOT NULL)`,
+		`CREATE TRIGGER history_lease_insert AFTER INSERT ON job_lease BEGIN
+			INSERT INTO history_lease_log (op, target_id, new_generation, new_token, new_updated_us, new_released_us,
+				new_timeout_ms, at_us)
+			VALUES ('I', NEW.target_id, NEW.generation, NEW.lease_token, ` + fmt.Sprintf(liteMicros, "NEW.updated_at") + `,
+				` + fmt.Sprintf(liteMicros, "NEW.released_at") + `, NEW.timeout_ms, 0);
+		END`,
+		`CREATE TRIGGER history_lease_update AFTER UPDATE ON job_lease BEGIN
+			INSERT INTO history_lease_log (op, target_id, old_generation, new_generation, old_token, new_token,
+				old_updated_us, new_updated_us, old_released_us, new_released_us, old_timeout_ms, new_timeout_ms, at_us)
+			VALUES ('U', NEW.target_id, OLD.generation, NEW.generation, OLD.lease_token, NEW.lease_token,
+				` + fmt.Sprintf(liteMicros, "OLD.updated_at") + `, ` + fmt.Sprintf(liteMicros, "NEW.updated_at") + `,
+				` + fmt.Sprintf(liteMicros, "OLD.released_at") + `, ` + fmt.Sprintf(liteMicros, "NEW.released_at") + `,
+				OLD.timeout_ms, NEW.timeout_ms, 0);
+		END`,
+	},
+	nowMicros: "CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)",
+	changes:   postgresSchema.changes,
+}
+
+// Migrate creates the history tables and the lease row trigger in db,
+// whose gormlease tables (the default names) must exist.
+func Migrate(ctx context.Context, db *gorm.DB) error {
+	s, err := schemaOf(db)
+	if err != nil {
+		return err
+	}
+	for _, stmt := range s.ddl {
+		if err := db.WithContext(ctx).Exec(stmt).Error; err != nil {
+			return fmt.Errorf("history: migrate: %w", err)
+		}
+	}
+	return nil
+}
+
+// SaveResult is the workers' saver: it inserts the result row in tx, the
+// fenced commit's transaction.
+func SaveResult(tx *gorm.DB, r Result) error {
+	s, err := schemaOf(tx)
+	if err != nil {
+		return err
+	}
+	return tx.Exec("INSERT INTO history_result (target, generation, token, value, at_us) VALUES (?, ?, ?, ?, "+
+		s.nowMicros+")", r.Target, r.Gen, r.Token, r.Value).Error
+}
+
+// ReadDB reads every saved result and every lease row change.
+func ReadDB(ctx context.Context, db *gorm.DB) ([]Result, []Change, error) {
+	s, err := schemaOf(db)
+	if err != nil {
+		return nil, nil, err
+	}
+	db = db.WithContext(ctx)
+	var results []Result
+	rows, err := db.Raw("SELECT target, generation, token, value, at_us FROM history_result ORDER BY id").Rows()
+	if err != nil {
+		return nil, nil, err
+	}
+	for rows.Next() {
+		var r Result
+		if err := rows.Scan(&r.Target, &r.Gen, &r.Token, &r.Value, &r.At); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		results = append(results, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	if s.versions != "" {
+		changes, err := readVersions(db, s.versions)
+		return results, changes, err
+	}
+	var changes []Change
+	rows, err = db.Raw(s.changes).Rows()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c Change
+		if err := rows.Scan(&c.Insert, &c.Target, &c.OldGen, &c.NewGen, &c.OldToken, &c.NewToken,
+			&c.OldUpdated, &c.NewUpdated, &c.OldReleased, &c.NewReleased, &c.OldTimeoutMS, &c.NewTimeoutMS, &c.At); err != nil {
+			return nil, nil, err
+		}
+		changes = append(changes, c)
+	}
+	return results, changes, rows.Err()
+}
+
+// readVersions reads the Changes of consecutive row versions.
+func readVersions(db *gorm.DB, query string) ([]Change, error) {
+	rows, err := db.Raw(query).Rows()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var changes []Change
+	var prev Change
+	for rows.Next() {
+		c := Change{}
+		if err := rows.Scan(&c.Target, &c.NewGen, &c.NewToken, &c.NewUpdated, &c.NewReleased, &c.NewTimeoutMS); err != nil {
+			return nil, err
+		}
+		if len(changes) == 0 || prev.Target != c.Target {
+			c.Insert = true
+		} else {
+			c.OldGen, c.OldToken, c.OldUpdated = prev.NewGen, prev.NewToken, prev.NewUpdated
+			c.OldReleased, c.OldTimeoutMS = prev.NewReleased, prev.NewTimeoutMS
+		}
+		changes = append(changes, c)
+		prev = c
+	}
+	return changes, rows.Err()
+}
