@@ -28,7 +28,10 @@ import (
 //     nothing has run yet.
 //  2. Run the saver on the transaction; its error rolls everything back.
 //  3. For CommitIfOwner, record the save in the row; then COMMIT. A COMMIT
-//     that got no answer is ErrCommitUnknown.
+//     that got no answer is ErrCommitUnknown, and so is one that the
+//     server committed without the confirmation of the synchronous
+//     standbys it waits for (backend.ErrReplicationCancelled): after a
+//     failover that left the old primary running, it is there alone.
 //
 // The backend may then ask for the whole commit to run again (a Galera
 // certification failure while the lease was still the caller's); nothing
@@ -122,11 +125,20 @@ func (r *Repository) commitOnce(ctx context.Context, l Lease, fn func(tx *gorm.D
 	}
 	ended = true
 	err = tx.commit(ctx)
+	if err == nil && ctx.Err() != nil {
+		// The context ended while COMMIT waited. A driver that cancels the
+		// statement on the server then (lib/pq does) reports success for a
+		// COMMIT whose wait for the synchronous standbys the cancel cut
+		// short: committed locally, but maybe on this server only.
+		err = fmt.Errorf("%w: %w", backend.ErrReplicationCancelled, context.Cause(ctx))
+	}
 	switch {
 	case err == nil:
 		return nil
-	case !backend.AnsweredByServer(err):
-		// COMMIT was sent, or about to be, and no answer came back.
+	case errors.Is(err, backend.ErrReplicationCancelled), !backend.AnsweredByServer(err):
+		// COMMIT was sent, or about to be, and no answer came back; or it
+		// committed without the standbys' confirmation, which a failover
+		// may throw away: Run settles it by a read the standbys confirm.
 		return &commitUnknownError{targetID: l.TargetID, cause: err}
 	case backend.SQLState(err) == "25P02":
 		return wrapf(err, "save %q: a statement of the saver failed and aborted the transaction, nothing saved", l.TargetID)
@@ -240,7 +252,7 @@ func (r *Repository) beginOneTrip(ctx context.Context, sqlDB *sql.DB, l Lease) (
 	// COMMIT does not run: a COMMIT would end it as a rollback without an
 	// error.
 	tx.commit = func(ctx context.Context) error {
-		_, err := conn.ExecContext(ctx, "SELECT 1; COMMIT")
+		err := r.backend.CommitOn(ctx, r.db, conn, "SELECT 1; COMMIT")
 		if err == nil || !backend.AnsweredByServer(err) {
 			inTx = err != nil
 			closeConn()

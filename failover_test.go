@@ -45,7 +45,7 @@ func failoverOptions() []gormlease.Option {
 type saves struct{ db *gorm.DB }
 
 func newSaves(t *testing.T, db *gorm.DB) saves {
-	require.NoError(t, db.Exec(`CREATE TABLE failover_saves (
+	require.NoError(t, db.Exec(`CREATE TABLE IF NOT EXISTS failover_saves (
 		id bigserial PRIMARY KEY, target_id text NOT NULL, generation bigint NOT NULL)`).Error)
 	return saves{db}
 }
@@ -68,11 +68,17 @@ func (s saves) count(t *testing.T, db *gorm.DB, target string) int64 {
 // byTarget returns every target's saves, by generation.
 func (s saves) byTarget(t *testing.T) map[string][]int64 {
 	t.Helper()
+	return s.byTargetOn(t, s.db)
+}
+
+// byTargetOn is byTarget, read from db (a pool on one server).
+func (s saves) byTargetOn(t *testing.T, db *gorm.DB) map[string][]int64 {
+	t.Helper()
 	var rows []struct {
 		TargetID   string
 		Generation int64
 	}
-	require.NoError(t, s.db.Raw("SELECT target_id, generation FROM failover_saves ORDER BY id").Scan(&rows).Error)
+	require.NoError(t, db.Raw("SELECT target_id, generation FROM failover_saves ORDER BY id").Scan(&rows).Error)
 	m := map[string][]int64{}
 	for _, r := range rows {
 		m[r.TargetID] = append(m[r.TargetID], r.Generation)

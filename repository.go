@@ -536,12 +536,6 @@ func (r *Repository) retry(ctx context.Context, stmt func(ctx context.Context) e
 // lease table and the result table (see WithTableNames).
 func (r *Repository) Tables() (lease, result string) { return r.tables.lease, r.tables.result }
 
-// getRow reads the row of l, which may be a slot's.
-func (r *Repository) getRow(ctx context.Context, l Lease) (JobLease, bool, error) {
-	row, found, err := r.backend.Get(ctx, r.db, l.row().TargetID)
-	return JobLease(row), found, err
-}
-
 // Get returns the lease row of targetID, and false when the target has never
 // been acquired (or its row was pruned). It is for inspection: the row may
 // change right after. It reads the database that the Repository's *gorm.DB

@@ -343,7 +343,10 @@ func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, sent time.Tim
 // released, nothing was saved, and the outcome is known. Otherwise it reads
 // the row: the commit records its generation as the saved one, in the same
 // transaction, so a saved generation equal to the lease's proves that the
-// commit took effect, and an older one (or none) that it did not. While
+// commit took effect, and an older one (or none) that it did not. The read
+// counts only once the database confirms it as it confirms commits (see
+// backend.Backend.ReadSaved): a primary that a failover left behind, still
+// running, holds commits that the new primary lacks. While
 // the database cannot be reached (a failover, a restart), it tries again
 // until the operation timeout. Anything else (the row is gone, or a later
 // generation saved since) leaves the outcome unknown, and Run returns
@@ -371,15 +374,15 @@ func (r *Runner[T]) settleOnce(ctx context.Context, lease Lease) (committed, kno
 	if !errors.Is(err, ErrLeaseLost) {
 		return false, false, err
 	}
-	row, found, err := r.repo.getRow(ctx, lease)
+	saved, found, err := r.repo.backend.ReadSaved(ctx, r.repo.db, lease.row().TargetID)
 	switch {
 	case err != nil:
 		return false, false, err
 	case !found:
 		return false, false, nil // pruned: nothing left to tell
-	case row.SavedGeneration != nil && *row.SavedGeneration == lease.Generation:
+	case saved == lease.Generation:
 		return true, true, nil
-	case row.SavedGeneration == nil || *row.SavedGeneration < lease.Generation:
+	case saved < lease.Generation:
 		return false, true, nil
 	}
 	return false, false, nil // a later generation saved since

@@ -68,13 +68,24 @@ type Backend interface {
 	// where the backend can (Capabilities.Notify).
 	UpdateOwn(ctx context.Context, db *gorm.DB, op Own, l Lease, args ...any) (int64, error)
 	// HeartbeatBatch renews leases (at most MaxBatch) as UpdateOwn(Renew)
-	// does each, and returns those it renewed. Only with
+	// does each, and returns those it renewed. A renewal that the server
+	// committed without the confirmation of its synchronous standbys is an
+	// error wrapping ErrReplicationCancelled. Only with
 	// Capabilities.BatchHeartbeat.
 	HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (renewed map[Lease]bool, err error)
 	// Get reads targetID's row; found is false when there is none. It
 	// sees every write that the database committed before it began, also
 	// on a node of a cluster that applies other nodes' writes late.
 	Get(ctx context.Context, db *gorm.DB, targetID string) (row Row, found bool, err error)
+	// ReadSaved reads the generation that targetID's row last saved (0
+	// when none did), for settling a fenced commit whose COMMIT got no
+	// answer; found is false when there is no row. It reports only what
+	// the database keeps across a failover: on PostgreSQL it reads under a
+	// row lock whose COMMIT waits for the synchronous standbys, so that a
+	// save committed on an isolated primary alone makes it fail (see
+	// ErrReplicationCancelled), and it waits for the row lock while the
+	// fenced transaction still holds it.
+	ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (saved int64, found bool, err error)
 	// ForceRelease ends the lease on targetID, whoever holds it: in one
 	// transaction the row gets token, the next generation, its release
 	// time and failure, and is read back. found is false when there was no
@@ -87,6 +98,12 @@ type Backend interface {
 	// runs op on l's row, in one round trip, with its values written in as
 	// literals. Only with Capabilities.OneTripBegin.
 	BeginLocked(op Own, l Lease) string
+	// CommitOn sends query, the statements that end a transaction begun
+	// with BeginLocked (COMMIT, with what checks it), on conn. It returns
+	// an error wrapping ErrReplicationCancelled when the server says that
+	// it committed locally without the confirmation of the synchronous
+	// standbys that it waits for.
+	CommitOn(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string) error
 	// RefusesQueries reports whether err says that the driver sent a
 	// BeginLocked query in a way that takes one statement only, so that
 	// nothing ran.

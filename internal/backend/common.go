@@ -137,6 +137,29 @@ func (c *Common) Get(ctx context.Context, db *gorm.DB, targetID string) (Row, bo
 	return row, found, err
 }
 
+// ReadSaved reads the generation that targetID's row last saved, as Get
+// reads the row: a backend without synchronous standbys to wait for.
+func (c *Common) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (int64, bool, error) {
+	return ReadSavedWith(ctx, db, targetID, c.Get)
+}
+
+// ReadSavedWith is ReadSaved on the row that get reads.
+func ReadSavedWith(ctx context.Context, db *gorm.DB, targetID string,
+	get func(context.Context, *gorm.DB, string) (Row, bool, error),
+) (int64, bool, error) {
+	row, found, err := get(ctx, db, targetID)
+	if err != nil || !found || row.SavedGeneration == nil {
+		return 0, found, err
+	}
+	return *row.SavedGeneration, true, nil
+}
+
+// CommitOn sends query, which ends the fenced transaction, on conn.
+func (c *Common) CommitOn(ctx context.Context, _ *gorm.DB, conn *sql.Conn, query string) error {
+	_, err := conn.ExecContext(ctx, query)
+	return err
+}
+
 // ForceRelease ends the lease on targetID, in one transaction that also
 // reads the row back.
 func (c *Common) ForceRelease(ctx context.Context, db *gorm.DB, targetID string, token uuid.UUID, failure string) (Row, bool, error) {

@@ -19,6 +19,14 @@ func (e *SettingsError) Error() string { return e.Problem }
 // then only poll.
 var ErrCannotListen = errors.New("cannot listen")
 
+// ErrReplicationCancelled says that a statement's commit is not confirmed
+// durable: the server committed it locally but cut short its wait for the
+// synchronous standbys (a cancel request reached it while it waited), or
+// the client's context ended while it waited, when a cancel may have. After
+// a failover that left the old primary running, such a commit is on the old
+// primary only. A step takes it as an unknown outcome, never as a success.
+var ErrReplicationCancelled = errors.New("commit not confirmed: the wait for synchronous replication was cut short")
+
 // sqlStater is the method by which drivers' errors (pgconn.PgError, for
 // one) report their SQLSTATE, without this package importing a driver.
 type sqlStater interface{ SQLState() string }

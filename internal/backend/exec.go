@@ -143,6 +143,19 @@ func Query(ctx context.Context, db *gorm.DB, query string, args ...any) (*sql.Ro
 	return rows, err
 }
 
+// StartStatement starts the span of query, on db, for a statement that a
+// backend sends by other means than ExecOn, Query and QueryRow: end is nil
+// when ctx has no hook. Trace then reports it to db's logger.
+func StartStatement(ctx context.Context, db *gorm.DB, query string) (context.Context, func(error)) {
+	return startStatement(ctx, db, query)
+}
+
+// Trace reports a statement started with StartStatement to db's logger,
+// with the rows it affected.
+func Trace(ctx context.Context, db *gorm.DB, begin time.Time, query string, rows int64, err error) {
+	trace(ctx, db, begin, query, nil, rows, err)
+}
+
 // startStatement starts the span of query, on db, when ctx has a hook; end
 // is nil otherwise.
 func startStatement(ctx context.Context, db *gorm.DB, query string) (context.Context, func(error)) {

@@ -25,6 +25,7 @@ package heartbeat
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -266,6 +267,13 @@ func (g *group) beatChunk(ctx context.Context, chunk []*Member) bool {
 	sent := time.Now()
 	callCtx, cancel := context.WithTimeout(ctx, g.key.timeout)
 	lost, err := g.set.Renew(callCtx, leases)
+	if err == nil && callCtx.Err() != nil {
+		// Answered after its context ended: a driver that cancels the
+		// statement on the server then (lib/pq does) reports success for
+		// a renewal whose wait for the synchronous standbys the cancel cut
+		// short. It renewed nothing that a failover keeps.
+		err = fmt.Errorf("%w: %w", backend.ErrReplicationCancelled, callCtx.Err())
+	}
 	cancel()
 	if g.settings.Round != nil {
 		g.settings.Round(ctx, Round{Members: live, Lost: lost, Sent: sent, Err: err})

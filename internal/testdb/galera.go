@@ -87,17 +87,11 @@ func SharedGalera(tb testing.TB) *Galera {
 			tb.Logf("start the Galera cluster, attempt %d of %d: %v", attempt, galeraStarts, galeraErr)
 		}
 		if galeraErr == nil {
-			mu.Lock()
-			closers = append(closers, galeraCluster.close)
-			mu.Unlock()
+			closeAtEnd(galeraCluster.close)
 		}
 	})
 	if galeraErr != nil {
-		var missing *missingError
-		if errors.As(galeraErr, &missing) {
-			unavailable(tb, "MariaDB Galera cluster", galeraErr)
-		}
-		tb.Fatalf("start the Galera cluster: %v", galeraErr)
+		startFailed(tb, "MariaDB Galera cluster", galeraErr)
 	}
 	for _, n := range galeraCluster.nodes {
 		if !n.running() {

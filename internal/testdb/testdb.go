@@ -30,6 +30,7 @@ package testdb
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -161,6 +162,25 @@ func unavailable(tb testing.TB, name string, err error) {
 		tb.Fatal(msg + " (" + dockerEnv + " is set, so this fails instead of skipping)")
 	}
 	tb.Skip(msg)
+}
+
+// closeAtEnd has Close call close, after what was registered before it.
+func closeAtEnd(close func() error) {
+	mu.Lock()
+	closers = append(closers, close)
+	mu.Unlock()
+}
+
+// startFailed ends tb after a shared cluster named name failed to start
+// with err: skipped (failed under CI) when a prerequisite is missing,
+// failed otherwise.
+func startFailed(tb testing.TB, name string, err error) {
+	tb.Helper()
+	var missing *missingError
+	if errors.As(err, &missing) {
+		unavailable(tb, name, err)
+	}
+	tb.Fatalf("start the %s: %v", name, err)
 }
 
 // DB returns the process's shared pool on s, with the gormlease tables made.

@@ -130,6 +130,12 @@ func (b *Backend) Get(ctx context.Context, db *gorm.DB, targetID string) (backen
 	return row, found, err
 }
 
+// ReadSaved reads the generation that targetID's row last saved, as Get
+// reads it: once the node has applied what the cluster committed before.
+func (b *Backend) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (int64, bool, error) {
+	return backend.ReadSavedWith(ctx, db, targetID, b.Get)
+}
+
 // Acquire sends the acquire again when it was refused only because the
 // node had not yet applied a release made elsewhere.
 func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {

@@ -32,6 +32,7 @@ type Backend struct {
 	lease                               string
 	schemaSQL, acquireSQL, heartbeatSQL string
 	stateSQL, markSQL, slotSQL          string
+	readSavedSQL                        string
 	// bytewise is 1 once List found that target_id orders byte for byte,
 	// -1 once it found not, 0 before it looked.
 	bytewise atomic.Int32
@@ -51,6 +52,7 @@ func New(t backend.Tables) *Backend {
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	EXTRACT(EPOCH FROM clock_timestamp() - updated_at), EXTRACT(EPOCH FROM clock_timestamp() - saved_at), waiting, timeout_ms
 FROM ` + t.Lease + ` WHERE target_id = $1`,
+		readSavedSQL: `SELECT COALESCE(saved_generation, 0) FROM ` + t.Lease + ` WHERE target_id = $1 FOR UPDATE`,
 		// markSQL marks the row of a live generation as waited on, so that
 		// the statement that ends it notifies. It locks the row: it runs
 		// wholly before that statement, which then sees the mark, or wholly
@@ -306,21 +308,6 @@ UPDATE job_lease AS l SET updated_at = clock_timestamp()
 FROM unnest(CAST($1 AS text[]), CAST($2 AS uuid[])) AS b(target_id, lease_token)
 WHERE l.target_id = b.target_id AND l.lease_token = b.lease_token AND l.released_at IS NULL
 RETURNING l.target_id, l.lease_token`
-
-// HeartbeatBatch runs heartbeatBatchSQL.
-func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]bool, error) {
-	targets := make([]string, len(leases))
-	tokens := make([]string, len(leases))
-	for i, l := range leases {
-		targets[i] = l.TargetID
-		tokens[i] = l.Token.String()
-	}
-	rows, err := backend.Query(ctx, db, b.heartbeatSQL, array(targets), array(tokens))
-	if err != nil {
-		return nil, err
-	}
-	return backend.ScanRenewed(rows, leases)
-}
 
 // BeginLocked begins the fenced transaction at READ COMMITTED and runs op,
 // which locks the lease row, in the same query. pgx (and lib/pq) send a

@@ -1,0 +1,298 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/internal/backend"
+)
+
+// A COMMIT on a primary with synchronous standbys (synchronous_commit on,
+// synchronous_standby_names set, as Patroni's synchronous mode sets them)
+// first commits locally, then waits until the standbys have the commit. When
+// that wait is cancelled (a cancel request: pgx sends one when it closes a
+// connection whose statement outlived its context; lib/pq, and pgx's
+// CancelRequestContextWatcherHandler, when the context ends; an operator's
+// pg_cancel_backend), the server stops waiting and answers the COMMIT as a
+// success, with a WARNING notice: "canceling wait for synchronous
+// replication due to user request ... The transaction has already committed
+// locally, but might not have been replicated to the standby". When the
+// primary has lost its standbys to a failover (its HA manager died, and
+// nothing stopped it), that commit is on the old primary only, and a rewind
+// throws it away.
+//
+// pgx hands notices only to the OnNotice of the pool's connection settings,
+// which belong to the application. So the statements whose success the
+// lease depends on (the fenced COMMIT, the heartbeat, the settling read) are
+// sent here as simple queries on the connection's wire protocol, and their
+// notices read with the answer: same round trip, same server work. On a
+// pool whose connections are not pgx's, they go through database/sql, and
+// only a cancel that the client's own context caused is caught (see the
+// callers).
+
+// syncRepWarned reports whether n says that the server stopped waiting for
+// synchronous replication: a WARNING of the generic class (01000) or of an
+// administrator's shutdown (57P01, sent before the connection is closed).
+// Its text is not read, since lc_messages translates it. A statement of the
+// lease's own raises no other warning; one that another warning accompanies
+// is taken as unconfirmed, which is never unsafe.
+func syncRepWarned(n *pgproto3.NoticeResponse) bool {
+	return n.SeverityUnlocalized == "WARNING" && (n.Code == "01000" || n.Code == "57P01")
+}
+
+// pgxConn is the driver connection of pgx's database/sql driver
+// (*stdlib.Conn), known by its method so as not to import the driver.
+type pgxConn interface{ Conn() *pgx.Conn }
+
+// simpleResult is what a simple query answered.
+type simpleResult struct {
+	rows [][]string // the last statement's rows, each column as text ("" for NULL)
+	tag  pgconn.CommandTag
+}
+
+// errNotPgx says that a connection is not pgx's: simpleQuery sent nothing.
+var errNotPgx = errors.New("not a pgx connection")
+
+// simpleQuery sends query, without parameters, as one simple query on
+// conn's pgx connection, and reads the whole answer. It returns the first
+// error the server sent, or an error wrapping backend.ErrReplicationCancelled
+// when the server warned that it cut short a wait for synchronous
+// replication, or errNotPgx, having sent nothing, when conn's driver is not
+// pgx. A connection whose answer was not read to its end (ctx ended, the
+// connection broke) is closed, after a cancel request for the statement
+// when ctx ended. The statement is reported to db's logger and
+// ctx's statement hook, as backend.Query reports its own, unless it is the
+// fenced transaction's COMMIT, which, like gorm's, is not.
+func simpleQuery(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string, report bool) (simpleResult, error) {
+	var res simpleResult
+	sent := false
+	begin := time.Now()
+	var end func(error)
+	if report {
+		ctx, end = backend.StartStatement(ctx, db, query)
+	}
+	err := conn.Raw(func(dc any) error {
+		c, ok := dc.(pgxConn)
+		if !ok {
+			return errNotPgx
+		}
+		sent = true
+		pg := c.Conn().PgConn()
+		if pg.IsBusy() || pg.IsClosed() {
+			return driver.ErrBadConn
+		}
+		pg.Frontend().Send(&pgproto3.Query{String: query})
+		if err := pg.Frontend().Flush(); err != nil {
+			return &badConn{err}
+		}
+		return readAnswer(ctx, pg, &res)
+	})
+	if !sent {
+		return res, errNotPgx
+	}
+	if end != nil {
+		end(err)
+	}
+	if report {
+		backend.Trace(ctx, db, begin, query, res.tag.RowsAffected(), err)
+	}
+	return res, err
+}
+
+// cancelTimeout bounds the cancel request of a statement abandoned when its
+// context ended.
+const cancelTimeout = time.Second
+
+// cancelStatement asks the server to cancel the statement running on pg,
+// whose answer the caller abandons, as pgx does when it closes such a
+// connection: otherwise the statement would run on, holding its locks (a
+// heartbeat waiting for a standby holds the lease row's). A commit that the
+// cancel cuts short in its wait for the standbys commits locally, which is
+// why nothing that the caller abandoned so counts as done.
+func cancelStatement(pg *pgconn.PgConn) {
+	ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
+	defer cancel()
+	_ = pg.CancelRequest(ctx)
+}
+
+// badConn is an error of a connection whose answer was not read to its
+// end: it matches driver.ErrBadConn, so that database/sql closes the
+// connection, and reads as its cause.
+type badConn struct{ err error }
+
+func (e *badConn) Error() string   { return e.err.Error() }
+func (e *badConn) Unwrap() []error { return []error{driver.ErrBadConn, e.err} }
+
+// readAnswer reads pg's messages up to ReadyForQuery into res. An error of
+// the connection (ctx ended, the server went away) is returned wrapping
+// driver.ErrBadConn, so that database/sql closes the connection: the rest
+// of the answer is still on its way.
+func readAnswer(ctx context.Context, pg *pgconn.PgConn, res *simpleResult) error {
+	var serverErr error
+	cancelled := false
+	for {
+		msg, err := pg.ReceiveMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				cancelStatement(pg)
+			}
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) {
+				err = pgErr // a FATAL error: the server's answer
+			}
+			return &badConn{err}
+		}
+		switch m := msg.(type) {
+		case *pgproto3.RowDescription:
+			res.rows = nil // a later statement's rows
+		case *pgproto3.DataRow:
+			row := make([]string, len(m.Values))
+			for i, v := range m.Values {
+				row[i] = string(v) // copied: the message's buffer is reused
+			}
+			res.rows = append(res.rows, row)
+		case *pgproto3.CommandComplete:
+			res.tag = pgconn.NewCommandTag(string(m.CommandTag))
+		case *pgproto3.ErrorResponse:
+			if serverErr == nil {
+				serverErr = pgconn.ErrorResponseToPgError(m)
+			}
+		case *pgproto3.NoticeResponse:
+			cancelled = cancelled || syncRepWarned(m)
+		case *pgproto3.ReadyForQuery:
+			switch {
+			case serverErr != nil:
+				return serverErr
+			case cancelled:
+				return backend.ErrReplicationCancelled
+			}
+			return nil
+		}
+	}
+}
+
+// CommitOn sends query, which ends the fenced transaction with COMMIT, on
+// conn, and returns an error wrapping backend.ErrReplicationCancelled when
+// the server committed locally but cut short its wait for the synchronous
+// standbys (see syncRepWarned).
+func (b *Backend) CommitOn(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string) error {
+	_, err := simpleQuery(ctx, db, conn, query, false)
+	if errors.Is(err, errNotPgx) {
+		return b.Common.CommitOn(ctx, db, conn, query)
+	}
+	return err
+}
+
+// HeartbeatBatch runs heartbeatBatchSQL. On a pool of pgx connections it
+// is sent as a simple query with the leases written in as literals, so
+// that a heartbeat whose wait for the synchronous standbys was cut short
+// is an error (backend.ErrReplicationCancelled), not a renewal.
+func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]bool, error) {
+	targets := make([]string, len(leases))
+	tokens := make([]string, len(leases))
+	for i, l := range leases {
+		targets[i] = l.TargetID
+		tokens[i] = l.Token.String()
+	}
+	if sqlDB, ok := db.Statement.ConnPool.(*sql.DB); ok {
+		renewed, err := b.heartbeatSimple(ctx, db, sqlDB, leases, targets, tokens)
+		if !errors.Is(err, errNotPgx) {
+			return renewed, err
+		}
+	}
+	rows, err := backend.Query(ctx, db, b.heartbeatSQL, array(targets), array(tokens))
+	if err != nil {
+		return nil, err
+	}
+	return backend.ScanRenewed(rows, leases)
+}
+
+// heartbeatSimple is HeartbeatBatch as a simple query on a connection of
+// sqlDB.
+func (b *Backend) heartbeatSimple(ctx context.Context, db *gorm.DB, sqlDB *sql.DB, leases []backend.Lease,
+	targets, tokens []string,
+) (map[backend.Lease]bool, error) {
+	conn, err := sqlDB.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	query := strings.NewReplacer("$1", literal(array(targets)), "$2", literal(array(tokens))).Replace(b.heartbeatSQL)
+	res, err := simpleQuery(ctx, db, conn, query, true)
+	if err != nil {
+		return nil, err
+	}
+	byKey := make(map[[2]string]backend.Lease, len(leases))
+	for _, l := range leases {
+		byKey[[2]string{l.TargetID, l.Token.String()}] = l
+	}
+	renewed := make(map[backend.Lease]bool, len(res.rows))
+	for _, row := range res.rows {
+		if len(row) != 2 {
+			return nil, fmt.Errorf("heartbeat: %d columns returned, want 2", len(row))
+		}
+		if l, ok := byKey[[2]string{row[0], row[1]}]; ok {
+			renewed[l] = true
+		}
+	}
+	return renewed, nil
+}
+
+// ReadSaved reads the generation that targetID's row last saved under a
+// row lock (SELECT ... FOR UPDATE) in a transaction of its own, whose
+// COMMIT, since the lock wrote to the row, waits for the synchronous
+// standbys as every write does. So what it reports is on the standbys too:
+// a save that only an isolated primary holds (committed locally after its
+// wait was cut short) makes the read fail, never confirm it. It waits for
+// the lock while the fenced transaction still holds it.
+func (b *Backend) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (int64, bool, error) {
+	sqlDB, ok := db.Statement.ConnPool.(*sql.DB)
+	if !ok {
+		return b.readSavedTx(ctx, db, targetID)
+	}
+	conn, err := sqlDB.Conn(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	defer conn.Close()
+	res, err := simpleQuery(ctx, db, conn, "BEGIN ISOLATION LEVEL READ COMMITTED; "+
+		strings.ReplaceAll(b.readSavedSQL, "$1", literal(targetID))+"; COMMIT", true)
+	switch {
+	case errors.Is(err, errNotPgx):
+		return b.readSavedTx(ctx, db, targetID)
+	case err != nil:
+		return 0, false, err
+	case len(res.rows) == 0:
+		return 0, false, nil
+	}
+	saved, err := strconv.ParseInt(res.rows[0][0], 10, 64)
+	return saved, true, err
+}
+
+// readSavedTx is ReadSaved through database/sql: the COMMIT waits for the
+// standbys all the same, but a wait cut short by another party's cancel
+// is not seen.
+func (b *Backend) readSavedTx(ctx context.Context, db *gorm.DB, targetID string) (int64, bool, error) {
+	var saved int64
+	found := false
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var err error
+		found, err = backend.QueryRow(ctx, tx, b.readSavedSQL, []any{targetID}, &saved)
+		return err
+	}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err == nil && ctx.Err() != nil {
+		err = fmt.Errorf("%w: %w", backend.ErrReplicationCancelled, ctx.Err())
+	}
+	return saved, found, err
+}

@@ -1,0 +1,403 @@
+package gormlease_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// Patroni tests run on the process's Patroni cluster (testdb.SharedPatroni):
+// three members in synchronous mode and a one-node etcd, with no watchdog.
+// Each test fails the cluster over in one way, checks what the Runs
+// returned against what the new primary holds, and heals the cluster
+// before it ends. They do not run in parallel: they share the cluster.
+
+// patroniOptions are the settings of issue 18's reproduction: heartbeats
+// every 200 ms, a lease timeout of 2 s (a trust window of 1.8 s) and an
+// operation timeout of 3 s.
+func patroniOptions() []gormlease.Option {
+	return []gormlease.Option{
+		gormlease.WithHeartbeatInterval(200 * time.Millisecond),
+		gormlease.WithLeaseTimeout(2 * time.Second),
+		gormlease.WithOperationTimeout(3 * time.Second),
+	}
+}
+
+// stormOutcome is what one Run of a storm returned.
+type stormOutcome struct {
+	target     string
+	generation int64 // 0 when the work never ran
+	err        error
+	began      time.Time // when Run was called
+}
+
+// storm runs Runs on new targets from many goroutines until stopped: each
+// Run's work takes 50 to 1,000 ms (so that heartbeats renew it), and its
+// saver holds the fenced transaction open 0 to 100 ms after its insert (so
+// that some Runs are in their commit at any moment).
+type storm struct {
+	r     *gormlease.Runner[string]
+	saves saves
+
+	mu       sync.Mutex
+	outcomes []stormOutcome
+	saved    atomic.Int64
+}
+
+// run runs workers goroutines until stop is closed, and returns once every
+// Run has returned.
+func (s *storm) run(t *testing.T, workers int, stop <-chan struct{}) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				target := newTarget(t)
+				began := time.Now()
+				var gen int64
+				_, err := s.r.Run(ctx, target, func(ctx context.Context) (string, error) {
+					l, _ := gormlease.LeaseFromContext(ctx)
+					gen = l.Generation
+					select {
+					case <-time.After(time.Duration(50+rand.IntN(950)) * time.Millisecond):
+						return "result", nil
+					case <-ctx.Done():
+						return "", context.Cause(ctx)
+					}
+				}, func(tx *gorm.DB, v string) error {
+					if err := s.saves.save(tx, v); err != nil {
+						return err
+					}
+					time.Sleep(time.Duration(rand.IntN(100)) * time.Millisecond)
+					return nil
+				})
+				if err == nil {
+					s.saved.Add(1)
+				}
+				s.mu.Lock()
+				s.outcomes = append(s.outcomes, stormOutcome{target, gen, err, began})
+				s.mu.Unlock()
+				if err != nil {
+					time.Sleep(100 * time.Millisecond) // the cluster is away: do not spin
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// quoted matches the quoted targets in errors' messages, which the log of
+// the kinds of errors leaves out.
+var quoted = regexp.MustCompile(`"[^"]*"`)
+
+// check checks the storm's outcomes against the saves that db, a pool on
+// the new primary, holds: no target saved twice, every Run that returned
+// nil saved on the new primary, no Run that returned another error than
+// ErrCommitUnknown saved, and every error a library error. It returns the
+// count of each kind of outcome, for the log.
+func (s *storm) check(t *testing.T, db *gorm.DB) map[string]int {
+	t.Helper()
+	all := s.saves.byTargetOn(t, db)
+	kinds := map[string]int{}
+	for _, o := range s.outcomes {
+		switch {
+		case o.err == nil:
+			kinds["saved"]++
+			assert.Equal(t, []int64{o.generation}, all[o.target],
+				"%s: Run returned nil, but the new primary does not hold its one save", o.target)
+		case errors.Is(o.err, gormlease.ErrCommitUnknown):
+			kinds["commit unknown"]++
+			assert.LessOrEqual(t, len(all[o.target]), 1, "%s: saves", o.target)
+		default:
+			kinds[quoted.ReplaceAllString(errKind(o.err), "")]++
+			assert.Empty(t, all[o.target], "%s: saved, though Run returned %v", o.target, o.err)
+		}
+		if o.err != nil {
+			assert.True(t, libraryError(o.err), "%s: not a library error: %v", o.target, o.err)
+		}
+	}
+	for target, gens := range all {
+		assert.Len(t, gens, 1, "%s: saved twice", target)
+	}
+	return kinds
+}
+
+// stormFailover runs a storm of 50 Runs through the cluster's multi-host
+// DSN, which lists the leader first, fails the leader with fault once the Runs have saved results, waits
+// for a new leader, lets the storm go on for a few seconds more, heals the
+// cluster and checks the outcomes on the new primary.
+func stormFailover(t *testing.T, opts []gormlease.Option,
+	fault func(t *testing.T, c *testdb.Patroni, leader *testdb.PatroniMember),
+) *storm {
+	c := testdb.SharedPatroni(t)
+	old := c.Leader()
+	require.NotNil(t, old, "no leader")
+	db := c.Open(t, old)
+	sv := newSaves(t, db)
+	s := &storm{r: newRunner(t, db, opts...), saves: sv}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() { defer close(stopped); s.run(t, 50, stop) }()
+	healed := false
+	defer func() {
+		if !healed {
+			close(stop)
+			<-stopped
+			c.Heal(t)
+		}
+	}()
+	waitFor(t, 30*time.Second, "the storm to save results", func() bool { return s.saved.Load() >= 50 })
+
+	before := s.saved.Load()
+	start := time.Now()
+	fault(t, c, old)
+	leader := c.WaitLeader(t, old, 30*time.Second)
+	seen := time.Now()
+	failover := seen.Sub(start)
+	time.Sleep(3 * time.Second) // Runs go on after the failover: it takes a moment to see their effect
+	close(stop)
+	<-stopped
+	healStart := time.Now()
+	c.Heal(t)
+	healed = true
+	heal := time.Since(healStart)
+
+	now := c.Leader() // the primary after the heal, which may be another
+	require.NotNil(t, now, "no leader after the heal")
+	kinds := s.check(t, now.Open(t))
+	// Recovery: the first Run begun after the new leader was seen that
+	// saved, counted from the fault.
+	recovery := "none before the cluster was healed"
+	var first time.Duration
+	for _, o := range s.outcomes {
+		if d := o.began.Sub(start); o.err == nil && o.began.After(seen) && (first == 0 || d < first) {
+			first = d
+		}
+	}
+	if first > 0 {
+		recovery = first.Round(time.Millisecond).String() + " after the fault"
+	}
+	t.Logf("failover from %s to %s in %v; first saving Run begun after it: %s; healed in %v; "+
+		"%d Runs (%d saved before the fault): %v", old.Name(), leader.Name(), failover.Round(time.Millisecond),
+		recovery, heal.Round(time.Millisecond), len(s.outcomes), before, kinds)
+	return s
+}
+
+// TestPatroni_KillPostmaster kills the leader's postmaster with SIGKILL
+// while 50 Runs work, commit and heartbeat through the multi-host DSN:
+// Patroni (primary_start_timeout 0) promotes the synchronous standby. No
+// target is saved twice, every Run that returned nil has its save on the
+// new primary, and every other Run returned a library error.
+func TestPatroni_KillPostmaster(t *testing.T) {
+	stormFailover(t, patroniOptions(), func(t *testing.T, _ *testdb.Patroni, leader *testdb.PatroniMember) {
+		leader.KillPostmaster(t)
+	})
+}
+
+// TestPatroni_KillPatroni kills the leader's Patroni with SIGKILL while 50
+// Runs work, commit and heartbeat through the multi-host DSN. Its
+// PostgreSQL stays up and read-write, first in the DSN, until the test
+// heals the cluster (Patroni then rewinds it and makes it a replica): its
+// commits wait for a synchronous standby that has been promoted, and those
+// that the client gives up on commit there locally. No Run may return nil
+// for a save that the new primary lacks.
+func TestPatroni_KillPatroni(t *testing.T) {
+	var killed *testdb.PatroniMember
+	stormFailover(t, patroniOptions(), func(t *testing.T, _ *testdb.Patroni, leader *testdb.PatroniMember) {
+		killed = leader
+		leader.KillPatroni(t)
+	})
+	t.Logf("the old primary's log: %d waits for synchronous replication cancelled, %d pg_rewind runs",
+		strings.Count(killed.Log(), "canceling wait for synchronous replication"), strings.Count(killed.Log(), "pg_rewind"))
+}
+
+// TestPatroni_StoppedPatroni stops the leader's Patroni with SIGSTOP, as a
+// hung process, while Runs of a Runner connected to that primary alone hold
+// leases: its PostgreSQL stays up and read-write, and etcd's leader key
+// expires, so that the synchronous standby takes over; the old primary's
+// commits from then on wait for a standby that has moved on.
+//   - Holders whose work outlasts the failover self-fence within their
+//     trust window: no heartbeat that only the old primary kept counts.
+//   - Runs that commit after the failover never return nil for a save that
+//     the new primary lacks.
+//   - A Runner on the new primary takes each holder's target over, after
+//     that holder fenced itself and only then.
+func TestPatroni_StoppedPatroni(t *testing.T) {
+	c := testdb.SharedPatroni(t)
+	old := c.Leader()
+	require.NotNil(t, old, "no leader")
+	oldDB := old.Open(t)
+	sv := newSaves(t, oldDB)
+	// A safety margin of 1 s: the takeover on the new primary comes at
+	// least that long after the holder's fence, which leaves the test room
+	// to see the fence first on a loaded machine.
+	const leaseTimeout, margin = 3 * time.Second, time.Second
+	opts := []gormlease.Option{gormlease.WithHeartbeatInterval(200 * time.Millisecond),
+		gormlease.WithLeaseTimeout(leaseTimeout), gormlease.WithSafetyMargin(margin),
+		gormlease.WithOperationTimeout(3 * time.Second)}
+	trust := leaseTimeout - margin
+	rOld := newRunner(t, oldDB, opts...)
+	ctx := context.Background()
+	healed := false
+	defer func() {
+		if !healed {
+			c.Heal(t)
+		}
+	}()
+
+	const n = 5
+	type holder struct {
+		target string
+		fenced atomic.Int64 // unix nanoseconds at which the work saw its context end
+		done   <-chan runResult[string]
+	}
+	holders := make([]*holder, n)
+	started := make(chan struct{}, 2*n)
+	for i := range holders {
+		h := &holder{target: newTarget(t)}
+		h.done = goRun(ctx, rOld, h.target, func(ctx context.Context) (string, error) {
+			context.AfterFunc(ctx, func() { h.fenced.Store(time.Now().UnixNano()) })
+			started <- struct{}{}
+			<-ctx.Done()
+			return "", context.Cause(ctx)
+		}, sv.save)
+		holders[i] = h
+	}
+	commitNow := make(chan struct{})
+	committers := map[string]<-chan runResult[string]{}
+	for range n {
+		target := newTarget(t)
+		committers[target] = goRun(ctx, rOld, target, func(ctx context.Context) (string, error) {
+			started <- struct{}{}
+			select {
+			case <-commitNow:
+				return "after the failover", nil
+			case <-ctx.Done():
+				return "", context.Cause(ctx)
+			}
+		}, sv.save)
+	}
+	for range 2 * n {
+		recv(t, started, 10*time.Second, "the Runs to start")
+	}
+
+	stopped := time.Now()
+	old.StopPatroni(t)
+	leader := c.WaitLeader(t, old, 30*time.Second)
+	promoted := time.Now()
+	newDB := leader.Open(t)
+	// Patroni reports the new leader a moment before its promotion ends;
+	// until then its standby may still receive the old primary's commits.
+	waitFor(t, 10*time.Second, "the new primary to accept writes", func() bool {
+		var inRecovery bool
+		return newDB.Raw("SELECT pg_is_in_recovery()").Scan(&inRecovery).Error == nil && !inRecovery
+	})
+	close(commitNow)
+	rNew := newRunner(t, newDB, opts...)
+
+	// The takers: each tries its holder's target on the new primary until
+	// it gets it.
+	var wg sync.WaitGroup
+	taken := make([]time.Time, n)
+	for i, h := range holders {
+		wg.Go(func() {
+			deadline := time.Now().Add(30 * time.Second)
+			for time.Now().Before(deadline) {
+				_, err := rNew.Run(ctx, h.target, func(context.Context) (string, error) {
+					taken[i] = time.Now()
+					return "taken over", nil
+				}, sv.save)
+				if err == nil {
+					return
+				}
+				// Held, until the holder's timeout; or refused while the
+				// new primary finishes its promotion.
+				assert.True(t, libraryError(err), "%s: taker: %v", h.target, err)
+				time.Sleep(20 * time.Millisecond)
+			}
+			t.Errorf("%s: not taken over on the new primary within 30 s", h.target)
+		})
+	}
+	wg.Wait()
+	for i, h := range holders {
+		res := recv(t, h.done, 20*time.Second, "the holders")
+		assert.ErrorIs(t, res.err, gormlease.ErrLeaseLost, "%s: holder", h.target)
+		fenced := time.Unix(0, h.fenced.Load())
+		require.False(t, taken[i].IsZero(), "%s: never taken over", h.target)
+		assert.True(t, taken[i].After(fenced), "%s: taken over on the new primary %v before its holder fenced itself",
+			h.target, fenced.Sub(taken[i]))
+		// The last heartbeat that the standby confirmed was sent before it
+		// was promoted: the fence comes within the trust window of that,
+		// and 2 s more for a loaded machine.
+		assert.Less(t, fenced.Sub(promoted), trust+2*time.Second, "%s: fenced late", h.target)
+		t.Logf("%s: fenced %v after the promotion was seen, taken over %v after the fence", h.target,
+			fenced.Sub(promoted).Round(time.Millisecond), taken[i].Sub(fenced).Round(time.Millisecond))
+	}
+	outcomes := map[string]error{}
+	for target, ch := range committers {
+		outcomes[target] = recv(t, ch, 20*time.Second, "the committers").err
+	}
+
+	old.Continue(t)
+	c.Heal(t)
+	healed = true
+	// The saves are read from the primary after the heal: under load,
+	// Patroni has once failed the cluster over a second time meanwhile.
+	now := c.Leader()
+	require.NotNil(t, now, "no leader after the heal")
+	if now != leader {
+		t.Logf("the leader changed again while the cluster healed: %s, then %s", leader.Name(), now.Name())
+	}
+	saves := sv.byTargetOn(t, now.Open(t))
+	for target, err := range outcomes {
+		if err == nil {
+			assert.Len(t, saves[target], 1, "%s: Run returned nil, but the new primary does not hold its save", target)
+		} else {
+			assert.True(t, libraryError(err), "%s: not a library error: %v", target, err)
+			assert.LessOrEqual(t, len(saves[target]), 1, "%s: saves", target)
+		}
+		t.Logf("committer after the failover: %v", err)
+	}
+	for _, h := range holders {
+		assert.Len(t, saves[h.target], 1, "%s: the taker's save", h.target)
+	}
+	t.Logf("Patroni stopped; new leader %s seen %v later", leader.Name(), promoted.Sub(stopped).Round(time.Millisecond))
+}
+
+// TestPatroni_Switchover runs a storm of 50 Runs through the multi-host
+// DSN while patronictl hands the leadership to the synchronous standby: a
+// planned switchover. Its lease timeout (6 s) outlasts the switchover, as
+// docs/scaling.md advises, so no Run at work loses its lease. No target is
+// saved twice, every Run that returned nil has its save on the new
+// primary, and the only errors are the library's: acquires that found no
+// server accepting writes (nothing ran) and commits whose transaction the
+// old primary's shutdown ended (nothing saved).
+func TestPatroni_Switchover(t *testing.T) {
+	s := stormFailover(t, []gormlease.Option{gormlease.WithHeartbeatInterval(200 * time.Millisecond),
+		gormlease.WithLeaseTimeout(6 * time.Second), gormlease.WithOperationTimeout(3 * time.Second)},
+		func(t *testing.T, c *testdb.Patroni, leader *testdb.PatroniMember) {
+			c.Switchover(t, leader, c.SyncStandby())
+		})
+	// No Run lost its lease: the heartbeats of the Runs at work carried
+	// over to the new primary within the trust window.
+	for _, o := range s.outcomes {
+		assert.NotErrorIs(t, o.err, gormlease.ErrLeaseLost, "%s", o.target)
+	}
+}
