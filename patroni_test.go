@@ -355,17 +355,17 @@ func TestPatroni_StoppedPatroni(t *testing.T) {
 		outcomes[target] = recv(t, ch, 20*time.Second, "the committers").err
 	}
 
+	// The saves are read from the new primary, the one that the Runs'
+	// outcomes are judged against, before the heal: under load, Patroni
+	// has failed the cluster over a second time while it healed, which
+	// is another failover than this test's.
+	saves := sv.byTargetOn(t, newDB)
 	old.Continue(t)
 	c.Heal(t)
 	healed = true
-	// The saves are read from the primary after the heal: under load,
-	// Patroni has once failed the cluster over a second time meanwhile.
-	now := c.Leader()
-	require.NotNil(t, now, "no leader after the heal")
-	if now != leader {
+	if now := c.Leader(); now != leader && now != nil {
 		t.Logf("the leader changed again while the cluster healed: %s, then %s", leader.Name(), now.Name())
 	}
-	saves := sv.byTargetOn(t, now.Open(t))
 	for target, err := range outcomes {
 		if err == nil {
 			assert.Len(t, saves[target], 1, "%s: Run returned nil, but the new primary does not hold its save", target)
