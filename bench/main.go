@@ -66,7 +66,7 @@ func main() {
 	flag.DurationVar(&o.hbWindow, "hb-window", 4*time.Second, "measuring window of the heartbeat scenario")
 	flag.IntVar(&o.rounds, "rounds", 15, "slices of each lock and job point; ratios are the median of the slices' ratios")
 	flag.IntVar(&o.maxOps, "max-ops", 200000, "bound on operations per point")
-	flag.StringVar(&o.sections, "sections", "lock,heartbeat,saturation,wait", "sections to run, comma-separated: -sections wait runs only the waiting section (about 2 minutes; with -wait-samples 16, 20 s)")
+	flag.StringVar(&o.sections, "sections", "inflight,candidates,lock,heartbeat,saturation,wait", "sections to run, comma-separated (inflight, candidates, lock, heartbeat, saturation, wait): -sections inflight runs only the jobs-in-flight headline (about 4 minutes); -sections wait runs only the waiting section (about 2 minutes; with -wait-samples 16, 20 s)")
 	flag.IntVar(&o.waitSamples, "wait-samples", 160, "wake-up latency samples of the waiting section, with notifications and with polling each")
 	flag.IntVar(&o.waitChild, "wait-child", -1, "run as child process `n` of the waiting section (internal)")
 	flag.StringVar(&o.waitTargets, "wait-targets", "", "targets of a child process of the waiting section (internal)")
@@ -133,6 +133,8 @@ func run(o options) error {
 		name string
 		run  func(context.Context) error
 	}{
+		{"inflight", b.inflightScenarios},
+		{"candidates", b.candidateScenarios},
 		{"lock", b.lockScenarios},
 		{"heartbeat", b.heartbeatScenarios},
 		{"saturation", b.saturationScenarios},
@@ -241,9 +243,13 @@ type bench struct {
 	sat          []satResult
 	checks       []string
 	// wake, fan and spreadR are the waiting section's results.
-	wake    []wakeResult
-	fan     *fanResult
-	spreadR *spreadResult
+	// cands are the candidates section's results.
+	cands []candidateResult
+	// inflight are the in-flight section's results.
+	inflight []inflightResult
+	wake     []wakeResult
+	fan      *fanResult
+	spreadR  *spreadResult
 }
 
 func (b *bench) add(r result) {

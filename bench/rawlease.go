@@ -16,28 +16,34 @@ import (
 // keeps them in step with its own.
 const (
 	rawAcquire = `
-INSERT INTO raw_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
-SELECT CAST($1 AS varchar), CAST($2 AS uuid),
-	GREATEST((SELECT generation FROM raw_lease WHERE target_id = $1),
-	         (SELECT generation FROM raw_lease_floor WHERE id = 1), 0) + 1,
-	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
-WHERE NOT EXISTS (
-	SELECT 1 FROM raw_lease
-	WHERE target_id = $1 AND released_at IS NULL
-	  AND updated_at >= clock_timestamp() - COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
-ON CONFLICT (target_id) DO UPDATE SET
-	lease_token = excluded.lease_token,
-	generation  = l.generation + 1,
-	holder      = excluded.holder,
-	updated_at  = excluded.updated_at,
-	released_at = NULL,
-	failure     = NULL,
-	waiting     = false,
-	timeout_ms  = excluded.timeout_ms
-WHERE (l.released_at IS NOT NULL
-    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
-  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
-RETURNING l.generation`
+WITH taken AS (
+	UPDATE raw_lease AS l SET
+		lease_token = CAST($2 AS uuid),
+		generation  = l.generation + 1,
+		holder      = CAST($3 AS varchar),
+		updated_at  = clock_timestamp(),
+		released_at = NULL,
+		failure     = NULL,
+		waiting     = false,
+		timeout_ms  = CAST($6 AS bigint)
+	WHERE l.target_id = CAST($1 AS varchar)
+	  AND (l.released_at IS NOT NULL
+	    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+	  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
+	RETURNING l.generation
+), made AS (
+	INSERT INTO raw_lease (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+	SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+		COALESCE(cur.generation, (SELECT generation FROM raw_lease_floor WHERE id = 1), 0) + 1,
+		CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
+	FROM (VALUES (1)) AS one (x) LEFT JOIN raw_lease AS cur ON cur.target_id = CAST($1 AS varchar)
+	WHERE NOT EXISTS (SELECT 1 FROM taken)
+	  AND (cur.target_id IS NULL OR cur.released_at IS NOT NULL
+	    OR cur.updated_at < clock_timestamp() - COALESCE(cur.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+	ON CONFLICT (target_id) DO NOTHING
+	RETURNING generation
+)
+SELECT generation FROM taken UNION ALL SELECT generation FROM made`
 	rawRelease     = `UPDATE raw_lease SET released_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
 	rawSaveRelease = `UPDATE raw_lease SET released_at = clock_timestamp(), saved_generation = generation, saved_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
 	rawTable       = `CREATE TABLE raw_lease (LIKE job_lease INCLUDING ALL) WITH (fillfactor = 80)`

@@ -193,7 +193,8 @@ func report(b *bench, elapsed time.Duration) string {
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), version, elapsed.Round(time.Second))
 	p("Each lock and job point ran every implementation for %v in %d slices, taking turns slice by slice, each slice on a fresh pool that first ran %v uncounted (to prepare its statements and warm its backends) once the last slice's backends had exited, so that neighbours in time share the load of the machine; ops/s, latencies and CPU are those of the median slice, and a ratio is the median of the slices' ratios. Statements and WAL come from one more %v point per implementation, counted from its first operation, with WAL read once its connections had closed. ", b.o.duration, b.o.rounds, b.o.warmup, b.o.walDuration)
 	p("Every figure below comes from that one run against one PostgreSQL server, which other processes shared; compare the ratios, not the absolute numbers.\n\n")
-	p("## Goals\n\n| measure | goal | measured | met |\n|---|---|---|---|\n")
+	b.inflightReport(p)
+	p("\n## Goals\n\n| measure | goal | measured | met |\n|---|---|---|---|\n")
 	for _, t := range b.goals() {
 		mark := "yes"
 		switch {
@@ -229,6 +230,7 @@ func report(b *bench, elapsed time.Duration) string {
 	table("Acquire + release", "acquire+release", []int{1, 8, 32})
 	table("32 workers contending on one target (attempts; each holder sleeps 200 µs)", contendedScenario, []int{32})
 	table("Full job: acquire, fenced commit of a one-row saver, release", "full job", []int{1, 8})
+	b.candidatesReport(p)
 
 	p("\n## Holding many leases at once (heartbeat every %v, lease timeout %v)\n\n", hbInterval, hbTimeout)
 	p("| implementation | leases held | heartbeat statements/s | all statements/s | renewals/s | missed | oldest heartbeat | client CPU (%% of a core) | connections in use (mean) | samples with a connection in use | lost | notes |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")

@@ -194,48 +194,62 @@ func migrationCollision(err error) bool {
 	return false
 }
 
-// AcquireSQL takes the lease in one statement. The NOT EXISTS guard
-// reads the row without locking it: when the lease is live, nothing is
-// inserted or locked, so a refused acquire writes nothing. Otherwise the
-// insert goes ahead, and on a conflict the ON CONFLICT ... WHERE re-checks
-// the latest row under its lock before taking it over. Both judge the row by
-// the timeout its holder recorded (timeout_ms), so that a caller with a
-// shorter timeout never takes over a lease that its holder still trusts; a
-// row without one (written before the column existed) by the caller's. Its
-// arguments are the target, the token, the holder, the timeout in microseconds, the
-// generation to take over from (see backend.AcquireArgs) and the timeout in
-// milliseconds; the casts give each the one type that all its uses agree on.
-// The timeout is an integer times interval '1 microsecond', not
-// make_interval, which CockroachDB lacks (see docs/scaling.md).
+// AcquireSQL takes the lease in one statement, in two parts on one
+// snapshot. The first, taken, is a plain UPDATE of the target's row where
+// that row is released or expired: it locks and rewrites the row in place
+// (a HOT update), with no speculative insert and no separate row lock, and
+// an UPDATE whose WHERE fails, or fails again on the latest row after
+// waiting for its lock, locks and writes nothing. The second, made, inserts
+// the row only when taken took nothing and the snapshot shows no live row:
+// a target without a row, or one whose row a concurrent acquire took or a
+// Prune deleted while the statement ran; its ON CONFLICT DO NOTHING refuses,
+// writing nothing, when another acquire's row is there by then. Both judge
+// the row by the timeout its holder recorded (timeout_ms), so that a caller
+// with a shorter timeout never takes over a lease that its holder still
+// trusts; a row without one (written before the column existed) by the
+// caller's. Its arguments are the target, the token, the holder, the timeout
+// in microseconds, the generation to take over from (see
+// backend.AcquireArgs) and the timeout in milliseconds; the casts give each
+// the one type that all its uses agree on. The timeout is an integer times
+// interval '1 microsecond', not make_interval, which CockroachDB lacks (see
+// docs/scaling.md).
 //
-// A target without a row starts above the generation floor, the highest
-// generation that Prune ever deleted, and above the row that the
-// statement's snapshot shows: a Prune that deletes the row while the
-// statement runs has not committed its raise of the floor yet (see
-// Common.PruneBatch).
+// A new row starts above the row that the snapshot shows, when it shows one
+// (a Prune that deletes it while the statement runs has not committed its
+// raise of the floor yet, see Common.PruneBatch), and otherwise above the
+// generation floor, the highest generation that Prune ever deleted: COALESCE
+// reads the floor only for a target without a row, and a row's generation is
+// the highest its target ever had. docs/performance.md measures this shape
+// against the INSERT ... ON CONFLICT DO UPDATE of earlier versions.
 const AcquireSQL = `
-INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
-SELECT CAST($1 AS varchar), CAST($2 AS uuid),
-	GREATEST((SELECT generation FROM job_lease WHERE target_id = $1),
-	         (SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1,
-	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
-WHERE NOT EXISTS (
-	SELECT 1 FROM job_lease
-	WHERE target_id = $1 AND released_at IS NULL
-	  AND updated_at >= clock_timestamp() - COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
-ON CONFLICT (target_id) DO UPDATE SET
-	lease_token = excluded.lease_token,
-	generation  = l.generation + 1,
-	holder      = excluded.holder,
-	updated_at  = excluded.updated_at,
-	released_at = NULL,
-	failure     = NULL,
-	waiting     = false,
-	timeout_ms  = excluded.timeout_ms
-WHERE (l.released_at IS NOT NULL
-    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
-  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
-RETURNING l.generation`
+WITH taken AS (
+	UPDATE job_lease AS l SET
+		lease_token = CAST($2 AS uuid),
+		generation  = l.generation + 1,
+		holder      = CAST($3 AS varchar),
+		updated_at  = clock_timestamp(),
+		released_at = NULL,
+		failure     = NULL,
+		waiting     = false,
+		timeout_ms  = CAST($6 AS bigint)
+	WHERE l.target_id = CAST($1 AS varchar)
+	  AND (l.released_at IS NOT NULL
+	    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+	  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
+	RETURNING l.generation
+), made AS (
+	INSERT INTO job_lease (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+	SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+		COALESCE(cur.generation, (SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1,
+		CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
+	FROM (VALUES (1)) AS one (x) LEFT JOIN job_lease AS cur ON cur.target_id = CAST($1 AS varchar)
+	WHERE NOT EXISTS (SELECT 1 FROM taken)
+	  AND (cur.target_id IS NULL OR cur.released_at IS NOT NULL
+	    OR cur.updated_at < clock_timestamp() - COALESCE(cur.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+	ON CONFLICT (target_id) DO NOTHING
+	RETURNING generation
+)
+SELECT generation FROM taken UNION ALL SELECT generation FROM made`
 
 // Acquire runs acquireSQL.
 func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {
