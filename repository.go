@@ -237,18 +237,16 @@ func (r *Repository) heartbeatMany(ctx context.Context, leases []backend.Lease) 
 	for len(leases) > 0 {
 		chunk := leases[:min(len(leases), backend.MaxBatch)]
 		leases = leases[len(chunk):]
-		var renewed map[backend.Lease]bool
+		var gone map[backend.Lease]bool
 		err := r.retry(ctx, func(ctx context.Context) (err error) {
-			renewed, err = r.backend.HeartbeatBatch(ctx, r.db, chunk)
+			gone, err = r.backend.HeartbeatBatch(ctx, r.db, chunk)
 			return err
 		})
 		if err != nil {
 			return nil, wrapf(err, "heartbeat %d leases", len(chunk))
 		}
-		for _, l := range chunk {
-			if !renewed[l] {
-				lost[l] = true
-			}
+		for l := range gone {
+			lost[l] = true
 		}
 	}
 	return lost, nil

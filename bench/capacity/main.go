@@ -394,9 +394,18 @@ func hold(ctx context.Context, db, admin *gorm.DB, o options, n int) (heldPoint,
 	)
 	start := time.Now()
 	prefix := fmt.Sprintf("held/%d/", n)
+	// At most half the pool's connections acquire at once, so that the
+	// heartbeats of the leases already held find a connection while the
+	// rest are acquired, as in a process whose jobs start over time.
+	acquiring := make(chan struct{}, max(1, o.pool/2))
 	for i := range n {
+		acquiring <- struct{}{}
 		wg.Go(func() {
+			var once sync.Once
+			free := func() { once.Do(func() { <-acquiring }) }
+			defer free()
 			_, err := runner.Run(ctx, fmt.Sprintf("%s%06d", prefix, i), func(ctx context.Context) (int, error) {
+				free()
 				held.Add(1)
 				select {
 				case <-stop:
@@ -442,11 +451,11 @@ func hold(ctx context.Context, db, admin *gorm.DB, o options, n int) (heldPoint,
 FROM ` + schema + `.job_lease WHERE released_at IS NULL AND target_id LIKE '` + prefix + `%'`
 	limit := allHeld.Add(time.Duration(o.rounds+2) * o.interval)
 	cpu0 := cpuTime()
+	stopProfile := func() {}
 	if o.profile != "" {
 		if f, err := os.Create(o.profile); err == nil {
 			if pprof.StartCPUProfile(f) == nil {
-				defer f.Close()
-				defer pprof.StopCPUProfile()
+				stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
 			}
 		}
 	}
@@ -459,6 +468,7 @@ FROM ` + schema + `.job_lease WHERE released_at IS NULL AND target_id LIKE '` + 
 	}
 	window := time.Since(allHeld)
 	p.cpu = (cpuTime() - cpu0).Seconds() / window.Seconds()
+	stopProfile()
 	rounds := obs.rounds(allHeld, o.interval)
 	p.rounds = rounds[:min(len(rounds), o.rounds)]
 	if len(p.rounds) > 1 {

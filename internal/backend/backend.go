@@ -66,9 +66,10 @@ type Backend interface {
 	// where the backend can (Capabilities.Notify).
 	UpdateOwn(ctx context.Context, db *gorm.DB, op Own, l Lease, args ...any) (int64, error)
 	// HeartbeatBatch renews leases (at most MaxBatch) as UpdateOwn(Renew)
-	// does each, and returns those it renewed. Only with
-	// Capabilities.BatchHeartbeat.
-	HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (renewed map[Lease]bool, err error)
+	// does each, and returns those it did not renew: taken over or
+	// released. It returns an empty map when it renewed them all. Only
+	// with Capabilities.BatchHeartbeat.
+	HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (lost map[Lease]bool, err error)
 	// Get reads targetID's row; found is false when there is none. It
 	// sees every write that the database committed before it began, also
 	// on a node of a cluster that applies other nodes' writes late.

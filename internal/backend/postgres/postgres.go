@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 
@@ -267,26 +268,71 @@ func timeoutMicros(d time.Duration) int64 {
 
 // heartbeatBatchSQL renews many leases in one statement. The leases
 // travel as two array literals, so that the statement's text, and its
-// prepared plan, is the same whatever their number.
+// prepared plan, is the same whatever their number. It returns the
+// positions in them (from 1) of the leases it did not renew, and so, as a
+// rule, nothing: the client reads no row for a lease renewed.
 const heartbeatBatchSQL = `
-UPDATE job_lease AS l SET updated_at = clock_timestamp()
-FROM unnest(CAST($1 AS text[]), CAST($2 AS uuid[])) AS b(target_id, lease_token)
-WHERE l.target_id = b.target_id AND l.lease_token = b.lease_token AND l.released_at IS NULL
-RETURNING l.target_id, l.lease_token`
+WITH b AS (
+	SELECT * FROM unnest(CAST($1 AS text[]), CAST($2 AS uuid[])) WITH ORDINALITY AS b(target_id, lease_token, i)
+), renewed AS (
+	UPDATE job_lease AS l SET updated_at = clock_timestamp()
+	FROM b
+	WHERE l.target_id = b.target_id AND l.lease_token = b.lease_token AND l.released_at IS NULL
+	RETURNING b.i
+)
+SELECT b.i FROM b WHERE NOT EXISTS (SELECT 1 FROM renewed WHERE renewed.i = b.i)`
 
 // HeartbeatBatch runs heartbeatBatchSQL.
 func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]bool, error) {
-	targets := make([]string, len(leases))
-	tokens := make([]string, len(leases))
+	var targets, tokens strings.Builder
+	targets.Grow(len(leases) * 40)
+	tokens.Grow(len(leases) * 37)
+	targets.WriteByte('{')
+	tokens.WriteByte('{')
+	var text [36]byte
 	for i, l := range leases {
-		targets[i] = l.TargetID
-		tokens[i] = l.Token.String()
+		if i > 0 {
+			targets.WriteByte(',')
+			tokens.WriteByte(',')
+		}
+		writeQuoted(&targets, l.TargetID, '"')
+		tokenText(&text, l.Token)
+		tokens.Write(text[:])
 	}
-	rows, err := backend.Query(ctx, db, b.heartbeatSQL, array(targets), array(tokens))
+	targets.WriteByte('}')
+	tokens.WriteByte('}')
+	rows, err := backend.Query(ctx, db, b.heartbeatSQL, targets.String(), tokens.String())
 	if err != nil {
 		return nil, err
 	}
-	return backend.ScanRenewed(rows, leases)
+	defer rows.Close()
+	lost := map[backend.Lease]bool{}
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return nil, err
+		}
+		if i < 1 || i > len(leases) {
+			return nil, fmt.Errorf("heartbeat: the database named lease %d of %d", i, len(leases))
+		}
+		lost[leases[i-1]] = true
+	}
+	return lost, rows.Err()
+}
+
+// tokenText writes token's canonical text, as uuid.UUID.String does, into
+// text, without allocating: it needs no quotes in an array literal.
+func tokenText(text *[36]byte, token uuid.UUID) {
+	const digits = "0123456789abcdef"
+	j := 0
+	for i, c := range token {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			text[j] = '-'
+			j++
+		}
+		text[j], text[j+1] = digits[c>>4], digits[c&0x0f]
+		j += 2
+	}
 }
 
 // BeginLocked begins the fenced transaction at READ COMMITTED and runs op,
@@ -391,17 +437,3 @@ func writeQuoted(b *strings.Builder, s string, quote byte) {
 	b.WriteByte(quote)
 }
 
-// array writes values as a PostgreSQL array literal, each element quoted,
-// with backslashes and double quotes escaped.
-func array(values []string) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, v := range values {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		writeQuoted(&b, v, '"')
-	}
-	b.WriteByte('}')
-	return b.String()
-}
