@@ -436,4 +436,3 @@ func writeQuoted(b *strings.Builder, s string, quote byte) {
 	}
 	b.WriteByte(quote)
 }
-
