@@ -128,8 +128,6 @@ func waitCommitted(db *gorm.DB, target string) {
 
 // waitRow polls, for up to 5 s, until target has a lease row (see
 // waitCommitted).
-func waitRow(db *gorm.DB, target string) { pollRow(db, target, "true") }
-
 func pollRow(db *gorm.DB, target, cond string) {
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
 		var n int64

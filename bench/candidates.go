@@ -111,6 +111,9 @@ type candidate struct {
 	plain bool
 	// narrow makes T with the plain-SQL lease's three columns.
 	narrow bool
+	// insert, when set, runs after acquire took nothing, as this version's
+	// acquire does: its arguments are acquire's but the generation.
+	insert string
 }
 
 // candidates are the statements measured apart.
@@ -136,8 +139,8 @@ WHERE T.updated_at < now() - make_interval(secs => $3)`
 		{key: "c_nofrom", name: "before, without the from-generation predicate", acquire: cut(committedAcquire, "(CAST($5 AS bigint) < 0 OR l.generation = $5)", "CAST($5 AS bigint) IS NOT NULL"), release: committedRelease},
 		{key: "c_nonotify", name: "before, release without RETURNING … pg_notify", acquire: committedAcquire, release: noNotify},
 		{key: "c_join", name: "one read of the row (LEFT JOIN), floor only without one", acquire: joinAcquire, release: committedRelease},
-		{key: "c_cte", name: "UPDATE first, INSERT only without a free row", acquire: cteAcquire, release: committedRelease},
-		{key: "c_now", name: "gormlease now", acquire: rawAcquire, release: rawRelease},
+		{key: "c_cte", name: "one statement: UPDATE first, INSERT only without a free row (a CTE)", acquire: cteAcquire, release: committedRelease},
+		{key: "c_now", name: "gormlease now: UPDATE, then INSERT only when it took nothing", acquire: rawTakeOver, insert: rawInsert, release: rawRelease},
 	}
 }
 
@@ -164,6 +167,10 @@ func newCandidate(ctx context.Context, dsn string, conns int, c candidate) (*imp
 			if c.plain {
 				tag, err := pool.Exec(ctx, acquire, target, token, leaseTimeout.Seconds())
 				return token, err == nil && tag.RowsAffected() == 1, err
+			}
+			if c.insert != "" {
+				ok, err := rawAcquire(ctx, pool, acquire, c.on(c.insert), target, token)
+				return token, ok, err
 			}
 			var gen int64
 			err := pool.QueryRow(ctx, acquire, target, token, "bench", leaseTimeout.Microseconds(), -1, leaseTimeout.Milliseconds()).Scan(&gen)
@@ -278,7 +285,11 @@ func (b *bench) explain(ctx context.Context, c candidate, target string, free bo
 		return []any{target, token, "bench", leaseTimeout.Microseconds(), -1, leaseTimeout.Milliseconds()}
 	}
 	// The row, live; released too when free (the plain lease deletes it).
-	if _, err := conn.Exec(ctx, c.on(c.acquire), args(uuid.New())...); err != nil {
+	create, createArgs := c.on(c.acquire), args(uuid.New())
+	if c.insert != "" {
+		create, createArgs = c.on(c.insert), []any{target, uuid.New(), "bench", leaseTimeout.Microseconds(), leaseTimeout.Milliseconds()}
+	}
+	if _, err := conn.Exec(ctx, create, createArgs...); err != nil {
 		return err.Error()
 	}
 	if free && !c.plain {

@@ -453,6 +453,8 @@ func (b *bench) lockScenarios(ctx context.Context) error {
 			}
 		}
 	}
+	b.settle(ctx)
+	b.hotUpdates(ctx, "after the throughput points")
 	// Statements and WAL: one longer point each, WAL measured.
 	// With one worker, where WAL flushes per operation are exact, they are
 	// measured three times and the least kept: other sessions only add.
@@ -607,6 +609,20 @@ func (b *bench) refusedWrites(ctx context.Context, mk maker) {
 		verdict = "WRITTEN (locked or updated)"
 	}
 	b.addCheck(fmt.Sprintf("%s: after %d refused acquires the lease row is %s (xmin/xmax %s -> %s)", im.name, refused, verdict, before, after))
+}
+
+// hotUpdates records the share of HOT updates on the lease tables of
+// gormlease and of its SQL on raw pgx, as pg_stat_user_tables counts them
+// once the backends that updated them have exited.
+func (b *bench) hotUpdates(ctx context.Context, when string) {
+	for _, table := range []string{"job_lease", "raw_lease"} {
+		var hot, upd int64
+		if err := b.admin.QueryRow(ctx, `SELECT n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`,
+			b.o.schema, table).Scan(&hot, &upd); err != nil || upd == 0 {
+			continue
+		}
+		b.addCheck(fmt.Sprintf("%s %s: %.1f%% of the updates were HOT (n_tup_hot_upd %d of n_tup_upd %d)", table, when, 100*float64(hot)/float64(upd), hot, upd))
+	}
 }
 
 func (b *bench) addCheck(c string) {

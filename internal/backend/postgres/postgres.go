@@ -30,9 +30,10 @@ const Channel = "gormlease"
 // Backend is PostgreSQL, with its statements written for its tables.
 type Backend struct {
 	backend.Common
-	lease                               string
-	schemaSQL, acquireSQL, heartbeatSQL string
-	stateSQL, markSQL                   string
+	lease                   string
+	schemaSQL, heartbeatSQL string
+	takeOverSQL, insertSQL  string
+	stateSQL, markSQL       string
 	// bytewise is 1 once List found that target_id orders byte for byte,
 	// -1 once it found not, 0 before it looked.
 	bytewise atomic.Int32
@@ -46,7 +47,8 @@ func New(t backend.Tables) *Backend {
 	b := &Backend{
 		lease:        t.Lease,
 		schemaSQL:    t.Expand(Schema),
-		acquireSQL:   t.Expand(AcquireSQL),
+		takeOverSQL:  t.Expand(TakeOverSQL),
+		insertSQL:    t.Expand(InsertSQL),
 		heartbeatSQL: t.Expand(heartbeatBatchSQL),
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	EXTRACT(EPOCH FROM clock_timestamp() - updated_at), EXTRACT(EPOCH FROM clock_timestamp() - saved_at), waiting, timeout_ms
@@ -195,68 +197,76 @@ func migrationCollision(err error) bool {
 	return false
 }
 
-// AcquireSQL takes the lease in one statement, in two parts on one
-// snapshot. The first, taken, is a plain UPDATE of the target's row where
-// that row is released or expired: it locks and rewrites the row in place
-// (a HOT update), with no speculative insert and no separate row lock, and
-// an UPDATE whose WHERE fails, or fails again on the latest row after
-// waiting for its lock, locks and writes nothing. The second, made, inserts
-// the row only when taken took nothing and the snapshot shows no live row:
-// a target without a row, or one whose row a concurrent acquire took or a
-// Prune deleted while the statement ran; its ON CONFLICT DO NOTHING refuses,
-// writing nothing, when another acquire's row is there by then. Both judge
-// the row by the timeout its holder recorded (timeout_ms), so that a caller
-// with a shorter timeout never takes over a lease that its holder still
-// trusts; a row without one (written before the column existed) by the
-// caller's. Its arguments are the target, the token, the holder, the timeout
-// in microseconds, the generation to take over from (see
-// backend.AcquireArgs) and the timeout in milliseconds; the casts give each
-// the one type that all its uses agree on. The timeout is an integer times
-// interval '1 microsecond', not make_interval, which CockroachDB lacks (see
-// docs/scaling.md).
-//
-// A new row starts above the row that the snapshot shows, when it shows one
-// (a Prune that deletes it while the statement runs has not committed its
-// raise of the floor yet, see Common.PruneBatch), and otherwise above the
-// generation floor, the highest generation that Prune ever deleted: COALESCE
-// reads the floor only for a target without a row, and a row's generation is
-// the highest its target ever had. docs/performance.md measures this shape
-// against the INSERT ... ON CONFLICT DO UPDATE of earlier versions.
-const AcquireSQL = `
-WITH taken AS (
-	UPDATE job_lease AS l SET
-		lease_token = CAST($2 AS uuid),
-		generation  = l.generation + 1,
-		holder      = CAST($3 AS varchar),
-		updated_at  = clock_timestamp(),
-		released_at = NULL,
-		failure     = NULL,
-		waiting     = false,
-		timeout_ms  = CAST($6 AS bigint)
-	WHERE l.target_id = CAST($1 AS varchar)
-	  AND (l.released_at IS NOT NULL
-	    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
-	  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
-	RETURNING l.generation
-), made AS (
-	INSERT INTO job_lease (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
-	SELECT CAST($1 AS varchar), CAST($2 AS uuid),
-		COALESCE(cur.generation, (SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1,
-		CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
-	FROM (VALUES (1)) AS one (x) LEFT JOIN job_lease AS cur ON cur.target_id = CAST($1 AS varchar)
-	WHERE NOT EXISTS (SELECT 1 FROM taken)
-	  AND (cur.target_id IS NULL OR cur.released_at IS NOT NULL
-	    OR cur.updated_at < clock_timestamp() - COALESCE(cur.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
-	ON CONFLICT (target_id) DO NOTHING
-	RETURNING generation
-)
-SELECT generation FROM taken UNION ALL SELECT generation FROM made`
+// TakeOverSQL takes over the target's row where it is released or expired:
+// a plain UPDATE, which locks and rewrites the row in place (a HOT update),
+// with no speculative insert and no row lock of its own before it. An
+// UPDATE whose WHERE fails on the row its snapshot shows, a live lease,
+// locks and writes nothing. It judges the row by the timeout its holder
+// recorded (timeout_ms), so that a caller with a shorter timeout never takes
+// over a lease that its holder still trusts; a row without one (written
+// before the column existed) by the caller's. Its arguments are the target,
+// the token, the holder, the timeout in microseconds, the generation to take
+// over from (see backend.AcquireArgs) and the timeout in milliseconds; the
+// casts give each the one type that all its uses agree on. The timeout is an
+// integer times interval '1 microsecond', not make_interval, which
+// CockroachDB lacks (see docs/scaling.md). docs/performance.md measures this
+// shape against the INSERT ... ON CONFLICT DO UPDATE of earlier versions.
+const TakeOverSQL = `
+UPDATE job_lease AS l SET
+	lease_token = CAST($2 AS uuid),
+	generation  = l.generation + 1,
+	holder      = CAST($3 AS varchar),
+	updated_at  = clock_timestamp(),
+	released_at = NULL,
+	failure     = NULL,
+	waiting     = false,
+	timeout_ms  = CAST($6 AS bigint)
+WHERE l.target_id = CAST($1 AS varchar)
+  AND (l.released_at IS NOT NULL
+    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
+RETURNING l.generation`
 
-// Acquire runs acquireSQL.
+// InsertSQL creates the row of a target when TakeOverSQL took nothing and
+// the statement's snapshot shows no live row there: a target never acquired,
+// or whose row Prune deleted. Where the snapshot shows a live lease it
+// inserts nothing, and its ON CONFLICT DO NOTHING refuses, writing nothing,
+// when another acquire's row is there by then. The new row starts above the
+// row that the snapshot shows, if any (a Prune that deletes it while the
+// statement runs has not committed its raise of the floor yet, see
+// Common.PruneBatch), and otherwise above the generation floor, the highest
+// generation that Prune ever deleted: a row's generation is the highest its
+// target ever had, and COALESCE reads the floor only without a row. Its
+// arguments are the target, the token, the holder, the timeout in
+// microseconds and in milliseconds.
+const InsertSQL = `
+INSERT INTO job_lease (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+	COALESCE(cur.generation, (SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1,
+	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($5 AS bigint)
+FROM (VALUES (1)) AS one (x) LEFT JOIN job_lease AS cur ON cur.target_id = CAST($1 AS varchar)
+WHERE cur.target_id IS NULL OR cur.released_at IS NOT NULL
+   OR cur.updated_at < clock_timestamp() - COALESCE(cur.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond'
+ON CONFLICT (target_id) DO NOTHING
+RETURNING generation`
+
+// Acquire runs TakeOverSQL and, only when that took nothing, InsertSQL:
+// every acquire of a target whose row is free is the one UPDATE, and so is
+// every acquire refused by a live lease but for the second statement's read
+// of the row. One statement for both, as a data-modifying CTE, measured
+// slower (see docs/performance.md): its plan opens both parts on every call.
+// A caller that takes over from a given generation (From > 0) wants that
+// row, which exists or did, and makes none.
 func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {
 	var generation int64
-	ok, err := backend.QueryRow(ctx, db, b.acquireSQL,
-		[]any{a.TargetID, a.Token.String(), a.Holder, timeoutMicros(a.Timeout), a.From, backend.TimeoutMillis(a.Timeout)}, &generation)
+	micros, millis := timeoutMicros(a.Timeout), backend.TimeoutMillis(a.Timeout)
+	ok, err := backend.QueryRow(ctx, db, b.takeOverSQL,
+		[]any{a.TargetID, a.Token.String(), a.Holder, micros, a.From, millis}, &generation)
+	if err != nil || ok || a.From > 0 {
+		return generation, ok, err
+	}
+	ok, err = backend.QueryRow(ctx, db, b.insertSQL,
+		[]any{a.TargetID, a.Token.String(), a.Holder, micros, millis}, &generation)
 	return generation, ok, err
 }
 
