@@ -122,7 +122,10 @@ func run(o options) error {
 	}
 	defer admin.Close(context.Background())
 
-	b := &bench{o: o, dsn: dsn, admin: admin, holding: map[string]*atomic.Int64{}, overlapCount: map[string]int64{}}
+	b := &bench{o: o, dsn: dsn, admin: admin, holding: map[string]*atomic.Int64{}, overlapCount: map[string]int64{}, loadStart: loadAverage()}
+	var preload string
+	_ = admin.QueryRow(ctx, `SELECT current_setting('shared_preload_libraries')`).Scan(&preload)
+	b.server = fmt.Sprintf("%s:%d, shared_preload_libraries '%s'", cfg.Host, cfg.Port, preload)
 	for _, name := range []string{"gormlease", "pglock"} {
 		if err := b.createTables(ctx, name); err != nil {
 			return fmt.Errorf("create tables of %s: %w", name, err)
@@ -245,6 +248,12 @@ type bench struct {
 	// wake, fan and spreadR are the waiting section's results.
 	// cands are the candidates section's results.
 	cands []candidateResult
+	// server describes the server; loadStart is the load average when the
+	// run began.
+	server, loadStart string
+	// hotShare is the share of HOT updates on job_lease after the
+	// throughput points, or 0.
+	hotShare float64
 	// inflight are the in-flight section's results.
 	inflight []inflightResult
 	wake     []wakeResult
@@ -620,6 +629,9 @@ func (b *bench) hotUpdates(ctx context.Context, when string) {
 		if err := b.admin.QueryRow(ctx, `SELECT n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`,
 			b.o.schema, table).Scan(&hot, &upd); err != nil || upd == 0 {
 			continue
+		}
+		if table == "job_lease" {
+			b.hotShare = float64(hot) / float64(upd)
 		}
 		b.addCheck(fmt.Sprintf("%s %s: %.1f%% of the updates were HOT (n_tup_hot_upd %d of n_tup_upd %d)", table, when, 100*float64(hot)/float64(upd), hot, upd))
 	}
