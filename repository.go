@@ -149,6 +149,7 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.
 	err = r.retry(ctx, func(ctx context.Context) (err error) {
 		gen, ok, err = r.backend.Acquire(ctx, r.db, backend.AcquireArgs{
 			TargetID: targetID, Token: token, Holder: r.holder, Timeout: timeout, From: from,
+			Sending: sendingHook(ctx),
 		})
 		return err
 	})
@@ -403,4 +404,23 @@ func (r *Repository) Get(ctx context.Context, targetID string) (JobLease, bool, 
 		return JobLease{}, false, wrapf(err, "get %q", targetID)
 	}
 	return JobLease(row), found, nil
+}
+
+// acquireSentKey keys the time that a Run counts its lease's trust from,
+// which the acquire moves to the sending of each statement that may take
+// the lease (see backend.AcquireArgs.Sending).
+type acquireSentKey struct{}
+
+// withAcquireSent returns ctx carrying sent, for the acquire to move.
+func withAcquireSent(ctx context.Context, sent *time.Time) context.Context {
+	return context.WithValue(ctx, acquireSentKey{}, sent)
+}
+
+// sendingHook returns the hook that moves the time ctx carries, or nil.
+func sendingHook(ctx context.Context) func() {
+	sent, _ := ctx.Value(acquireSentKey{}).(*time.Time)
+	if sent == nil {
+		return nil
+	}
+	return func() { *sent = time.Now() }
 }

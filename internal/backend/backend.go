@@ -183,6 +183,10 @@ type AcquireArgs struct {
 	// caller that waited for a generation to end takes over from that one
 	// only, never from one that began and ended since it looked.
 	From int64
+	// Sending, when set, is called right before each statement that may
+	// take the lease is sent, so that the caller can count the lease's
+	// trust from the last of them (the database stamps the lease after it).
+	Sending func()
 }
 
 // AnyGeneration is AcquireArgs.From when any generation may be taken over.

@@ -260,11 +260,18 @@ RETURNING generation`
 func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {
 	var generation int64
 	micros, millis := timeoutMicros(a.Timeout), backend.TimeoutMillis(a.Timeout)
+	sending := func() {
+		if a.Sending != nil {
+			a.Sending()
+		}
+	}
+	sending()
 	ok, err := backend.QueryRow(ctx, db, b.takeOverSQL,
 		[]any{a.TargetID, a.Token.String(), a.Holder, micros, a.From, millis}, &generation)
 	if err != nil || ok || a.From > 0 {
 		return generation, ok, err
 	}
+	sending()
 	ok, err = backend.QueryRow(ctx, db, b.insertSQL,
 		[]any{a.TargetID, a.Token.String(), a.Holder, micros, millis}, &generation)
 	return generation, ok, err
