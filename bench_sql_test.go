@@ -21,7 +21,8 @@ func TestBench_ReferenceSQLMatchesLibrary(t *testing.T) {
 	require.NoError(t, err)
 	repo := newRepository(t, testdb.Postgres(t).DB(t))
 	for name, stmt := range map[string]string{
-		"acquire":          gormlease.PostgresAcquire,
+		"take over":        gormlease.PostgresTakeOver,
+		"insert":           gormlease.PostgresInsert,
 		"release":          gormlease.ReleaseSQL(repo),
 		"save and release": gormlease.SaveReleaseSQL(repo),
 	} {

@@ -24,8 +24,12 @@ func CommitThroughGorm(r *Repository) { r.oneTripRefused.Store(true) }
 // RefusesQueries is the PostgreSQL backend's test for that refusal.
 var RefusesQueries = postgres.New(backend.DefaultTables).RefusesQueries
 
-// PostgresAcquire is the PostgreSQL acquire statement.
-const PostgresAcquire = postgres.AcquireSQL
+// PostgresTakeOver and PostgresInsert are the PostgreSQL acquire's
+// statements.
+const (
+	PostgresTakeOver = postgres.TakeOverSQL
+	PostgresInsert   = postgres.InsertSQL
+)
 
 // ownSQL returns r's statement of op on the caller's own row.
 func ownSQL(r *Repository, op backend.Own) string {

@@ -24,6 +24,12 @@ func TestFault_AcquireAnswerLost(t *testing.T) {
 	proxy := testdb.NewProxy(t, s.Addr)
 	r := newRunner(t, s.OpenVia(t, proxy.Addr()), gormlease.WithOperationTimeout(2*time.Second))
 	target := "aa-" + uuid.NewString()
+	// The target's row exists, released, so that the acquire is the one
+	// statement that takes it over.
+	repo := newRepository(t, direct)
+	l, err := repo.Acquire(context.Background(), target, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, repo.Release(context.Background(), l))
 
 	// The first message that carries the target is the acquire's Bind and
 	// Execute: let it through, lose the answer, and cut the connection once
@@ -31,11 +37,11 @@ func TestFault_AcquireAnswerLost(t *testing.T) {
 	tripped := proxy.BlackholeOn(target, true)
 	go func() {
 		<-tripped
-		waitRow(direct, target)
+		pollRow(direct, target, "released_at IS NULL")
 		proxy.Cut()
 		proxy.Restore()
 	}()
-	_, err := r.Run(context.Background(), target, func(context.Context) (string, error) {
+	_, err = r.Run(context.Background(), target, func(context.Context) (string, error) {
 		t.Error("work ran although the acquire failed")
 		return "", nil
 	}, noSave(t))

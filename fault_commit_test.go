@@ -126,10 +126,8 @@ func waitCommitted(db *gorm.DB, target string) {
 	pollRow(db, target, "released_at IS NOT NULL")
 }
 
-// waitRow polls, for up to 5 s, until target has a lease row (see
-// waitCommitted).
-func waitRow(db *gorm.DB, target string) { pollRow(db, target, "true") }
-
+// pollRow polls, for up to 5 s, until target's lease row meets cond, an
+// SQL condition (see waitCommitted).
 func pollRow(db *gorm.DB, target, cond string) {
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
 		var n int64

@@ -47,7 +47,9 @@ func (s *statements) count() int {
 // heartbeatStatements returns those of sql that renew leases.
 func heartbeatStatements(sql []string) (n int) {
 	for _, s := range sql {
-		if strings.HasPrefix(strings.TrimSpace(s), "UPDATE job_lease") && strings.Contains(s, "updated_at =") {
+		// PostgreSQL's renews in a CTE, the others' are a bare UPDATE.
+		beat := strings.HasPrefix(strings.TrimSpace(s), "UPDATE job_lease") || strings.Contains(s, "renewed AS (\n\tUPDATE job_lease")
+		if beat && strings.Contains(s, "updated_at =") {
 			n++
 		}
 	}

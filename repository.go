@@ -148,6 +148,7 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.
 	err = r.retry(ctx, func(ctx context.Context) (err error) {
 		gen, ok, err = r.backend.Acquire(ctx, r.db, backend.AcquireArgs{
 			TargetID: targetID, Token: token, Holder: r.holder, Timeout: timeout, From: from,
+			Sending: sendingHook(ctx),
 		})
 		return err
 	})
@@ -384,18 +385,16 @@ func (r *Repository) heartbeatMany(ctx context.Context, leases []backend.Lease) 
 	for len(leases) > 0 {
 		chunk := leases[:min(len(leases), backend.MaxBatch)]
 		leases = leases[len(chunk):]
-		var renewed map[backend.Lease]bool
+		var gone map[backend.Lease]bool
 		err := r.retry(ctx, func(ctx context.Context) (err error) {
-			renewed, err = r.backend.HeartbeatBatch(ctx, r.db, chunk)
+			gone, err = r.backend.HeartbeatBatch(ctx, r.db, chunk)
 			return err
 		})
 		if err != nil {
 			return nil, wrapf(err, "heartbeat %d leases", len(chunk))
 		}
-		for _, l := range chunk {
-			if !renewed[l] {
-				lost[l] = true
-			}
+		for l := range gone {
+			lost[l] = true
 		}
 	}
 	return lost, nil
@@ -552,4 +551,23 @@ func (r *Repository) Get(ctx context.Context, targetID string) (JobLease, bool, 
 		return JobLease{}, false, wrapf(err, "get %q", targetID)
 	}
 	return JobLease(row), found, nil
+}
+
+// acquireSentKey keys the time that a Run counts its lease's trust from,
+// which the acquire moves to the sending of each statement that may take
+// the lease (see backend.AcquireArgs.Sending).
+type acquireSentKey struct{}
+
+// withAcquireSent returns ctx carrying sent, for the acquire to move.
+func withAcquireSent(ctx context.Context, sent *time.Time) context.Context {
+	return context.WithValue(ctx, acquireSentKey{}, sent)
+}
+
+// sendingHook returns the hook that moves the time ctx carries, or nil.
+func sendingHook(ctx context.Context) func() {
+	sent, _ := ctx.Value(acquireSentKey{}).(*time.Time)
+	if sent == nil {
+		return nil
+	}
+	return func() { *sent = time.Now() }
 }

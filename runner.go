@@ -138,6 +138,7 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 	acquireCtx, endAcquire := m.start(ctx, observe.Span{Kind: observe.SpanAcquire, TargetID: targetID})
 	acquireCtx, cancel := context.WithTimeout(acquireCtx, r.cfg.operationTimeout)
 	sent := time.Now()
+	acquireCtx = withAcquireSent(acquireCtx, &sent)
 	var lease Lease
 	switch {
 	case r.cfg.slots > 1:

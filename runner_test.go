@@ -314,7 +314,7 @@ func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 // acquireSQL is a LIKE pattern for each database's acquire statement that
 // can wait for a row lock: the one that takes over an existing row.
 var acquireSQL = map[string]string{
-	"postgres": "%INSERT INTO job_lease%",
+	"postgres": "%UPDATE job_lease AS l SET%lease_token%",
 	"mysql":    "%UPDATE job_lease SET%lease_token%",
 }
 

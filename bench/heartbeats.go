@@ -146,9 +146,17 @@ func (b *bench) hbGormlease(ctx context.Context) error {
 	var held, lost atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	// At most half the pool's connections acquire at once, so that the
+	// heartbeats of the leases already held find one meanwhile.
+	acquiring := make(chan struct{}, 4)
 	for i := range b.o.leases {
+		acquiring <- struct{}{}
 		wg.Go(func() {
+			var once sync.Once
+			free := func() { once.Do(func() { <-acquiring }) }
+			defer free()
 			_, err := runner.Run(ctx, fmt.Sprintf("hb-%d", i), func(ctx context.Context) (string, error) {
+				free()
 				held.Add(1)
 				select {
 				case <-stop:

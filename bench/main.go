@@ -66,7 +66,7 @@ func main() {
 	flag.DurationVar(&o.hbWindow, "hb-window", 4*time.Second, "measuring window of the heartbeat scenario")
 	flag.IntVar(&o.rounds, "rounds", 15, "slices of each lock and job point; ratios are the median of the slices' ratios")
 	flag.IntVar(&o.maxOps, "max-ops", 200000, "bound on operations per point")
-	flag.StringVar(&o.sections, "sections", "lock,heartbeat,saturation,wait", "sections to run, comma-separated: -sections wait runs only the waiting section (about 2 minutes; with -wait-samples 16, 20 s)")
+	flag.StringVar(&o.sections, "sections", "inflight,candidates,lock,heartbeat,saturation,wait", "sections to run, comma-separated (inflight, candidates, lock, heartbeat, saturation, wait): -sections inflight runs only the jobs-in-flight headline (about 4 minutes); -sections wait runs only the waiting section (about 2 minutes; with -wait-samples 16, 20 s)")
 	flag.IntVar(&o.waitSamples, "wait-samples", 160, "wake-up latency samples of the waiting section, with notifications and with polling each")
 	flag.IntVar(&o.waitChild, "wait-child", -1, "run as child process `n` of the waiting section (internal)")
 	flag.StringVar(&o.waitTargets, "wait-targets", "", "targets of a child process of the waiting section (internal)")
@@ -122,7 +122,10 @@ func run(o options) error {
 	}
 	defer admin.Close(context.Background())
 
-	b := &bench{o: o, dsn: dsn, admin: admin, holding: map[string]*atomic.Int64{}, overlapCount: map[string]int64{}}
+	b := &bench{o: o, dsn: dsn, admin: admin, holding: map[string]*atomic.Int64{}, overlapCount: map[string]int64{}, loadStart: loadAverage()}
+	var preload string
+	_ = admin.QueryRow(ctx, `SELECT current_setting('shared_preload_libraries')`).Scan(&preload)
+	b.server = fmt.Sprintf("%s:%d, shared_preload_libraries '%s'", cfg.Host, cfg.Port, preload)
 	for _, name := range []string{"gormlease", "pglock"} {
 		if err := b.createTables(ctx, name); err != nil {
 			return fmt.Errorf("create tables of %s: %w", name, err)
@@ -133,6 +136,8 @@ func run(o options) error {
 		name string
 		run  func(context.Context) error
 	}{
+		{"inflight", b.inflightScenarios},
+		{"candidates", b.candidateScenarios},
 		{"lock", b.lockScenarios},
 		{"heartbeat", b.heartbeatScenarios},
 		{"saturation", b.saturationScenarios},
@@ -241,9 +246,19 @@ type bench struct {
 	sat          []satResult
 	checks       []string
 	// wake, fan and spreadR are the waiting section's results.
-	wake    []wakeResult
-	fan     *fanResult
-	spreadR *spreadResult
+	// cands are the candidates section's results.
+	cands []candidateResult
+	// server describes the server; loadStart is the load average when the
+	// run began.
+	server, loadStart string
+	// hotShare is the share of HOT updates on job_lease after the
+	// throughput points, or 0.
+	hotShare float64
+	// inflight are the in-flight section's results.
+	inflight []inflightResult
+	wake     []wakeResult
+	fan      *fanResult
+	spreadR  *spreadResult
 }
 
 func (b *bench) add(r result) {
@@ -447,6 +462,8 @@ func (b *bench) lockScenarios(ctx context.Context) error {
 			}
 		}
 	}
+	b.settle(ctx)
+	b.hotUpdates(ctx, "after the throughput points")
 	// Statements and WAL: one longer point each, WAL measured.
 	// With one worker, where WAL flushes per operation are exact, they are
 	// measured three times and the least kept: other sessions only add.
@@ -601,6 +618,23 @@ func (b *bench) refusedWrites(ctx context.Context, mk maker) {
 		verdict = "WRITTEN (locked or updated)"
 	}
 	b.addCheck(fmt.Sprintf("%s: after %d refused acquires the lease row is %s (xmin/xmax %s -> %s)", im.name, refused, verdict, before, after))
+}
+
+// hotUpdates records the share of HOT updates on the lease tables of
+// gormlease and of its SQL on raw pgx, as pg_stat_user_tables counts them
+// once the backends that updated them have exited.
+func (b *bench) hotUpdates(ctx context.Context, when string) {
+	for _, table := range []string{"job_lease", "raw_lease"} {
+		var hot, upd int64
+		if err := b.admin.QueryRow(ctx, `SELECT n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`,
+			b.o.schema, table).Scan(&hot, &upd); err != nil || upd == 0 {
+			continue
+		}
+		if table == "job_lease" {
+			b.hotShare = float64(hot) / float64(upd)
+		}
+		b.addCheck(fmt.Sprintf("%s %s: %.1f%% of the updates were HOT (n_tup_hot_upd %d of n_tup_upd %d)", table, when, 100*float64(hot)/float64(upd), hot, upd))
+	}
 }
 
 func (b *bench) addCheck(c string) {

@@ -33,14 +33,33 @@ func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQ
 	c.statements.Add(1)
 	if c.isBeat != nil && c.isBeat(d.SQL) {
 		c.beats.Add(1)
-
-		return context.WithValue(ctx, beatKey{}, true)
+		return context.WithValue(ctx, beatKey{}, lostOnly(d))
 	}
 	return ctx
 }
 
+// lostOnly returns, for gormlease's batched heartbeat on PostgreSQL, which
+// returns only the leases it did not renew, the number of leases it was
+// sent (its second argument is their tokens as an array literal); -1 for a
+// statement whose rows are the ones it renewed.
+func lostOnly(d pgx.TraceQueryStartData) int64 {
+	if !strings.Contains(d.SQL, "WITH ORDINALITY") || len(d.Args) < 2 {
+		return -1
+	}
+	tokens, ok := d.Args[1].(string)
+	if !ok || len(tokens) <= 2 {
+		return 0
+	}
+	return int64(strings.Count(tokens, ",") + 1)
+}
+
 func (c *counter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
-	if ctx.Value(beatKey{}) != nil && d.Err == nil {
+	sent, ok := ctx.Value(beatKey{}).(int64)
+	switch {
+	case !ok || d.Err != nil:
+	case sent >= 0:
+		c.renewed.Add(sent - d.CommandTag.RowsAffected())
+	default:
 		c.renewed.Add(d.CommandTag.RowsAffected())
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // gormlease's PostgreSQL statements, on a table of their own (raw_lease,
@@ -15,29 +16,31 @@ import (
 // it runs on costs. TestBench_ReferenceSQLMatchesLibrary, in the library,
 // keeps them in step with its own.
 const (
-	rawAcquire = `
-INSERT INTO raw_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
-SELECT CAST($1 AS varchar), CAST($2 AS uuid),
-	GREATEST((SELECT generation FROM raw_lease WHERE target_id = $1),
-	         (SELECT generation FROM raw_lease_floor WHERE id = 1), 0) + 1,
-	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
-WHERE NOT EXISTS (
-	SELECT 1 FROM raw_lease
-	WHERE target_id = $1 AND released_at IS NULL
-	  AND updated_at >= clock_timestamp() - COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
-ON CONFLICT (target_id) DO UPDATE SET
-	lease_token = excluded.lease_token,
+	rawTakeOver = `
+UPDATE raw_lease AS l SET
+	lease_token = CAST($2 AS uuid),
 	generation  = l.generation + 1,
-	holder      = excluded.holder,
-	updated_at  = excluded.updated_at,
+	holder      = CAST($3 AS varchar),
+	updated_at  = clock_timestamp(),
 	released_at = NULL,
 	failure     = NULL,
 	waiting     = false,
-	timeout_ms  = excluded.timeout_ms
-WHERE (l.released_at IS NOT NULL
+	timeout_ms  = CAST($6 AS bigint)
+WHERE l.target_id = CAST($1 AS varchar)
+  AND (l.released_at IS NOT NULL
     OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
   AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
 RETURNING l.generation`
+	rawInsert = `
+INSERT INTO raw_lease (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+	COALESCE(cur.generation, (SELECT generation FROM raw_lease_floor WHERE id = 1), 0) + 1,
+	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($5 AS bigint)
+FROM (VALUES (1)) AS one (x) LEFT JOIN raw_lease AS cur ON cur.target_id = CAST($1 AS varchar)
+WHERE cur.target_id IS NULL OR cur.released_at IS NOT NULL
+   OR cur.updated_at < clock_timestamp() - COALESCE(cur.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond'
+ON CONFLICT (target_id) DO NOTHING
+RETURNING generation`
 	rawRelease     = `UPDATE raw_lease SET released_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
 	rawSaveRelease = `UPDATE raw_lease SET released_at = clock_timestamp(), saved_generation = generation, saved_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
 	rawTable       = `CREATE TABLE raw_lease (LIKE job_lease INCLUDING ALL) WITH (fillfactor = 80)`
@@ -56,12 +59,8 @@ func newRawLease(ctx context.Context, dsn string, conns int) (*impl, error) {
 	steps := leaseSteps{
 		acquire: func(ctx context.Context, target string) (uuid.UUID, bool, error) {
 			token := uuid.New()
-			var gen int64
-			err := pool.QueryRow(ctx, rawAcquire, target, token, "bench", leaseTimeout.Microseconds(), -1, leaseTimeout.Milliseconds()).Scan(&gen)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return token, false, nil
-			}
-			return token, err == nil, err
+			ok, err := rawAcquire(ctx, pool, rawTakeOver, rawInsert, target, token)
+			return token, ok, err
 		},
 		release: func(ctx context.Context, target string, token uuid.UUID) error {
 			_, err := pool.Exec(ctx, rawRelease, target, token)
@@ -89,6 +88,21 @@ func newRawLease(ctx context.Context, dsn string, conns int) (*impl, error) {
 		warm:  warmPool(pool),
 		close: pool.Close,
 	}, nil
+}
+
+// rawAcquire runs gormlease's acquire, takeOver then, only when that took
+// nothing, insert, on pool.
+func rawAcquire(ctx context.Context, pool *pgxpool.Pool, takeOver, insert, target string, token uuid.UUID) (bool, error) {
+	var gen int64
+	micros, millis := leaseTimeout.Microseconds(), leaseTimeout.Milliseconds()
+	err := pool.QueryRow(ctx, takeOver, target, token, "bench", micros, -1, millis).Scan(&gen)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = pool.QueryRow(ctx, insert, target, token, "bench", micros, millis).Scan(&gen)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // rawName names the reference implementation.

@@ -32,11 +32,13 @@ import (
 	"log"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"gorm.io/driver/postgres"
@@ -64,6 +66,7 @@ type options struct {
 	rounds   int
 	short    bool
 	out      string
+	profile  string
 }
 
 func main() {
@@ -78,6 +81,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", gormlease.DefaultLeaseTimeout, "lease timeout of the leases-held points")
 	flag.IntVar(&o.rounds, "rounds", 3, "heartbeat rounds measured at each leases-held point")
 	flag.BoolVar(&o.short, "short", false, "a quick check that the command works: -workers 8 -duration 2s -leases 1000 -interval 1s -timeout 4s -rounds 2")
+	flag.StringVar(&o.profile, "cpuprofile", "", "write a CPU profile of the leases-held points' measuring windows to this `file`")
 	flag.StringVar(&o.out, "out", "", "write the results as the capacity section of this Markdown `file` (docs/scaling.md)")
 	flag.Parse()
 	var err error
@@ -171,6 +175,9 @@ type heldPoint struct {
 	lost     int64
 	runErrs  int64 // Runs that ended with an error other than the one that ends their work
 	firstErr error
+	// cpu is the process's CPU time over the measuring window, a fraction
+	// of one core; perSec the heartbeat statements a second over it.
+	cpu, perSec float64
 }
 
 // round is one heartbeat round: the statements of a beat of the Runner's
@@ -326,22 +333,27 @@ func (b *beats) Record(_ context.Context, e observe.Event) {
 	}
 }
 
-// rounds groups the statements that started at or after since into rounds:
-// a statement that starts more than half an interval after the last one
-// began starts a new round.
-func (b *beats) rounds(since time.Time, interval time.Duration) []round {
+// rounds groups the statements that started at or after since into rounds
+// of leases each: a statement starts a new round when the round so far has
+// renewed (or failed) that many, or when it starts more than half an
+// interval after the last one began, so that rounds that run back to back,
+// as a round that lasts the whole interval does, stay apart. The first
+// round may have begun before since: callers leave it out.
+func (b *beats) rounds(since time.Time, interval time.Duration, leases int) []round {
 	b.mu.Lock()
 	stmts := slices.Clone(b.stmts)
 	b.mu.Unlock()
 	slices.SortFunc(stmts, func(x, y beat) int { return x.start.Compare(y.start) })
 	var out []round
+	var last time.Time
 	for _, s := range stmts {
 		if s.start.Before(since) {
 			continue
 		}
-		if len(out) == 0 || s.start.Sub(out[len(out)-1].start) > interval/2 {
+		if len(out) == 0 || s.start.Sub(last) > interval/2 || out[len(out)-1].renewed+out[len(out)-1].failed >= leases {
 			out = append(out, round{start: s.start, end: s.end})
 		}
+		last = s.start
 		r := &out[len(out)-1]
 		if s.end.After(r.end) {
 			r.end = s.end
@@ -380,9 +392,18 @@ func hold(ctx context.Context, db, admin *gorm.DB, o options, n int) (heldPoint,
 	)
 	start := time.Now()
 	prefix := fmt.Sprintf("held/%d/", n)
+	// At most half the pool's connections acquire at once, so that the
+	// heartbeats of the leases already held find a connection while the
+	// rest are acquired, as in a process whose jobs start over time.
+	acquiring := make(chan struct{}, max(1, o.pool/2))
 	for i := range n {
+		acquiring <- struct{}{}
 		wg.Go(func() {
+			var once sync.Once
+			free := func() { once.Do(func() { <-acquiring }) }
+			defer free()
 			_, err := runner.Run(ctx, fmt.Sprintf("%s%06d", prefix, i), func(ctx context.Context) (int, error) {
+				free()
 				held.Add(1)
 				select {
 				case <-stop:
@@ -426,23 +447,46 @@ func hold(ctx context.Context, db, admin *gorm.DB, o options, n int) (heldPoint,
 	// the one after them to begin, or its time to pass.
 	ageSQL := `SELECT COALESCE(CAST(EXTRACT(EPOCH FROM max(clock_timestamp() - updated_at)) AS double precision), 0)
 FROM ` + schema + `.job_lease WHERE released_at IS NULL AND target_id LIKE '` + prefix + `%'`
-	limit := allHeld.Add(time.Duration(o.rounds+2) * o.interval)
-	for len(obs.rounds(allHeld, o.interval)) <= o.rounds && time.Now().Before(limit) {
+	limit := allHeld.Add(time.Duration(o.rounds+3) * o.interval)
+	cpu0 := cpuTime()
+	stopProfile := func() {}
+	if o.profile != "" {
+		if f, err := os.Create(o.profile); err == nil {
+			if pprof.StartCPUProfile(f) == nil {
+				stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
+			}
+		}
+	}
+	for len(obs.rounds(allHeld, o.interval, n)) <= o.rounds+1 && time.Now().Before(limit) {
 		var age float64
 		if err := admin.Raw(ageSQL).Scan(&age).Error; err == nil {
 			p.maxAge = max(p.maxAge, time.Duration(age*float64(time.Second)))
 		}
-		time.Sleep(o.interval / 10)
+		time.Sleep(o.interval / 4)
 	}
-	rounds := obs.rounds(allHeld, o.interval)
+	window := time.Since(allHeld)
+	p.cpu = (cpuTime() - cpu0).Seconds() / window.Seconds()
+	stopProfile()
+	rounds := obs.rounds(allHeld, o.interval, n)
+	if len(rounds) > 0 {
+		rounds = rounds[1:]
+	}
 	p.rounds = rounds[:min(len(rounds), o.rounds)]
+	if len(p.rounds) > 1 {
+		// From the first measured round's start to the next round's start.
+		var stmts int
+		for _, r := range p.rounds[:len(p.rounds)-1] {
+			stmts += r.statements
+		}
+		p.perSec = float64(stmts) / p.rounds[len(p.rounds)-1].start.Sub(p.rounds[0].start).Seconds()
+	}
 	finish()
 	return p, nil
 }
 
 func (p heldPoint) String() string {
-	return fmt.Sprintf("leases held: %d leases held in %v; rounds %s; oldest heartbeat %v; lost %d; other errors %d",
-		p.leases, p.acquire.Round(time.Millisecond), p.roundSummary(), p.maxAge.Round(time.Millisecond), p.lost, p.runErrs)
+	return fmt.Sprintf("leases held: %d leases held in %v; rounds %s; oldest heartbeat %v; lost %d; other errors %d; CPU %.1f%% of a core; %.1f statements/s",
+		p.leases, p.acquire.Round(time.Millisecond), p.roundSummary(), p.maxAge.Round(time.Millisecond), p.lost, p.runErrs, 100*p.cpu, p.perSec)
 }
 
 // roundSummary is the rounds' durations and what they renewed.
@@ -511,10 +555,7 @@ func (r results) section() string {
 	var s strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&s, format, args...) }
 	o := r.o
-	cmd := "cd bench && go run ./capacity -out ../docs/scaling.md"
-	if o.short {
-		cmd = "cd bench && go run ./capacity -short -out ../docs/scaling.md"
-	}
+	cmd := strings.Join(append([]string{"cd bench && go run ./capacity"}, os.Args[1:]...), " ")
 	p("Generated by `%s` (%s, %d CPUs, PostgreSQL %s, max_connections %s; run took %s).",
 		cmd, r.started.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), r.version, r.maxConn, r.took.Round(time.Second))
 	if o.short {
@@ -528,13 +569,22 @@ func (r results) section() string {
 	}
 	p("\n**Leases held by one process.** Each lease is held by a Run whose work waits; the Runner renews them all in batched heartbeats (one statement per 1,000 leases, up to 4 at once) every %v, lease timeout %v; %d rounds measured per point, after every lease was held.\n\n",
 		o.interval, o.timeout, o.rounds)
-	p("| leases | time to acquire them all | longest heartbeat round | round / interval | oldest heartbeat seen | renewed on time | lost |\n|---|---|---|---|---|---|---|\n")
+	p("| leases | time to acquire them all | longest heartbeat round | round / interval | heartbeat statements/s | oldest heartbeat seen | client CPU, %% of a core | renewed on time | lost |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, h := range r.held {
-		p("| %d | %v | %v | %.1f%% | %v | %s | %d |\n", h.leases, h.acquire.Round(time.Millisecond), h.longest().Round(time.Millisecond),
-			100*h.longest().Seconds()/o.interval.Seconds(), h.maxAge.Round(time.Millisecond), yes(h.onTime(o.interval)), h.lost)
+		p("| %d | %v | %v | %.1f%% | %.1f | %v | %.1f%% | %s | %d |\n", h.leases, h.acquire.Round(time.Millisecond), h.longest().Round(time.Millisecond),
+			100*h.longest().Seconds()/o.interval.Seconds(), h.perSec, h.maxAge.Round(time.Millisecond), 100*h.cpu, yes(h.onTime(o.interval)), h.lost)
 	}
-	p("\n*Round* runs from the start of a round's first heartbeat statement to the end of its last (the Runner's Observer reports each statement). *Oldest heartbeat seen* is the largest `clock_timestamp() - updated_at` over the held rows, read every tenth of an interval: a lease is renewed on time while it stays under the interval plus a round. *Renewed on time*: every measured round renewed every lease and took less than the interval, and no Run lost its lease.\n")
+	p("\n*Round* runs from the start of a round's first heartbeat statement to the end of its last (the Runner's Observer reports each statement). *Oldest heartbeat seen* is the largest `clock_timestamp() - updated_at` over the held rows, read every quarter of an interval (the read scans every held row): a lease is renewed on time while it stays under the interval plus a round. *Renewed on time*: every measured round renewed every lease and took less than the interval, and no Run lost its lease.\n")
 	return s.String()
+}
+
+// cpuTime is the process's user plus system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // ms is d in milliseconds.

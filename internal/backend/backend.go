@@ -68,11 +68,12 @@ type Backend interface {
 	// where the backend can (Capabilities.Notify).
 	UpdateOwn(ctx context.Context, db *gorm.DB, op Own, l Lease, args ...any) (int64, error)
 	// HeartbeatBatch renews leases (at most MaxBatch) as UpdateOwn(Renew)
-	// does each, and returns those it renewed. A renewal that the server
-	// committed without the confirmation of its synchronous standbys is an
-	// error wrapping ErrReplicationCancelled. Only with
-	// Capabilities.BatchHeartbeat.
-	HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (renewed map[Lease]bool, err error)
+	// does each, and returns those it did not renew: taken over or
+	// released. It returns an empty map when it renewed them all. A
+	// renewal that the server committed without the confirmation of its
+	// synchronous standbys is an error wrapping ErrReplicationCancelled.
+	// Only with Capabilities.BatchHeartbeat.
+	HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (lost map[Lease]bool, err error)
 	// Get reads targetID's row; found is false when there is none. It
 	// sees every write that the database committed before it began, also
 	// on a node of a cluster that applies other nodes' writes late.
@@ -219,6 +220,10 @@ type AcquireArgs struct {
 	// caller that waited for a generation to end takes over from that one
 	// only, never from one that began and ended since it looked.
 	From int64
+	// Sending, when set, is called right before each statement that may
+	// take the lease is sent, so that the caller can count the lease's
+	// trust from the last of them (the database stamps the lease after it).
+	Sending func()
 }
 
 // SlotArgs are the values of one AcquireSlot.

@@ -126,7 +126,7 @@ func (c *Common) UpdateOwn(ctx context.Context, db *gorm.DB, op Own, l Lease, ar
 }
 
 // HeartbeatBatch is not a capability of Common.
-func (c *Common) HeartbeatBatch(context.Context, *gorm.DB, []Lease) (map[Lease]bool, error) {
+func (c *Common) HeartbeatBatch(context.Context, *gorm.DB, []Lease) (lost map[Lease]bool, err error) {
 	return nil, errors.New("batched heartbeats are not supported")
 }
 
@@ -401,27 +401,31 @@ func AddMissingColumns(db *gorm.DB, table string, columns []Column) error {
 	return nil
 }
 
-// ScanRenewed reads rows, the target and token of each lease that a
-// heartbeat statement renewed, closes them, and returns those of leases
-// that it renewed.
-func ScanRenewed(rows *sql.Rows, leases []Lease) (map[Lease]bool, error) {
+// ScanLost reads rows, the target and token of each lease that a heartbeat
+// statement renewed, closes them, and returns those of leases that it did
+// not renew.
+func ScanLost(rows *sql.Rows, leases []Lease) (map[Lease]bool, error) {
 	defer rows.Close()
 	type key struct{ target, token string }
-	byKey := make(map[key]Lease, len(leases))
+	lost := make(map[key]Lease, len(leases))
 	for _, l := range leases {
-		byKey[key{l.TargetID, l.Token.String()}] = l
+		lost[key{l.TargetID, l.Token.String()}] = l
 	}
-	renewed := make(map[Lease]bool, len(leases))
 	for rows.Next() {
 		var k key
 		if err := rows.Scan(&k.target, &k.token); err != nil {
 			return nil, err
 		}
-		if l, ok := byKey[k]; ok {
-			renewed[l] = true
-		}
+		delete(lost, k)
 	}
-	return renewed, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	out := make(map[Lease]bool, len(lost))
+	for _, l := range lost {
+		out[l] = true
+	}
+	return out, nil
 }
 
 // TimeoutMillis is d in whole milliseconds, rounded up, as the timeout_ms

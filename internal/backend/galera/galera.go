@@ -224,23 +224,20 @@ func (b *Backend) UpdateOwn(ctx context.Context, db *gorm.DB, op backend.Own, l 
 // HeartbeatBatch checks again, lease by lease, those that the batch
 // reported lost: the node may only have been behind.
 func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]bool, error) {
-	renewed, err := b.Backend.HeartbeatBatch(ctx, db, leases)
-	if err != nil || len(renewed) == len(leases) || !b.On(ctx, db) {
-		return renewed, err
+	lost, err := b.Backend.HeartbeatBatch(ctx, db, leases)
+	if err != nil || len(lost) == 0 || !b.On(ctx, db) {
+		return lost, err
 	}
-	for _, l := range leases {
-		if renewed[l] {
-			continue
-		}
+	for l := range lost {
 		n, err := b.UpdateOwn(ctx, db, backend.Renew, l)
 		if err != nil {
 			return nil, err
 		}
 		if n > 0 {
-			renewed[l] = true
+			delete(lost, l)
 		}
 	}
-	return renewed, nil
+	return lost, nil
 }
 
 // ForceRelease sends the statement again when it found nothing to release

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 
@@ -29,10 +30,11 @@ const Channel = "gormlease"
 // Backend is PostgreSQL, with its statements written for its tables.
 type Backend struct {
 	backend.Common
-	lease                               string
-	schemaSQL, acquireSQL, heartbeatSQL string
-	stateSQL, markSQL, slotSQL          string
-	readSavedSQL                        string
+	lease                   string
+	schemaSQL, heartbeatSQL string
+	takeOverSQL, insertSQL  string
+	stateSQL, markSQL       string
+	slotSQL, readSavedSQL   string
 	// bytewise is 1 once List found that target_id orders byte for byte,
 	// -1 once it found not, 0 before it looked.
 	bytewise atomic.Int32
@@ -46,7 +48,8 @@ func New(t backend.Tables) *Backend {
 	b := &Backend{
 		lease:        t.Lease,
 		schemaSQL:    t.Expand(Schema),
-		acquireSQL:   t.Expand(AcquireSQL),
+		takeOverSQL:  t.Expand(TakeOverSQL),
+		insertSQL:    t.Expand(InsertSQL),
 		heartbeatSQL: t.Expand(heartbeatBatchSQL),
 		slotSQL:      t.Expand(slotSQL),
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
@@ -201,54 +204,83 @@ func migrationCollision(err error) bool {
 	return false
 }
 
-// AcquireSQL takes the lease in one statement. The NOT EXISTS guard
-// reads the row without locking it: when the lease is live, nothing is
-// inserted or locked, so a refused acquire writes nothing. Otherwise the
-// insert goes ahead, and on a conflict the ON CONFLICT ... WHERE re-checks
-// the latest row under its lock before taking it over. Both judge the row by
-// the timeout its holder recorded (timeout_ms), so that a caller with a
-// shorter timeout never takes over a lease that its holder still trusts; a
-// row without one (written before the column existed) by the caller's. Its
-// arguments are the target, the token, the holder, the timeout in microseconds, the
-// generation to take over from (see backend.AcquireArgs) and the timeout in
-// milliseconds; the casts give each the one type that all its uses agree on.
-// The timeout is an integer times interval '1 microsecond', not
-// make_interval, which CockroachDB lacks (see docs/scaling.md).
-//
-// A target without a row starts above the generation floor, the highest
-// generation that Prune ever deleted, and above the row that the
-// statement's snapshot shows: a Prune that deletes the row while the
-// statement runs has not committed its raise of the floor yet (see
-// Common.PruneBatch).
-const AcquireSQL = `
-INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
-SELECT CAST($1 AS varchar), CAST($2 AS uuid),
-	GREATEST((SELECT generation FROM job_lease WHERE target_id = $1),
-	         (SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1,
-	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
-WHERE NOT EXISTS (
-	SELECT 1 FROM job_lease
-	WHERE target_id = $1 AND released_at IS NULL
-	  AND updated_at >= clock_timestamp() - COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
-ON CONFLICT (target_id) DO UPDATE SET
-	lease_token = excluded.lease_token,
+// TakeOverSQL takes over the target's row where it is released or expired:
+// a plain UPDATE, which locks and rewrites the row in place (a HOT update),
+// with no speculative insert and no row lock of its own before it. An
+// UPDATE whose WHERE fails on the row its snapshot shows, a live lease,
+// locks and writes nothing. It judges the row by the timeout its holder
+// recorded (timeout_ms), so that a caller with a shorter timeout never takes
+// over a lease that its holder still trusts; a row without one (written
+// before the column existed) by the caller's. Its arguments are the target,
+// the token, the holder, the timeout in microseconds, the generation to take
+// over from (see backend.AcquireArgs) and the timeout in milliseconds; the
+// casts give each the one type that all its uses agree on. The timeout is an
+// integer times interval '1 microsecond', not make_interval, which
+// CockroachDB lacks (see docs/scaling.md). docs/performance.md measures this
+// shape against the INSERT ... ON CONFLICT DO UPDATE of earlier versions.
+const TakeOverSQL = `
+UPDATE job_lease AS l SET
+	lease_token = CAST($2 AS uuid),
 	generation  = l.generation + 1,
-	holder      = excluded.holder,
-	updated_at  = excluded.updated_at,
+	holder      = CAST($3 AS varchar),
+	updated_at  = clock_timestamp(),
 	released_at = NULL,
 	failure     = NULL,
 	waiting     = false,
-	timeout_ms  = excluded.timeout_ms
-WHERE (l.released_at IS NOT NULL
+	timeout_ms  = CAST($6 AS bigint)
+WHERE l.target_id = CAST($1 AS varchar)
+  AND (l.released_at IS NOT NULL
     OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
   AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
 RETURNING l.generation`
 
-// Acquire runs acquireSQL.
+// InsertSQL creates the row of a target when TakeOverSQL took nothing and
+// the statement's snapshot shows no live row there: a target never acquired,
+// or whose row Prune deleted. Where the snapshot shows a live lease it
+// inserts nothing, and its ON CONFLICT DO NOTHING refuses, writing nothing,
+// when another acquire's row is there by then. The new row starts above the
+// row that the snapshot shows, if any (a Prune that deletes it while the
+// statement runs has not committed its raise of the floor yet, see
+// Common.PruneBatch), and otherwise above the generation floor, the highest
+// generation that Prune ever deleted: a row's generation is the highest its
+// target ever had, and COALESCE reads the floor only without a row. Its
+// arguments are the target, the token, the holder, the timeout in
+// microseconds and in milliseconds.
+const InsertSQL = `
+INSERT INTO job_lease (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+	COALESCE(cur.generation, (SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1,
+	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($5 AS bigint)
+FROM (VALUES (1)) AS one (x) LEFT JOIN job_lease AS cur ON cur.target_id = CAST($1 AS varchar)
+WHERE cur.target_id IS NULL OR cur.released_at IS NOT NULL
+   OR cur.updated_at < clock_timestamp() - COALESCE(cur.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond'
+ON CONFLICT (target_id) DO NOTHING
+RETURNING generation`
+
+// Acquire runs TakeOverSQL and, only when that took nothing, InsertSQL:
+// every acquire of a target whose row is free is the one UPDATE, and so is
+// every acquire refused by a live lease but for the second statement's read
+// of the row. One statement for both, as a data-modifying CTE, measured
+// slower (see docs/performance.md): its plan opens both parts on every call.
+// A caller that takes over from a given generation (From > 0) wants that
+// row, which exists or did, and makes none.
 func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {
 	var generation int64
-	ok, err := backend.QueryRow(ctx, db, b.acquireSQL,
-		[]any{a.TargetID, a.Token.String(), a.Holder, timeoutMicros(a.Timeout), a.From, backend.TimeoutMillis(a.Timeout)}, &generation)
+	micros, millis := timeoutMicros(a.Timeout), backend.TimeoutMillis(a.Timeout)
+	sending := func() {
+		if a.Sending != nil {
+			a.Sending()
+		}
+	}
+	sending()
+	ok, err := backend.QueryRow(ctx, db, b.takeOverSQL,
+		[]any{a.TargetID, a.Token.String(), a.Holder, micros, a.From, millis}, &generation)
+	if err != nil || ok || a.From > 0 {
+		return generation, ok, err
+	}
+	sending()
+	ok, err = backend.QueryRow(ctx, db, b.insertSQL,
+		[]any{a.TargetID, a.Token.String(), a.Holder, micros, millis}, &generation)
 	return generation, ok, err
 }
 
@@ -302,12 +334,48 @@ func timeoutMicros(d time.Duration) int64 {
 
 // heartbeatBatchSQL renews many leases in one statement. The leases
 // travel as two array literals, so that the statement's text, and its
-// prepared plan, is the same whatever their number.
+// prepared plan, is the same whatever their number. It returns the
+// positions in them (from 1) of the leases it did not renew, and so, as a
+// rule, nothing: the client reads no row for a lease renewed.
 const heartbeatBatchSQL = `
-UPDATE job_lease AS l SET updated_at = clock_timestamp()
-FROM unnest(CAST($1 AS text[]), CAST($2 AS uuid[])) AS b(target_id, lease_token)
-WHERE l.target_id = b.target_id AND l.lease_token = b.lease_token AND l.released_at IS NULL
-RETURNING l.target_id, l.lease_token`
+WITH b AS (
+	SELECT * FROM unnest(CAST($1 AS text[]), CAST($2 AS uuid[])) WITH ORDINALITY AS b(target_id, lease_token, i)
+), renewed AS (
+	UPDATE job_lease AS l SET updated_at = clock_timestamp()
+	FROM b
+	WHERE l.target_id = b.target_id AND l.lease_token = b.lease_token AND l.released_at IS NULL
+	RETURNING b.i
+)
+SELECT b.i FROM b WHERE NOT EXISTS (SELECT 1 FROM renewed WHERE renewed.i = b.i)`
+
+// array writes values as a text[] literal.
+func array(values []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, v := range values {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		writeQuoted(&b, v, '"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// tokenText writes token's canonical text, as uuid.UUID.String does, into
+// text, without allocating: it needs no quotes in an array literal.
+func tokenText(text *[36]byte, token uuid.UUID) {
+	const digits = "0123456789abcdef"
+	j := 0
+	for i, c := range token {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			text[j] = '-'
+			j++
+		}
+		text[j], text[j+1] = digits[c>>4], digits[c&0x0f]
+		j += 2
+	}
+}
 
 // BeginLocked begins the fenced transaction at READ COMMITTED and runs op,
 // which locks the lease row, in the same query. pgx (and lib/pq) send a
@@ -409,19 +477,4 @@ func writeQuoted(b *strings.Builder, s string, quote byte) {
 		b.WriteByte(s[i])
 	}
 	b.WriteByte(quote)
-}
-
-// array writes values as a PostgreSQL array literal, each element quoted,
-// with backslashes and double quotes escaped.
-func array(values []string) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, v := range values {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		writeQuoted(&b, v, '"')
-	}
-	b.WriteByte('}')
-	return b.String()
 }

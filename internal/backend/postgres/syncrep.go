@@ -199,54 +199,93 @@ func (b *Backend) CommitOn(ctx context.Context, db *gorm.DB, conn *sql.Conn, que
 // that a heartbeat whose wait for the synchronous standbys was cut short
 // is an error (backend.ErrReplicationCancelled), not a renewal.
 func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]bool, error) {
-	targets := make([]string, len(leases))
-	tokens := make([]string, len(leases))
-	for i, l := range leases {
-		targets[i] = l.TargetID
-		tokens[i] = l.Token.String()
-	}
+	targets, tokens := leaseArrays(leases)
 	if sqlDB, ok := db.Statement.ConnPool.(*sql.DB); ok {
-		renewed, err := b.heartbeatSimple(ctx, db, sqlDB, leases, targets, tokens)
+		lost, err := b.heartbeatSimple(ctx, db, sqlDB, leases, targets, tokens)
 		if !errors.Is(err, errNotPgx) {
-			return renewed, err
+			return lost, err
 		}
 	}
-	rows, err := backend.Query(ctx, db, b.heartbeatSQL, array(targets), array(tokens))
+	rows, err := backend.Query(ctx, db, b.heartbeatSQL, targets, tokens)
 	if err != nil {
 		return nil, err
 	}
-	return backend.ScanRenewed(rows, leases)
+	defer rows.Close()
+	lost := map[backend.Lease]bool{}
+	for rows.Next() {
+		var i int
+		if err := rows.Scan(&i); err != nil {
+			return nil, err
+		}
+		if err := markLost(lost, leases, i); err != nil {
+			return nil, err
+		}
+	}
+	return lost, rows.Err()
 }
 
 // heartbeatSimple is HeartbeatBatch as a simple query on a connection of
 // sqlDB.
 func (b *Backend) heartbeatSimple(ctx context.Context, db *gorm.DB, sqlDB *sql.DB, leases []backend.Lease,
-	targets, tokens []string,
+	targets, tokens string,
 ) (map[backend.Lease]bool, error) {
 	conn, err := sqlDB.Conn(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	query := strings.NewReplacer("$1", literal(array(targets)), "$2", literal(array(tokens))).Replace(b.heartbeatSQL)
+	query := strings.NewReplacer("$1", literal(targets), "$2", literal(tokens)).Replace(b.heartbeatSQL)
 	res, err := simpleQuery(ctx, db, conn, query, true)
 	if err != nil {
 		return nil, err
 	}
-	byKey := make(map[[2]string]backend.Lease, len(leases))
-	for _, l := range leases {
-		byKey[[2]string{l.TargetID, l.Token.String()}] = l
-	}
-	renewed := make(map[backend.Lease]bool, len(res.rows))
+	lost := map[backend.Lease]bool{}
 	for _, row := range res.rows {
-		if len(row) != 2 {
-			return nil, fmt.Errorf("heartbeat: %d columns returned, want 2", len(row))
+		if len(row) != 1 {
+			return nil, fmt.Errorf("heartbeat: %d columns returned, want 1", len(row))
 		}
-		if l, ok := byKey[[2]string{row[0], row[1]}]; ok {
-			renewed[l] = true
+		i, err := strconv.Atoi(row[0])
+		if err != nil {
+			return nil, fmt.Errorf("heartbeat: position %q: %w", row[0], err)
+		}
+		if err := markLost(lost, leases, i); err != nil {
+			return nil, err
 		}
 	}
-	return renewed, nil
+	return lost, nil
+}
+
+// markLost records as lost the lease at position i (from 1) of leases, as
+// heartbeatBatchSQL names it.
+func markLost(lost map[backend.Lease]bool, leases []backend.Lease, i int) error {
+	if i < 1 || i > len(leases) {
+		return fmt.Errorf("heartbeat: the database named lease %d of %d", i, len(leases))
+	}
+	lost[leases[i-1]] = true
+	return nil
+}
+
+// leaseArrays writes the target IDs and the tokens of leases as two array
+// literals, in the leases' order.
+func leaseArrays(leases []backend.Lease) (targets, tokens string) {
+	var tb, kb strings.Builder
+	tb.Grow(len(leases) * 40)
+	kb.Grow(len(leases) * 37)
+	tb.WriteByte('{')
+	kb.WriteByte('{')
+	var text [36]byte
+	for i, l := range leases {
+		if i > 0 {
+			tb.WriteByte(',')
+			kb.WriteByte(',')
+		}
+		writeQuoted(&tb, l.TargetID, '"')
+		tokenText(&text, l.Token)
+		kb.Write(text[:])
+	}
+	tb.WriteByte('}')
+	kb.WriteByte('}')
+	return tb.String(), kb.String()
 }
 
 // ReadSaved reads the generation that targetID's row last saved under a

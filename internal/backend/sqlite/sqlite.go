@@ -251,7 +251,7 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []back
 	if err != nil {
 		return nil, err
 	}
-	return backend.ScanRenewed(rows, leases)
+	return backend.ScanLost(rows, leases)
 }
 
 // State reads what a waiter needs of the row.

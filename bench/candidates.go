@@ -1,0 +1,419 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The candidates section measures, apart, what each part of gormlease's
+// PostgreSQL acquire and release costs: the statements of the version
+// before this one (committedAcquire, on main at 5364ab8), each with one part
+// taken out, the plain-SQL lease on its narrow row and on a row as wide as
+// job_lease, and this version's statements (rawAcquire, rawRelease), all
+// acquire+release on raw pgx, each on a table of its own named by the
+// candidate's key. Where the server loads pg_stat_statements it also reports
+// each statement's server time, buffers and WAL, and for each acquire
+// EXPLAIN (ANALYZE, BUFFERS) on a released row.
+
+// committedAcquire is the acquire of the version before this one, on table
+// T: two subqueries for the new row's generation (the row's own and the
+// floor) besides the NOT EXISTS guard, each evaluated on every acquire.
+const committedAcquire = `
+INSERT INTO T AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+	GREATEST((SELECT generation FROM T WHERE target_id = $1),
+	         (SELECT generation FROM raw_lease_floor WHERE id = 1), 0) + 1,
+	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
+WHERE NOT EXISTS (
+	SELECT 1 FROM T
+	WHERE target_id = $1 AND released_at IS NULL
+	  AND updated_at >= clock_timestamp() - COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+ON CONFLICT (target_id) DO UPDATE SET
+	lease_token = excluded.lease_token,
+	generation  = l.generation + 1,
+	holder      = excluded.holder,
+	updated_at  = excluded.updated_at,
+	released_at = NULL,
+	failure     = NULL,
+	waiting     = false,
+	timeout_ms  = excluded.timeout_ms
+WHERE (l.released_at IS NOT NULL
+    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
+RETURNING l.generation`
+
+// committedRelease is the release of the version before this one, on T.
+const committedRelease = `UPDATE T SET released_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'T ' || target_id) END`
+
+// joinAcquire reads the row once, by a LEFT JOIN, and the floor only when
+// there is no row (COALESCE evaluates its subquery only when needed).
+const joinAcquire = `
+INSERT INTO T AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+	COALESCE(cur.generation, (SELECT generation FROM raw_lease_floor WHERE id = 1), 0) + 1,
+	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
+FROM (VALUES (1)) AS one (x) LEFT JOIN T AS cur ON cur.target_id = CAST($1 AS varchar)
+WHERE cur.target_id IS NULL OR cur.released_at IS NOT NULL
+   OR cur.updated_at < clock_timestamp() - COALESCE(cur.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond'
+ON CONFLICT (target_id) DO UPDATE SET
+	lease_token = excluded.lease_token,
+	generation  = l.generation + 1,
+	holder      = excluded.holder,
+	updated_at  = excluded.updated_at,
+	released_at = NULL,
+	failure     = NULL,
+	waiting     = false,
+	timeout_ms  = excluded.timeout_ms
+WHERE (l.released_at IS NOT NULL
+    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
+RETURNING l.generation`
+
+// cteAcquire takes a free row with a plain UPDATE (no speculative insert,
+// no separate row lock), and inserts only when the UPDATE took nothing and
+// the snapshot shows no live row.
+const cteAcquire = `
+WITH taken AS (
+	UPDATE T AS l SET lease_token = CAST($2 AS uuid), generation = l.generation + 1, holder = CAST($3 AS varchar),
+		updated_at = clock_timestamp(), released_at = NULL, failure = NULL, waiting = false, timeout_ms = CAST($6 AS bigint)
+	WHERE l.target_id = CAST($1 AS varchar)
+	  AND (l.released_at IS NOT NULL
+	    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+	  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
+	RETURNING l.generation
+), made AS (
+	INSERT INTO T (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+	SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+		COALESCE(cur.generation, (SELECT generation FROM raw_lease_floor WHERE id = 1), 0) + 1,
+		CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
+	FROM (VALUES (1)) AS one (x) LEFT JOIN T AS cur ON cur.target_id = CAST($1 AS varchar)
+	WHERE NOT EXISTS (SELECT 1 FROM taken)
+	  AND (cur.target_id IS NULL OR cur.released_at IS NOT NULL
+	    OR cur.updated_at < clock_timestamp() - COALESCE(cur.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+	ON CONFLICT (target_id) DO NOTHING
+	RETURNING generation
+)
+SELECT generation FROM taken UNION ALL SELECT generation FROM made`
+
+// candidate is one pair of acquire and release statements, on table T.
+type candidate struct {
+	key, name        string
+	acquire, release string
+	// plain marks the plain-SQL lease's arguments and results: target,
+	// token, timeout in seconds; rows affected.
+	plain bool
+	// narrow makes T with the plain-SQL lease's three columns.
+	narrow bool
+	// insert, when set, runs after acquire took nothing, as this version's
+	// acquire does: its arguments are acquire's but the generation.
+	insert string
+}
+
+// candidates are the statements measured apart.
+func candidates() []candidate {
+	cut := func(s, old, new string) string {
+		if !strings.Contains(s, old) {
+			panic("candidate: no " + old)
+		}
+		return strings.Replace(s, old, new, 1)
+	}
+	noNotify := cut(committedRelease, ` RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'T ' || target_id) END`, "")
+	plainT := strings.NewReplacer("plain_lease", "T")
+	wideAcquire := `INSERT INTO T (target_id, lease_token, generation, updated_at) VALUES ($1, $2, 1, now())
+ON CONFLICT (target_id) DO UPDATE SET lease_token = excluded.lease_token, updated_at = now()
+WHERE T.updated_at < now() - make_interval(secs => $3)`
+	return []candidate{
+		{key: "c_plain", name: "plain-SQL lease (upsert; DELETE)", acquire: plainT.Replace(plainAcquire), release: plainT.Replace(plainRelease), plain: true, narrow: true},
+		{key: "c_plainwide", name: "plain-SQL lease on a row as wide as job_lease", acquire: wideAcquire, release: plainT.Replace(plainRelease), plain: true},
+		{key: "c_committed", name: "gormlease before (5364ab8)", acquire: committedAcquire, release: committedRelease},
+		{key: "c_nofloor", name: "before, without the floor subquery", acquire: cut(committedAcquire, "\n\t         (SELECT generation FROM raw_lease_floor WHERE id = 1), 0)", " 0)"), release: committedRelease},
+		{key: "c_noown", name: "before, without the row's own generation subquery", acquire: cut(committedAcquire, "GREATEST((SELECT generation FROM T WHERE target_id = $1),\n\t        ", "GREATEST("), release: committedRelease},
+		{key: "c_nosub", name: "before, without either subquery", acquire: cut(committedAcquire, "GREATEST((SELECT generation FROM T WHERE target_id = $1),\n\t         (SELECT generation FROM raw_lease_floor WHERE id = 1), 0) + 1", "1"), release: committedRelease},
+		{key: "c_nofrom", name: "before, without the from-generation predicate", acquire: cut(committedAcquire, "(CAST($5 AS bigint) < 0 OR l.generation = $5)", "CAST($5 AS bigint) IS NOT NULL"), release: committedRelease},
+		{key: "c_nonotify", name: "before, release without RETURNING … pg_notify", acquire: committedAcquire, release: noNotify},
+		{key: "c_join", name: "one read of the row (LEFT JOIN), floor only without one", acquire: joinAcquire, release: committedRelease},
+		{key: "c_cte", name: "one statement: UPDATE first, INSERT only without a free row (a CTE)", acquire: cteAcquire, release: committedRelease},
+		{key: "c_now", name: "gormlease now: UPDATE, then INSERT only when it took nothing", acquire: rawTakeOver, insert: rawInsert, release: rawRelease},
+	}
+}
+
+// on writes c's statements for its own table.
+func (c candidate) on(s string) string {
+	return tableName.ReplaceAllString(s, c.key)
+}
+
+// tableName matches the lease table's name in a candidate's statements: T,
+// or raw_lease (not raw_lease_floor) in this version's.
+var tableName = regexp.MustCompile(`\bT\b|\braw_lease\b`)
+
+// newCandidate runs c on a pgx pool.
+func newCandidate(ctx context.Context, dsn string, conns int, c candidate) (*impl, error) {
+	cnt := &counter{}
+	pool, err := openPool(ctx, dsn, conns, cnt)
+	if err != nil {
+		return nil, err
+	}
+	acquire, release := c.on(c.acquire), c.on(c.release)
+	steps := leaseSteps{
+		acquire: func(ctx context.Context, target string) (uuid.UUID, bool, error) {
+			token := uuid.New()
+			if c.plain {
+				tag, err := pool.Exec(ctx, acquire, target, token, leaseTimeout.Seconds())
+				return token, err == nil && tag.RowsAffected() == 1, err
+			}
+			if c.insert != "" {
+				ok, err := rawAcquire(ctx, pool, acquire, c.on(c.insert), target, token)
+				return token, ok, err
+			}
+			var gen int64
+			err := pool.QueryRow(ctx, acquire, target, token, "bench", leaseTimeout.Microseconds(), -1, leaseTimeout.Milliseconds()).Scan(&gen)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return token, false, nil
+			}
+			return token, err == nil, err
+		},
+		release: func(ctx context.Context, target string, token uuid.UUID) error {
+			_, err := pool.Exec(ctx, release, target, token)
+			return err
+		},
+	}
+	return &impl{name: c.name, stmts: cnt, pool: pool, try: steps.try, warm: warmPool(pool), close: pool.Close}, nil
+}
+
+// candidateStat is one statement's pg_stat_statements figures, per call.
+type candidateStat struct {
+	calls                           int64
+	execUS, planUS, hit, walRec, wB float64
+	plans                           int64
+}
+
+// candidateResult is what the candidates section found of one candidate.
+type candidateResult struct {
+	c                 candidate
+	acquire, release  candidateStat
+	stats             bool
+	hot, upd          int64
+	explain, explainR string
+}
+
+// candidateScenarios runs the candidates section.
+func (b *bench) candidateScenarios(ctx context.Context) error {
+	cs := candidates()
+	for _, c := range cs {
+		q := func(table string) string { return b.o.schema + "." + table }
+		ddl := "CREATE TABLE " + q(c.key) + " (LIKE " + q("job_lease") + " INCLUDING ALL) WITH (fillfactor = 80)"
+		if c.narrow {
+			ddl = "CREATE TABLE " + q(c.key) + " (LIKE " + q("plain_lease") + " INCLUDING ALL)"
+		}
+		if _, err := b.admin.Exec(ctx, ddl); err != nil {
+			return fmt.Errorf("%s: %w", ddl, err)
+		}
+	}
+	_, err := b.admin.Exec(ctx, "SELECT public.pg_stat_statements_reset()")
+	stats := err == nil
+	if stats {
+	}
+	const conns = 34
+	makers := make([]maker, len(cs))
+	for i, c := range cs {
+		makers[i] = func() (*impl, error) { return newCandidate(ctx, b.dsn, conns, c) }
+	}
+	slice := b.o.duration / time.Duration(b.o.rounds)
+	for _, w := range []int{1, 8, 32} {
+		sp := spec{"candidates", "candidates", w, acquireRelease}
+		for round := range b.o.rounds {
+			for i := range makers {
+				b.addRound(round, b.point(ctx, sp, makers[(i+round)%len(makers)], slice, false))
+			}
+		}
+	}
+	b.settle(ctx)
+	for _, c := range cs {
+		r := candidateResult{c: c, stats: stats}
+		_ = b.admin.QueryRow(ctx, `SELECT n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`,
+			b.o.schema, c.key).Scan(&r.hot, &r.upd)
+		if stats {
+			r.acquire = b.statementStat(ctx, c, false)
+			r.release = b.statementStat(ctx, c, true)
+			r.explain = b.explain(ctx, c, "explain-free", true)
+			r.explainR = b.explain(ctx, c, "explain-live", false)
+		}
+		b.cands = append(b.cands, r)
+	}
+	return nil
+}
+
+// statementStat reads from pg_stat_statements the figures of c's acquire
+// (or, with release, its release), found as the most called statement that
+// begins with the same four words: the server normalises the constants of a
+// statement's text, so the text itself does not match.
+func (b *bench) statementStat(ctx context.Context, c candidate, release bool) candidateStat {
+	stmt := c.acquire
+	if release {
+		stmt = c.release
+	}
+	// The first four words, which hold no constant, with c's table.
+	words := strings.Fields(c.on(stmt))
+	prefix := strings.Join(words[:min(4, len(words))], " ")
+	var s candidateStat
+	_ = b.admin.QueryRow(ctx, `SELECT calls, total_exec_time * 1000 / calls, COALESCE(total_plan_time * 1000 / NULLIF(plans, 0), 0), plans,
+	shared_blks_hit::float8 / calls, wal_records::float8 / calls, wal_bytes::float8 / calls
+FROM public.pg_stat_statements
+WHERE regexp_replace(ltrim(query), '\s+', ' ', 'g') LIKE $1 || ' %' AND calls > 0 ORDER BY calls DESC LIMIT 1`, prefix).
+		Scan(&s.calls, &s.execUS, &s.planUS, &s.plans, &s.hit, &s.walRec, &s.wB)
+	return s
+}
+
+// explain returns EXPLAIN (ANALYZE, BUFFERS) of c's acquire on target, in a
+// transaction rolled back: on a released row when free, else on a live one
+// (a refusal).
+func (b *bench) explain(ctx context.Context, c candidate, target string, free bool) string {
+	conn, err := pgx.Connect(ctx, b.dsn)
+	if err != nil {
+		return err.Error()
+	}
+	defer conn.Close(ctx)
+	args := func(token uuid.UUID) []any {
+		if c.plain {
+			return []any{target, token, leaseTimeout.Seconds()}
+		}
+		return []any{target, token, "bench", leaseTimeout.Microseconds(), -1, leaseTimeout.Milliseconds()}
+	}
+	// The row, live; released too when free (the plain lease deletes it).
+	create, createArgs := c.on(c.acquire), args(uuid.New())
+	if c.insert != "" {
+		create, createArgs = c.on(c.insert), []any{target, uuid.New(), "bench", leaseTimeout.Microseconds(), leaseTimeout.Milliseconds()}
+	}
+	if _, err := conn.Exec(ctx, create, createArgs...); err != nil {
+		return err.Error()
+	}
+	if free && !c.plain {
+		if _, err := conn.Exec(ctx, "UPDATE "+c.key+" SET released_at = clock_timestamp() WHERE target_id = $1", target); err != nil {
+			return err.Error()
+		}
+	}
+	if free && c.plain {
+		if _, err := conn.Exec(ctx, "DELETE FROM "+c.key+" WHERE target_id = $1", target); err != nil {
+			return err.Error()
+		}
+	}
+	var out []string
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// Warm the plan and the pages, then explain.
+		for range 6 {
+			if _, err := tx.Exec(ctx, "SAVEPOINT s"); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, c.on(c.acquire), args(uuid.New())...); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT s"); err != nil {
+				return err
+			}
+		}
+		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) "+c.on(c.acquire), args(uuid.New())...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				return err
+			}
+			out = append(out, line)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return errSkipCommit
+	})
+	if err != nil && !errors.Is(err, errSkipCommit) {
+		return err.Error()
+	}
+	return strings.Join(out, "\n")
+}
+
+// errSkipCommit rolls an explained transaction back.
+var errSkipCommit = errors.New("roll back")
+
+// candidatesReport writes the candidates section.
+func (b *bench) candidatesReport(p func(string, ...any)) {
+	if len(b.cands) == 0 {
+		return
+	}
+	plain := b.cands[0].c.name
+	p("\n## What each part of the acquire and release costs (acquire+release on raw pgx, each candidate on a table of its own)\n\n")
+	p("| candidate | ops/s, 1 worker | 8 workers | 32 workers | vs plain, 1 | 8 | 32 | acquire: server µs (plan µs) | buffers hit | WAL records | WAL bytes | release: server µs | WAL records | HOT updates |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range b.cands {
+		var ops [3]float64
+		var ratios [3]float64
+		for i, w := range []int{1, 8, 32} {
+			if m, ok := b.find("candidates", r.c.name, w); ok {
+				ops[i] = m.OpsPerSec
+			}
+			ratios[i] = b.ratio("candidates", r.c.name, plain, w)
+		}
+		stat := func(s candidateStat) string {
+			if !r.stats || s.calls == 0 {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.1f (%.1f)", s.execUS, s.planUS)
+		}
+		num := func(ok bool, v float64, f string) string {
+			if !ok {
+				return "n/a"
+			}
+			return fmt.Sprintf(f, v)
+		}
+		hot := "n/a"
+		if r.upd > 0 {
+			hot = fmt.Sprintf("%.1f%% (%d of %d)", 100*float64(r.hot)/float64(r.upd), r.hot, r.upd)
+		}
+		a, rel := r.acquire, r.release
+		p("| %s | %.0f | %.0f | %.0f | %.2f× | %.2f× | %.2f× | %s | %s | %s | %s | %s | %s | %s |\n",
+			r.c.name, ops[0], ops[1], ops[2], ratios[0], ratios[1], ratios[2],
+			stat(a), num(a.calls > 0, a.hit, "%.1f"), num(a.calls > 0, a.walRec, "%.2f"), num(a.calls > 0, a.wB, "%.0f"),
+			stat(rel), num(rel.calls > 0, rel.walRec, "%.2f"), hot)
+	}
+	p("\nWhat was found, and changed (the figures are this run's, above):\n\n")
+	p("- **The subqueries, the from-generation predicate, the notification, the wider row: each costs little.** Taking out the floor subquery, the row's own generation, both, the from predicate, or the release's `RETURNING CASE … pg_notify` moves ops/s within the noise of the slices, and the server time of the acquire by a few µs (an index probe of a cached page each); the plain-SQL lease on a row as wide as job_lease runs as fast as on its narrow one. None of them is the regression.\n")
+	p("- **The cost was the shape of the takeover.** `INSERT … ON CONFLICT DO UPDATE` on a row that exists runs the insert's SELECT (its subqueries included), probes the index for the conflict, locks the row, which writes a WAL record of its own (Heap LOCK), then updates it: %s WAL records and %s buffers per acquire before, against %s and %s for a bare `UPDATE` of the free row now. The acquire is now that `UPDATE` (TakeOverSQL), HOT like before, and the `INSERT` (LEFT JOIN on the row, the floor read only without one, `ON CONFLICT DO NOTHING`) runs only when the `UPDATE` took nothing: a target's first acquire, and an acquire refused by a live lease, are two statements, as on MySQL.\n",
+		b.candStat("c_committed", func(s candidateStat) float64 { return s.walRec }, "%.2f"), b.candStat("c_committed", func(s candidateStat) float64 { return s.hit }, "%.1f"),
+		b.candStat("c_now", func(s candidateStat) float64 { return s.walRec }, "%.2f"), b.candStat("c_now", func(s candidateStat) float64 { return s.hit }, "%.1f"))
+	p("- **One statement with both parts, a CTE, is not faster.** It cut the executor's time and the WAL records as much, but its plan opens the UPDATE, the INSERT with its conflict arbiter and the LEFT JOIN on every call: with pgbench (8 clients, a private cluster, server CPU read from /proc) a cycle of acquire and release cost the server about 140 µs with it and with the earlier statement, 122–136 µs with the bare UPDATE, and 98–114 µs for the plain-SQL lease's upsert and DELETE.\n")
+	p("- **What is left** is the design's: a lease row that stays, so that its generation goes on, is two new row versions per cycle (the takeover and the release, each a HOT update with page pruning), where the plain-SQL lease inserts one and marks it deleted.\n")
+	p("- **Guarantees kept**: a refused acquire writes nothing (the UPDATE's WHERE fails on the live row its snapshot shows, and takes no lock; the INSERT sees the live row and inserts nothing; see *Safety checks*); generations rise across prunes (the new row starts above the row its snapshot shows, else above the floor); notifications stay on the release, only for rows marked as waited on; takeovers and releases are HOT updates (*Safety checks* and the last column above; TestAcquire_TakeoverIsOneHOTUpdate checks it with pg_walinspect on a cluster of its own).\n")
+	if !b.cands[0].stats {
+		p("\npg_stat_statements is not loaded on this server (shared_preload_libraries), so the server columns are n/a; run this section on a cluster that loads it.\n")
+		return
+	}
+	p("\nServer µs and plan µs are pg_stat_statements' mean execution and planning time per call over the whole section (the plan column is the mean over the calls that planned: %s), buffers hit and WAL are per call; the server times leave out parsing, the protocol and the commit's WAL flush. HOT updates are n_tup_hot_upd of n_tup_upd on the candidate's table after the section.\n",
+		"a prepared statement plans on its first calls, then reuses a generic plan")
+	for _, key := range []string{"c_committed", "c_now"} {
+		for _, r := range b.cands {
+			if r.c.key != key {
+				continue
+			}
+			p("\nEXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) of *%s*'s acquire on a released row (a takeover), then on a live one (a refusal):\n\n```\n%s\n```\n\n```\n%s\n```\n", r.c.name, r.explain, r.explainR)
+		}
+	}
+}
+
+// candStat formats one pg_stat_statements figure of the acquire of the
+// candidate keyed key, or n/a.
+func (b *bench) candStat(key string, f func(candidateStat) float64, format string) string {
+	for _, r := range b.cands {
+		if r.c.key == key && r.stats && r.acquire.calls > 0 {
+			return fmt.Sprintf(format, f(r.acquire))
+		}
+	}
+	return "n/a"
+}
