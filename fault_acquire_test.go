@@ -14,15 +14,17 @@ import (
 )
 
 // Fault: the connection is cut after the acquire statement reached the
-// database, so the lease was taken but the answer is lost. Run fails, but it
-// must not leave the target held by a token that no one knows until the
-// lease times out: a Run right after takes the target.
+// database, so the lease was taken but the answer is lost. The acquire must
+// not leave the target held by a token that no one knows until the lease
+// times out: it releases that token's lease, and, the database being
+// reachable again, tries once more under a new token, which takes the
+// target. The work runs once, under the generation after the orphan's.
 func TestFault_AcquireAnswerLost(t *testing.T) {
 	t.Parallel()
 	s := testdb.Postgres(t)
 	direct := s.DB(t)
 	proxy := testdb.NewProxy(t, s.Addr)
-	r := newRunner(t, s.OpenVia(t, proxy.Addr()), gormlease.WithOperationTimeout(2*time.Second))
+	r := newRunner(t, s.OpenVia(t, proxy.Addr()), gormlease.WithOperationTimeout(5*time.Second))
 	target := "aa-" + uuid.NewString()
 	// The target's row exists, released, so that the acquire is the one
 	// statement that takes it over.
@@ -41,19 +43,19 @@ func TestFault_AcquireAnswerLost(t *testing.T) {
 		proxy.Cut()
 		proxy.Restore()
 	}()
-	_, err = r.Run(context.Background(), target, func(context.Context) (string, error) {
-		t.Error("work ran although the acquire failed")
-		return "", nil
-	}, noSave(t))
-	require.Error(t, err)
-	assert.NotErrorIs(t, err, gormlease.ErrLeaseHeld)
-	recv(t, tripped, time.Second, "the acquire to trip the proxy")
-	row := leaseRow(t, direct, target) // the acquire did reach the database
-	assert.NotNil(t, row.ReleasedAt, "the orphaned lease was left held")
-
-	got, err := r.Run(context.Background(), target, func(context.Context) (string, error) {
+	runs := 0
+	var gen int64
+	got, err := r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
+		runs++
+		lease, _ := gormlease.LeaseFromContext(ctx)
+		gen = lease.Generation
 		return "taken", nil
 	}, gormlease.SaveJSON[string])
-	require.NoError(t, err, "the target stayed held after a failed acquire")
+	recv(t, tripped, time.Second, "the acquire to trip the proxy")
+	require.NoError(t, err, "the acquire did not try again once the database was back")
 	assert.Equal(t, "taken", got)
+	assert.Equal(t, 1, runs)
+	// The lost acquire took generation l+1 under its own token and released
+	// it; the second took the next one.
+	assert.Equal(t, l.Generation+2, gen, "the orphaned lease was not released before the acquire tried again")
 }

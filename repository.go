@@ -99,9 +99,12 @@ func newRepository(db *gorm.DB, holder string, tables tableNames) (*Repository, 
 // and without writing. (On MySQL, InnoDB locks the row before it checks it,
 // so while the holder's fenced commit runs, a refused acquire waits for
 // that commit to end.) When the connection fails before the answer comes
-// back, Acquire returns the error after releasing, by its new token, the
-// lease that the statement may have taken, so that the target is not left
-// held until the timeout.
+// back, Acquire releases, by its new token, the lease that the statement
+// may have taken, so that the target is not left held until the timeout.
+// While the database cannot be reached (a failover, a switchover, a
+// restart: no connection, or none to a server that accepts writes), it
+// tries again, under a new token each time, until ctx ends, and then
+// returns the last error.
 func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.Duration) (Lease, error) {
 	return r.acquire(ctx, targetID, timeout, backend.AnyGeneration)
 }
@@ -131,7 +134,9 @@ const acquireCleanupTimeout = 10 * time.Second
 // token, on a context that survives ctx's cancellation. The token is this
 // attempt's alone, so the release cannot touch another holder's lease. It
 // is best effort: a statement still in flight after the release leaves the
-// lease to time out.
+// lease to time out. While the database cannot be reached (a failover, a
+// switchover, a restart), the acquire is tried again, each time under a
+// token of its own, until ctx ends.
 func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.Duration, from int64) (Lease, error) {
 	if err := checkTargetID(targetID); err != nil {
 		return Lease{}, err
@@ -139,9 +144,22 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.
 	if timeout <= 0 {
 		return Lease{}, invalidf("lease timeout must be > 0, got %v", timeout)
 	}
+	wait := backend.ReconnectBackoff()
+	for {
+		l, unreachable, err := r.acquireOnce(ctx, targetID, timeout, from)
+		if !unreachable || !wait.Wait(ctx) {
+			return l, err
+		}
+	}
+}
+
+// acquireOnce is one attempt of acquire, under a token of its own;
+// unreachable reports that its statement failed because the database could
+// not be reached.
+func (r *Repository) acquireOnce(ctx context.Context, targetID string, timeout time.Duration, from int64) (_ Lease, unreachable bool, _ error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
-		return Lease{}, wrapf(err, "acquire %q: mint token", targetID)
+		return Lease{}, false, wrapf(err, "acquire %q: mint token", targetID)
 	}
 	var gen int64
 	var ok bool
@@ -154,11 +172,12 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.
 	})
 	switch {
 	case err != nil:
-		return Lease{}, r.acquireFailed(ctx, targetID, err, token, targetID)
+		unreachable := backend.Unreachable(err) && !backend.IsSerializationFailure(err)
+		return Lease{}, unreachable, r.acquireFailed(ctx, targetID, err, token, targetID)
 	case !ok:
-		return Lease{}, wrapf(ErrLeaseHeld, "acquire %q", targetID)
+		return Lease{}, false, wrapf(ErrLeaseHeld, "acquire %q", targetID)
 	}
-	return Lease{TargetID: targetID, Token: token, Generation: gen}, nil
+	return Lease{TargetID: targetID, Token: token, Generation: gen}, false, nil
 }
 
 // acquireFailed returns the error of an acquire of targetID whose statement
