@@ -17,26 +17,33 @@ import (
 // save-and-release (CommitAndRelease), on every pool type:
 //
 //  1. Begin a transaction and lock the lease row, checking that it still
-//     carries the caller's token. CommitIfOwner locks it with a locking read
-//     through the JobLease model (SELECT ... FOR UPDATE; on SQLite, the
-//     transaction's write lock). CommitAndRelease locks it with the
-//     statement that records the save and releases the lease, which locks
-//     and checks in one; where the backend can (PostgreSQL, on a plain
-//     database/sql pool) it is sent in one query with BEGIN. While the
-//     database cannot be reached (a failover, a restart), this first step
-//     is tried again, on another connection, until the context ends:
-//     nothing has run yet.
+//     carries the caller's token. Through gorm's transaction, CommitIfOwner
+//     locks it with a locking read through the JobLease model (SELECT ...
+//     FOR UPDATE; on SQLite, the transaction's write lock), and
+//     CommitAndRelease with the statement that records the save and
+//     releases the lease, which locks and checks in one. Where the backend
+//     can (PostgreSQL, on a plain database/sql pool), BEGIN and the
+//     statement that records the save (CommitIfOwner) or records it and
+//     releases (CommitAndRelease) go in one query on a connection of the
+//     fence's own, and the COMMIT, on that connection, is read with its
+//     notices (see backend.Backend.CommitOn). While the database cannot be
+//     reached (a failover, a restart), this first step is tried again, on
+//     another connection, until the context ends: nothing has run yet.
 //  2. Run the saver on the transaction; its error rolls everything back.
-//  3. For CommitIfOwner, record the save in the row; then COMMIT. A COMMIT
-//     that got no answer is ErrCommitUnknown, and so is one that the
-//     server committed without the confirmation of the synchronous
-//     standbys it waits for (backend.ErrReplicationCancelled): after a
-//     failover that left the old primary running, it is there alone.
+//  3. Through gorm's transaction, CommitIfOwner records the save in the
+//     row; then COMMIT. A COMMIT that got no answer, or that the server
+//     answered by ending the connection, is ErrCommitUnknown, and so is one
+//     that the server committed without the confirmation of the
+//     synchronous standbys it waits for (backend.ErrReplicationCancelled):
+//     after a failover that left the old primary running, it is there
+//     alone.
 //
 // The backend may then ask for the whole commit to run again (a Galera
-// certification failure while the lease was still the caller's); nothing
-// else retries it, since the saver may have effects outside the
-// transaction.
+// certification failure while the lease was still the caller's). A
+// transaction that the server ended before its COMMIT (a shutdown, a
+// failover, a broken connection: *endedError) saved nothing, and
+// Runner.Run may run the commit again too, while the lease is still its
+// own; nothing else retries it.
 
 // errSaverEnds is returned to a saver that tries to end the fenced
 // transaction itself.
@@ -70,6 +77,24 @@ type fencedTx struct {
 	// commit sends COMMIT; rollback ends the transaction without saving.
 	commit   func(ctx context.Context) error
 	rollback func(ctx context.Context)
+	// recorded is set when the statement that locked the row also
+	// recorded the save.
+	recorded bool
+}
+
+// endedError is an error of a fenced commit whose transaction the server
+// ended, or lost, before its COMMIT was sent: nothing was saved, and the
+// lease may still be the caller's.
+type endedError struct{ err error }
+
+func (e *endedError) Error() string { return e.err.Error() }
+func (e *endedError) Unwrap() error { return e.err }
+
+// endedBeforeCommit reports whether err, from a fenced commit, says that
+// the transaction ended before its COMMIT, without saving anything.
+func endedBeforeCommit(err error) bool {
+	var e *endedError
+	return errors.As(err, &e)
 }
 
 // errLockedNothing is the lock's error when no row held the lease.
@@ -113,10 +138,18 @@ func (r *Repository) commitOnce(ctx context.Context, l Lease, fn func(tx *gorm.D
 		}
 	}()
 	if err := fn(session(ctx, r.db, &saverPool{tx.pool})); err != nil {
-		return saveFailed(l, err)
+		err = saveFailed(l, err)
+		if backend.Unreachable(err) && r.txGone(ctx, tx) {
+			// The saver's statement failed because the transaction is
+			// gone with its connection or its server.
+			return &endedError{err}
+		}
+		return err
 	}
-	if !release {
+	if !release && !tx.recorded {
 		switch n, err := r.backend.UpdateOwn(ctx, session(ctx, r.db, tx.pool), backend.Save, l.row()); {
+		case err != nil && backend.Unreachable(err):
+			return &endedError{wrapf(err, "commit %q: record the save", l.TargetID)}
 		case err != nil:
 			return wrapf(err, "commit %q: record the save", l.TargetID)
 		case n != 1:
@@ -135,10 +168,12 @@ func (r *Repository) commitOnce(ctx context.Context, l Lease, fn func(tx *gorm.D
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, backend.ErrReplicationCancelled), !backend.AnsweredByServer(err):
-		// COMMIT was sent, or about to be, and no answer came back; or it
-		// committed without the standbys' confirmation, which a failover
-		// may throw away: Run settles it by a read the standbys confirm.
+	case errors.Is(err, backend.ErrReplicationCancelled), backend.Unreachable(err):
+		// COMMIT was sent, or about to be, and no answer came back, or the
+		// server ended the connection in its place (which a shutdown does
+		// also after committing); or it committed without the standbys'
+		// confirmation, which a failover may throw away: Run settles it by
+		// a read the standbys confirm.
 		return &commitUnknownError{targetID: l.TargetID, cause: err}
 	case backend.SQLState(err) == "25P02":
 		return wrapf(err, "save %q: a statement of the saver failed and aborted the transaction, nothing saved", l.TargetID)
@@ -148,22 +183,41 @@ func (r *Repository) commitOnce(ctx context.Context, l Lease, fn func(tx *gorm.D
 
 // beginFenced begins the fenced transaction and locks l's row, trying again
 // while the database cannot be reached, until ctx ends. It returns an error
-// wrapping ErrLeaseLost, having rolled back, when no row held l.
+// wrapping ErrLeaseLost, having rolled back, when no row held l, and an
+// *endedError when the database could not be reached before ctx ended.
 func (r *Repository) beginFenced(ctx context.Context, l Lease, release bool) (*fencedTx, error) {
 	wait := backend.ReconnectBackoff()
 	for {
 		tx, err := r.beginOnce(ctx, l, release)
-		if err == nil || !backend.Unreachable(err) || errors.Is(err, ErrLeaseLost) || !wait.Wait(ctx) {
+		switch {
+		case err == nil || errors.Is(err, ErrLeaseLost) || !backend.Unreachable(err):
 			return tx, err
+		case !wait.Wait(ctx):
+			return nil, &endedError{err}
 		}
 	}
 }
 
+// txGone reports whether tx can no longer run statements because its
+// connection, or its server, is gone: a statement on it fails as one that
+// could not reach the database. A transaction that a failed statement only
+// aborted still answers.
+func (r *Repository) txGone(ctx context.Context, tx *fencedTx) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), acquireCleanupTimeout)
+	defer cancel()
+	_, _, err := backend.Exec(ctx, session(ctx, r.db, tx.pool), "SELECT 1")
+	return err != nil && backend.Unreachable(err)
+}
+
 // beginOnce is one attempt of beginFenced.
 func (r *Repository) beginOnce(ctx context.Context, l Lease, release bool) (*fencedTx, error) {
-	if release && r.backend.Capabilities().OneTripBegin && !r.oneTripRefused.Load() {
+	if r.backend.Capabilities().OneTripBegin && !r.oneTripRefused.Load() {
 		if sqlDB, ok := r.db.Statement.ConnPool.(*sql.DB); ok {
-			tx, handled, err := r.beginOneTrip(ctx, sqlDB, l)
+			op := backend.Save
+			if release {
+				op = backend.SaveRelease
+			}
+			tx, handled, err := r.beginOneTrip(ctx, sqlDB, l, op)
 			if handled {
 				return tx, err
 			}
@@ -207,17 +261,18 @@ func (r *Repository) lock(ctx context.Context, tx *gorm.DB, l Lease, release boo
 	return len(rows) == 1 && rows[0].LeaseToken == l.Token && rows[0].ReleasedAt == nil, nil
 }
 
-// beginOneTrip begins the fenced transaction of a save-and-release on a
-// connection of sqlDB and locks the row in the same query (see
-// backend.Capabilities.OneTripBegin). It reports handled false, having run
-// nothing, when the driver cannot send the two statements as one query;
-// then r's commits go through gorm's transaction from then on.
-func (r *Repository) beginOneTrip(ctx context.Context, sqlDB *sql.DB, l Lease) (*fencedTx, bool, error) {
+// beginOneTrip begins the fenced transaction on a connection of sqlDB and
+// runs op (Save or SaveRelease), which locks the row and records the save,
+// in the same query (see backend.Capabilities.OneTripBegin). It reports
+// handled false, having run nothing, when the driver cannot send the two
+// statements as one query; then r's commits go through gorm's transaction
+// from then on.
+func (r *Repository) beginOneTrip(ctx context.Context, sqlDB *sql.DB, l Lease, op backend.Own) (*fencedTx, bool, error) {
 	conn, err := sqlDB.Conn(ctx)
 	if err != nil {
 		return nil, true, wrapf(err, "commit %q", l.TargetID)
 	}
-	_, n, err := backend.ExecOn(ctx, r.db, conn, r.backend.BeginLocked(backend.SaveRelease, l.row()))
+	_, n, err := backend.ExecOn(ctx, r.db, conn, r.backend.BeginLocked(op, l.row()))
 	if err != nil {
 		if r.backend.RefusesQueries(err) {
 			_ = conn.Close()
@@ -230,7 +285,7 @@ func (r *Repository) beginOneTrip(ctx context.Context, sqlDB *sql.DB, l Lease) (
 		_ = conn.Close()
 		return nil, true, wrapf(err, "commit %q: lock lease row", l.TargetID)
 	}
-	tx := &fencedTx{pool: conn}
+	tx := &fencedTx{pool: conn, recorded: true}
 	inTx := true
 	closeConn := func() {
 		if inTx {

@@ -63,10 +63,13 @@
 //
 // Acquire, heartbeat and release are single statements: after a
 // serialization failure or deadlock (under a REPEATABLE READ or SERIALIZABLE
-// session default) they are retried a few times. The fenced commit is not
-// retried once its saver ran, with one exception: on a MariaDB Galera node,
-// after a certification failure while the lease is provably still the
-// caller's, the whole transaction runs again (the saver too). There, too, a
+// session default) they are retried a few times. The fenced commit runs
+// again, the saver too, only when its transaction provably saved nothing
+// while the lease was still the caller's: Run commits again after the
+// server ended the transaction before its COMMIT (a shutdown, a failover)
+// or a COMMIT without an answer was settled as rolled back, and on a
+// MariaDB Galera node the commit runs again after a certification failure
+// while the lease is provably still the caller's. There, too, a
 // step that found no row holding its lease, and a refused acquire, read the
 // row with a causal read before they report it, and are sent again when the
 // node had only not yet applied a write made on another node. The fenced

@@ -90,3 +90,7 @@ func WatchSubscribers(target string) int {
 	wait.Find(defaultLeaseTable, target, func(_ *wait.Watch, subs int) { n += subs })
 	return n
 }
+
+// CommitAttempts is how many fenced commits a Run sends in all when they
+// end without saving.
+const CommitAttempts = commitAttempts

@@ -59,3 +59,56 @@ func TestFault_AcquireAnswerLost(t *testing.T) {
 	// it; the second took the next one.
 	assert.Equal(t, l.Generation+2, gen, "the orphaned lease was not released before the acquire tried again")
 }
+
+// Fault: the acquire's answer is lost, and the database stays out of reach
+// long enough that the acquire's release of the lease it may have taken
+// fails too. Once the database is back, the acquire, tried again under a
+// new token, is refused: the lost attempt holds the target. That lease is
+// the Run's own (its token is the Run's alone), and Run takes it: the work
+// runs once, under the lost attempt's generation, and saves.
+func TestFault_AcquireAnswerLostAndReleaseToo(t *testing.T) {
+	t.Parallel()
+	s := testdb.Postgres(t)
+	direct := s.DB(t)
+	proxy := testdb.NewProxy(t, s.Addr)
+	r := newRunner(t, s.OpenVia(t, proxy.Addr()), gormlease.WithOperationTimeout(time.Second),
+		gormlease.WithHeartbeatInterval(time.Second), gormlease.WithLeaseTimeout(20*time.Second),
+		gormlease.WithReconnectWindow(15*time.Second))
+	target := "ab-" + uuid.NewString()
+	repo := newRepository(t, direct)
+	l, err := repo.Acquire(context.Background(), target, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, repo.Release(context.Background(), l))
+
+	// The acquire reaches the database, and nothing comes back: every
+	// connection through the proxy is cut every 100 ms for 3 s, well past
+	// the attempt's timeout (1 s) and its release.
+	tripped := proxy.BlackholeOn(target, true)
+	healed := make(chan struct{})
+	go func() {
+		defer close(healed)
+		<-tripped
+		pollRow(direct, target, "released_at IS NULL")
+		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+			proxy.Cut()
+			time.Sleep(100 * time.Millisecond) // the outage's pace, not a synchronisation
+		}
+		proxy.Restore()
+	}()
+	runs := 0
+	var gen int64
+	_, err = r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
+		runs++
+		lease, _ := gormlease.LeaseFromContext(ctx)
+		gen = lease.Generation
+		return "taken", nil
+	}, gormlease.SaveJSON[string])
+	recv(t, healed, 10*time.Second, "the outage to end")
+	require.NoError(t, err, "the lease that the lost acquire took was not taken as the Run's")
+	assert.Equal(t, 1, runs)
+	assert.Equal(t, l.Generation+1, gen, "the work did not run under the lost acquire's generation")
+	row := leaseRow(t, direct, target)
+	require.NotNil(t, row.SavedGeneration)
+	assert.Equal(t, l.Generation+1, *row.SavedGeneration)
+	assert.NotNil(t, row.ReleasedAt, "lease not released")
+}

@@ -102,33 +102,52 @@ func TestFault_KilledDuringWork(t *testing.T) {
 	})
 }
 
-// Fault: the backend of the fenced commit is killed after the saver wrote.
-// The transaction rolls back: nothing is saved, Run says so, the lease is
-// released on a new connection, and a second Run saves once.
+// TestFault_KilledInsideFencedCommit kills the fenced transaction's own
+// backend after the saver wrote, before COMMIT: the transaction is rolled
+// back, and the lease is still the Run's, so Run commits again, saver
+// included, and that commit saves once. When every commit is killed so, Run
+// gives up after a few, says nothing was saved, and releases the lease.
 func TestFault_KilledInsideFencedCommit(t *testing.T) {
 	t.Parallel()
 	f := newKillFixture(t)
+	// killingSaver saves, then has the transaction's backend killed while
+	// calls, counted in saves, are at most kill.
+	killingSaver := func(saves *atomic.Int32, kill int32) func(tx *gorm.DB, v string) error {
+		return func(tx *gorm.DB, v string) error {
+			n := saves.Add(1)
+			if err := gormlease.SaveJSON(tx, v); err != nil {
+				return err
+			}
+			if n > kill {
+				return nil
+			}
+			var pid int64
+			if err := tx.Raw("SELECT pg_backend_pid()").Scan(&pid).Error; err != nil {
+				return err
+			}
+			terminate(t, f.direct, pid)
+			return nil
+		}
+	}
+	work := func(context.Context) (string, error) { return "saved", nil }
+
+	once := f.target + "-once"
 	var saves atomic.Int32
-	_, err := f.r.Run(context.Background(), f.target, func(context.Context) (string, error) {
-		return "lost", nil
-	}, func(tx *gorm.DB, v string) error {
-		saves.Add(1)
-		if err := gormlease.SaveJSON(tx, v); err != nil {
-			return err
-		}
-		var pid int64
-		if err := tx.Raw("SELECT pg_backend_pid()").Scan(&pid).Error; err != nil {
-			return err
-		}
-		terminate(t, f.direct, pid)
-		return nil
-	})
+	_, err := f.r.Run(context.Background(), once, work, killingSaver(&saves, 1))
+	require.NoError(t, err, "the commit after the killed one")
+	assert.EqualValues(t, 2, saves.Load(), "saver calls")
+	assert.EqualValues(t, 1, countRows(t, f.direct, &gormlease.JobResult{}, once), "results saved")
+	assert.NotNil(t, leaseRow(t, f.direct, once).ReleasedAt, "lease not released")
+
+	always := f.target + "-always"
+	saves.Store(0)
+	_, err = f.r.Run(context.Background(), always, work, killingSaver(&saves, 1000))
 	require.Error(t, err)
 	assert.False(t, errors.Is(err, gormlease.ErrLeaseLost) || errors.Is(err, gormlease.ErrCommitUnknown),
 		"a kill before COMMIT is a plain rollback: %v", err)
-	assert.EqualValues(t, 1, saves.Load(), "saver calls")
-	assert.Zero(t, countRows(t, f.direct, &gormlease.JobResult{}, f.target), "a killed transaction saved")
-	assert.NotNil(t, leaseRow(t, f.direct, f.target).ReleasedAt, "lease not released after the rollback")
+	assert.EqualValues(t, gormlease.CommitAttempts, saves.Load(), "saver calls")
+	assert.Zero(t, countRows(t, f.direct, &gormlease.JobResult{}, always), "a killed transaction saved")
+	assert.NotNil(t, leaseRow(t, f.direct, always).ReleasedAt, "lease not released after the rollback")
 
 	f.runAndCheck(t, func() {})
 }

@@ -133,12 +133,29 @@ func WithClockSkew(d time.Duration) Option {
 	return option(func(c *config) { c.clockSkew = d })
 }
 
-// WithOperationTimeout bounds each database call of the Runner: the acquire,
-// each heartbeat (which is further bounded by the self-fencing deadline), the
-// fenced commit with the saver inside it, and the release. It must be greater
-// than zero. The default is DefaultOperationTimeout.
+// WithOperationTimeout bounds each database call of the Runner: each
+// attempt of the acquire, each heartbeat (which is further bounded by the
+// self-fencing deadline), each fenced commit with the saver inside it, and
+// the release. While the database cannot be reached, Run tries the acquire
+// and the fenced commit again within WithReconnectWindow, which defaults to
+// it. It must be greater than zero. The default is
+// DefaultOperationTimeout.
 func WithOperationTimeout(d time.Duration) Option {
 	return option(func(c *config) { c.operationTimeout = d })
+}
+
+// WithReconnectWindow bounds how long a Run keeps trying while the
+// database cannot be reached (a failover, a switchover, a restart): the
+// acquire is tried again, each attempt within the operation timeout, until
+// d has passed since the Run began; a fenced commit whose transaction the
+// server ended before its COMMIT, or whose COMMIT got no answer, is
+// settled and committed again until d has passed since the commit began.
+// Set it to the longest failover that Runs should ride through without an
+// error; the lease timeout should outlast it too, so that the leases of
+// the Runs at work survive it. It must be > 0 and at most the lease
+// timeout. The default is the operation timeout.
+func WithReconnectWindow(d time.Duration) Option {
+	return option(func(c *config) { c.reconnectWindow = d; c.reconnectWindowSet = true })
 }
 
 // WithHolder sets the name stored in job_lease.holder while the Runner, or
@@ -242,25 +259,27 @@ func WithSlots(n int) Option {
 
 // config holds a Runner's settings after validation.
 type config struct {
-	heartbeatInterval time.Duration
-	leaseTimeout      time.Duration
-	safetyMargin      time.Duration
-	safetyMarginSet   bool
-	clockSkew         time.Duration
-	operationTimeout  time.Duration
-	holder            string
-	heartbeatDB       *gorm.DB
-	heartbeatDBSet    bool
-	tables            tableNames
-	reuseFor          time.Duration
-	logger            *slog.Logger
-	observer          observe.Observer
-	maxHold           time.Duration
-	maxHoldSet        bool
-	minHold           time.Duration
-	minHoldSet        bool
-	slots             int
-	slotsSet          bool
+	heartbeatInterval  time.Duration
+	leaseTimeout       time.Duration
+	safetyMargin       time.Duration
+	safetyMarginSet    bool
+	clockSkew          time.Duration
+	operationTimeout   time.Duration
+	reconnectWindow    time.Duration
+	reconnectWindowSet bool
+	holder             string
+	heartbeatDB        *gorm.DB
+	heartbeatDBSet     bool
+	tables             tableNames
+	reuseFor           time.Duration
+	logger             *slog.Logger
+	observer           observe.Observer
+	maxHold            time.Duration
+	maxHoldSet         bool
+	minHold            time.Duration
+	minHoldSet         bool
+	slots              int
+	slotsSet           bool
 }
 
 // newConfig applies opts over the defaults and validates the result.
@@ -305,6 +324,11 @@ func (c config) validate() error {
 			c.heartbeatInterval, c.safetyMargin, c.clockSkew, c.leaseTimeout)
 	case c.operationTimeout <= 0:
 		return invalidf("WithOperationTimeout: timeout must be > 0, got %v", c.operationTimeout)
+	case c.reconnectWindowSet && c.reconnectWindow <= 0:
+		return invalidf("WithReconnectWindow: window must be > 0, got %v", c.reconnectWindow)
+	case c.reconnectWindowSet && c.reconnectWindow > c.leaseTimeout:
+		return invalidf("WithReconnectWindow: window %v must be at most the lease timeout %v",
+			c.reconnectWindow, c.leaseTimeout)
 	case c.reuseFor < 0:
 		return invalidf("WithReuseFor: window must be >= 0, got %v", c.reuseFor)
 	case c.maxHoldSet && c.maxHold <= 0:
@@ -321,6 +345,15 @@ func (c config) validate() error {
 		return invalidf("WithHolder: holder %s", problem)
 	}
 	return c.tables.check()
+}
+
+// reconnect is how long a Run keeps trying while the database cannot be
+// reached (see WithReconnectWindow).
+func (c config) reconnect() time.Duration {
+	if c.reconnectWindowSet {
+		return c.reconnectWindow
+	}
+	return c.operationTimeout
 }
 
 // trustWindow is how long after sending its last successful heartbeat the

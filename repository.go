@@ -2,6 +2,7 @@ package gormlease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -138,6 +139,19 @@ const acquireCleanupTimeout = 10 * time.Second
 // switchover, a restart), the acquire is tried again, each time under a
 // token of its own, until ctx ends.
 func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.Duration, from int64) (Lease, error) {
+	return r.acquireEach(ctx, targetID, timeout, from, 0)
+}
+
+// acquireEach is acquire with each attempt bounded by attempt as well as
+// ctx (0: by ctx alone). When an attempt is refused after an earlier one
+// failed without an answer, the earlier one may be what holds the target:
+// its statement took the lease, and the answer was lost. The lease is then
+// the caller's, under that attempt's token, which no one else knows, and
+// acquireEach returns it rather than the refusal; its trust counts from
+// that attempt's sending.
+func (r *Repository) acquireEach(ctx context.Context, targetID string, timeout time.Duration, from int64,
+	attempt time.Duration,
+) (Lease, error) {
 	if err := checkTargetID(targetID); err != nil {
 		return Lease{}, err
 	}
@@ -145,22 +159,69 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.
 		return Lease{}, invalidf("lease timeout must be > 0, got %v", timeout)
 	}
 	wait := backend.ReconnectBackoff()
+	var unanswered []sentAcquire
 	for {
-		l, unreachable, err := r.acquireOnce(ctx, targetID, timeout, from)
-		if !unreachable || !wait.Wait(ctx) {
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if attempt > 0 {
+			actx, cancel = context.WithTimeout(ctx, attempt)
+		}
+		l, a, err := r.acquireOnce(actx, targetID, timeout, from)
+		cancel()
+		if errors.Is(err, ErrLeaseHeld) && len(unanswered) > 0 {
+			if l, ok := r.adopt(ctx, targetID, unanswered); ok {
+				return l, nil
+			}
+		}
+		if a.unreachable {
+			unanswered = append(unanswered, a)
+		}
+		if !a.unreachable || !wait.Wait(ctx) {
 			return l, err
 		}
 	}
 }
 
-// acquireOnce is one attempt of acquire, under a token of its own;
-// unreachable reports that its statement failed because the database could
-// not be reached.
-func (r *Repository) acquireOnce(ctx context.Context, targetID string, timeout time.Duration, from int64) (_ Lease, unreachable bool, _ error) {
+// sentAcquire is one attempt of an acquire, as acquireEach remembers it.
+type sentAcquire struct {
+	token uuid.UUID
+	// sent is when its statement was sent, when ctx carried the time to
+	// move (withAcquireSent).
+	sent time.Time
+	// unreachable reports that its statement failed because the database
+	// could not be reached: it may have taken the lease.
+	unreachable bool
+}
+
+// adopt returns the lease on targetID that one of the attempts in
+// unanswered took without hearing so, and reports whether one had: the row
+// holds that attempt's token, unreleased. It moves the time that ctx
+// carries back to that attempt's sending.
+func (r *Repository) adopt(ctx context.Context, targetID string, unanswered []sentAcquire) (Lease, bool) {
+	row, found, err := r.backend.Get(ctx, r.db, targetID)
+	if err != nil || !found || row.ReleasedAt != nil {
+		return Lease{}, false
+	}
+	for _, a := range unanswered {
+		if row.LeaseToken != a.token {
+			continue
+		}
+		if sent, _ := ctx.Value(acquireSentKey{}).(*time.Time); sent != nil {
+			*sent = a.sent
+		}
+		return Lease{TargetID: targetID, Token: a.token, Generation: row.Generation}, true
+	}
+	return Lease{}, false
+}
+
+// acquireOnce is one attempt of acquire, under a token of its own, which it
+// reports with whether its statement failed because the database could not
+// be reached.
+func (r *Repository) acquireOnce(ctx context.Context, targetID string, timeout time.Duration, from int64) (Lease, sentAcquire, error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
-		return Lease{}, false, wrapf(err, "acquire %q: mint token", targetID)
+		return Lease{}, sentAcquire{}, wrapf(err, "acquire %q: mint token", targetID)
 	}
+	a := sentAcquire{token: token}
 	var gen int64
 	var ok bool
 	err = r.retry(ctx, func(ctx context.Context) (err error) {
@@ -170,14 +231,17 @@ func (r *Repository) acquireOnce(ctx context.Context, targetID string, timeout t
 		})
 		return err
 	})
+	if sent, _ := ctx.Value(acquireSentKey{}).(*time.Time); sent != nil {
+		a.sent = *sent
+	}
 	switch {
 	case err != nil:
-		unreachable := backend.Unreachable(err) && !backend.IsSerializationFailure(err)
-		return Lease{}, unreachable, r.acquireFailed(ctx, targetID, err, token, targetID)
+		a.unreachable = backend.Unreachable(err) && !backend.IsSerializationFailure(err)
+		return Lease{}, a, r.acquireFailed(ctx, targetID, err, token, targetID)
 	case !ok:
-		return Lease{}, false, wrapf(ErrLeaseHeld, "acquire %q", targetID)
+		return Lease{}, a, wrapf(ErrLeaseHeld, "acquire %q", targetID)
 	}
-	return Lease{TargetID: targetID, Token: token, Generation: gen}, false, nil
+	return Lease{TargetID: targetID, Token: token, Generation: gen}, a, nil
 }
 
 // acquireFailed returns the error of an acquire of targetID whose statement

@@ -87,19 +87,31 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 // and returned as a *PanicError, and the lease is released. When the lease
 // is lost, Run returns ErrLeaseLost even if work returned a result.
 //
-// When the connection fails while COMMIT is in flight, Run settles whether
-// the commit took effect, by releasing the lease and reading its row: it
-// returns the result and nil when it did, an error saying nothing was saved
-// when it rolled back, and an error wrapping ErrCommitUnknown when it cannot
-// tell.
-// Run never saves twice. On one database server the saver is called at
-// most once per Run. On a MariaDB Galera cluster it may be called again
-// when the fenced commit failed certification against another node's write
-// on the lease row while the lease was still the caller's (the holder's
-// own heartbeat, sent through another node): each call but the last then
-// ran in a transaction that was rolled back, so at most one call's writes
-// are saved, but effects of the saver outside the transaction may happen
-// more than once.
+// While the database cannot be reached (a failover, a switchover, a
+// restart), Run does not fail at once (see WithReconnectWindow). The
+// acquire is tried again, each attempt within the operation timeout, until
+// the reconnect window has passed. A fenced commit whose transaction the
+// server ended before its COMMIT (a shutdown, a broken connection) saved
+// nothing; Run commits again, with save, while the lease is still its own,
+// until the reconnect window has passed since the first commit began. When
+// the connection fails while COMMIT is in flight, Run settles whether the
+// commit took effect, by reading the lease row under a lock, in a read that
+// the database confirms as it confirms commits (on PostgreSQL, by its
+// synchronous standbys): it returns the result and nil when the commit
+// took effect; when it did not and the lease is still the Run's, it
+// commits again; otherwise it returns an error saying that nothing was
+// saved, or an error wrapping ErrCommitUnknown when it cannot tell within
+// the reconnect window.
+//
+// Run never saves twice: at most one call of save has its writes
+// committed. save may be called again when its transaction ended without
+// committing while the lease was still the caller's: after the database
+// went away during the commit, as above, or, on a MariaDB Galera cluster,
+// when the fenced commit failed certification against another node's
+// write on the lease row (the holder's own heartbeat, sent through another
+// node). Each call but the last then ran in a transaction that was rolled
+// back, so effects of the saver outside the transaction may happen more
+// than once.
 //
 // When work or save calls runtime.Goexit, as t.FailNow does in a test, Run
 // does not return, since the goroutine ends; it still stops the heartbeat
@@ -136,19 +148,20 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 	}
 
 	acquireCtx, endAcquire := m.start(ctx, observe.Span{Kind: observe.SpanAcquire, TargetID: targetID})
-	acquireCtx, cancel := context.WithTimeout(acquireCtx, r.cfg.operationTimeout)
 	sent := time.Now()
 	acquireCtx = withAcquireSent(acquireCtx, &sent)
 	var lease Lease
-	switch {
-	case r.cfg.slots > 1:
-		lease, err = r.repo.AcquireSlot(acquireCtx, targetID, r.cfg.slots, r.cfg.leaseTimeout)
-	case from == anyGeneration:
-		lease, err = r.repo.Acquire(acquireCtx, targetID, r.cfg.leaseTimeout)
-	default:
-		lease, err = r.repo.AcquireFrom(acquireCtx, targetID, r.cfg.leaseTimeout, from)
+	if r.cfg.slots > 1 {
+		actx, cancel := context.WithTimeout(acquireCtx, r.cfg.operationTimeout)
+		lease, err = r.repo.AcquireSlot(actx, targetID, r.cfg.slots, r.cfg.leaseTimeout)
+		cancel()
+	} else {
+		// Each attempt within the operation timeout; while the database
+		// cannot be reached, attempts within the reconnect window.
+		actx, cancel := context.WithTimeout(acquireCtx, r.cfg.reconnect())
+		lease, err = r.repo.acquireEach(actx, targetID, r.cfg.leaseTimeout, from, r.cfg.operationTimeout)
+		cancel()
 	}
-	cancel()
 	r.acquired(ctx, targetID, lease, sent, err, endAcquire)
 	if err != nil {
 		return zero, err
@@ -222,25 +235,37 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 // commit runs the fenced commit of a Run that holds lease, with save, and
 // returns its outcome and Run's error.
 func (r *Runner[T]) commit(ctx context.Context, lease Lease, sent time.Time, save func(tx *gorm.DB) error) (commitOutcome, error) {
-	commitCtx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
-	defer cancel()
-	if hold := r.holdLeft(sent); hold > 0 {
-		// The save, then the rest of the minimum hold in place of the
-		// release: until the hold ends, the lease is simply held.
-		err := r.repo.CommitIfOwner(commitCtx, lease, save)
-		if err == nil {
-			r.holdFor(ctx, lease, sent)
-			r.wake(lease)
-			return commitSaved, nil
-		}
-		return r.commitFailed(ctx, lease, sent, err)
-	}
-	err := r.repo.CommitAndRelease(commitCtx, lease, save)
+	begin := time.Now()
+	release, err := r.commitOnce(ctx, lease, sent, save)
 	if err == nil {
-		r.wake(lease)
-		return commitSaved, nil
+		return r.saved(ctx, lease, sent), nil
 	}
-	return r.commitFailed(ctx, lease, sent, err)
+	return r.commitFailed(ctx, lease, sent, begin, save, release, err)
+}
+
+// commitOnce is one fenced commit of lease, with save, under the operation
+// timeout: the save and the release, or, while a minimum hold lasts, the
+// save alone. release reports which.
+func (r *Runner[T]) commitOnce(ctx context.Context, lease Lease, sent time.Time,
+	save func(tx *gorm.DB) error,
+) (release bool, _ error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
+	defer cancel()
+	if r.holdLeft(sent) > 0 {
+		return false, r.repo.CommitIfOwner(ctx, lease, save)
+	}
+	return true, r.repo.CommitAndRelease(ctx, lease, save)
+}
+
+// saved ends a Run whose fenced commit saved: it keeps the lease held for
+// the rest of the minimum hold, when one is left (the commit saved without
+// releasing then), and wakes the target's waiters.
+func (r *Runner[T]) saved(ctx context.Context, lease Lease, sent time.Time) commitOutcome {
+	if r.holdLeft(sent) > 0 {
+		r.holdFor(ctx, lease, sent)
+	}
+	r.wake(lease)
+	return commitSaved
 }
 
 // holdLeft is how much of the minimum hold (WithMinHold) remains of a lease
@@ -277,26 +302,74 @@ func (r *Runner[T]) holdFor(ctx context.Context, lease Lease, sent time.Time) bo
 	return true
 }
 
-// commitFailed handles a fenced commit of lease that failed with err.
-func (r *Runner[T]) commitFailed(ctx context.Context, lease Lease, sent time.Time, err error) (commitOutcome, error) {
-	if errors.Is(err, ErrLeaseLost) {
-		return commitLost, err
-	}
-	var unknown *commitUnknownError
-	if errors.As(err, &unknown) {
-		switch committed, known := r.settleCommit(ctx, lease); {
-		case known && committed:
-			r.wake(lease)
-			return commitSaved, nil
-		case known:
-			return commitFailed, wrapf(unknown.cause, "commit %q: the connection failed during COMMIT and the database shows nothing saved", lease.TargetID)
+// commitFailed handles a fenced commit of lease, begun at begin, that
+// failed with err; release says whether it was a save-and-release. A
+// commit that saved nothing while the lease stayed the Run's (the server
+// ended the transaction before its COMMIT, or a save-and-release's COMMIT
+// that got no answer is settled as rolled back) is run again, with save,
+// until it saves, the lease is lost, or the reconnect window has passed
+// since begin: the database going away for a moment (a switchover, a
+// failover, a restart) does not throw the work's result away. A
+// save-and-release that committed released the lease, so that the lock of
+// the commit run again fails; a save alone (during a minimum hold) leaves
+// it held, and is not run again after a COMMIT without an answer. At most
+// commitAttempts commits are sent in all, with pauses between them as
+// between reconnects.
+func (r *Runner[T]) commitFailed(ctx context.Context, lease Lease, sent, begin time.Time,
+	save func(tx *gorm.DB) error, release bool, err error,
+) (commitOutcome, error) {
+	settled := false // err follows a COMMIT settled as rolled back
+	attempt := 1
+	pause := backend.ReconnectBackoff()
+	for {
+		var unknown *commitUnknownError
+		switch {
+		case errors.As(err, &unknown):
+			switch r.settleCommit(ctx, lease, begin) {
+			case settledSaved:
+				return r.saved(ctx, lease, sent), nil
+			case settledUnknown:
+				return commitUnknown, err
+			case settledLost:
+				return commitFailed, nothingSaved(lease, unknown)
+			}
+			// Nothing saved, and the lease is still the Run's.
+			if err = nothingSaved(lease, unknown); !release {
+				return commitFailed, r.releaseAfter(ctx, lease, sent, err)
+			}
+			settled = true
+		case errors.Is(err, ErrLeaseLost) && settled:
+			// A COMMIT settled as rolled back was taken for one that had not
+			// ended yet, on a database whose settling read does not wait for
+			// it: it may have saved since.
+			if r.settleCommit(ctx, lease, begin) == settledSaved {
+				return r.saved(ctx, lease, sent), nil
+			}
+			return commitLost, err
+		case errors.Is(err, ErrLeaseLost):
+			return commitLost, err
+		case !endedBeforeCommit(err):
+			// The transaction was rolled back: the lease is still ours, or
+			// already gone, and releasing is safe.
+			return commitFailed, r.releaseAfter(ctx, lease, sent, err)
 		}
-		return commitUnknown, err
+		attempt++
+		if attempt > commitAttempts || time.Since(begin) >= r.cfg.reconnect() || !pause.Wait(ctx) {
+			return commitFailed, r.releaseAfter(ctx, lease, sent, err)
+		}
+		r.mon.logLease(ctx, slog.LevelDebug, "gormlease: fenced commit ended without saving, committing again", lease,
+			slog.Any("reason", err))
+		if release, err = r.commitOnce(ctx, lease, sent, save); err == nil {
+			return r.saved(ctx, lease, sent), nil
+		}
 	}
-	// The transaction was rolled back: the lease is still ours, or already
-	// gone, and releasing is safe.
-	return commitFailed, r.releaseAfter(ctx, lease, sent, err)
 }
+
+// commitAttempts bounds how many fenced commits a Run sends in all when
+// they end without saving (see commitFailed): the database went away for
+// a moment, which a second commit, or a third, rides through; a saver
+// whose transaction keeps failing so is not called for ever.
+const commitAttempts = 4
 
 // checkCall returns an error wrapping ErrInvalidArgument when the
 // arguments of a Run, RunWait or Do cannot be run.
@@ -336,57 +409,78 @@ func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, sent time.Tim
 	return &cleanupError{err: runErr, cleanup: err}
 }
 
-// settleCommit finds out, after a commit whose COMMIT got no answer, whether
-// that commit took effect: known reports whether it could tell, and
-// committed whether the commit took effect. It first releases the lease.
-// The fenced transaction keeps the lease row locked until it ends, so a
-// release that succeeds proves that it rolled back: then the lease is
-// released, nothing was saved, and the outcome is known. Otherwise it reads
-// the row: the commit records its generation as the saved one, in the same
-// transaction, so a saved generation equal to the lease's proves that the
-// commit took effect, and an older one (or none) that it did not. The read
-// counts only once the database confirms it as it confirms commits (see
+// nothingSaved is Run's error after a COMMIT that got no answer was settled
+// as rolled back.
+func nothingSaved(lease Lease, unknown *commitUnknownError) error {
+	return wrapf(unknown.cause, "commit %q: the connection failed during COMMIT and the database shows nothing saved",
+		lease.TargetID)
+}
+
+// settlement is what settleCommit found out about a COMMIT that got no
+// answer.
+type settlement uint8
+
+const (
+	settledUnknown settlement = iota // it cannot tell
+	settledSaved                     // the commit took effect
+	settledHeld                      // it did not, and the lease is still the Run's
+	settledLost                      // it did not, and the lease is gone
+)
+
+// settleCommit finds out, after a commit whose COMMIT got no answer,
+// whether that commit took effect, by reading the lease row: the commit
+// records its generation as the saved one, in the same transaction, so a
+// saved generation equal to the lease's proves that it took effect, and an
+// older one (or none) that it did not. The read counts only once the
+// database confirms it as it confirms commits (see
 // backend.Backend.ReadSaved): a primary that a failover left behind, still
-// running, holds commits that the new primary lacks. While
-// the database cannot be reached (a failover, a restart), it tries again
-// until the operation timeout. Anything else (the row is gone, or a later
+// running, holds commits that the new primary lacks. While the database
+// cannot be reached or cannot confirm the read (a failover, a restart, a
+// primary waiting for its synchronous standbys), it tries again, each read
+// within the operation timeout, until the operation timeout has passed and
+// the reconnect window since begin (WithReconnectWindow), or the caller's
+// ctx ends (the first read outlives it). Anything else (the row is gone, or a later
 // generation saved since) leaves the outcome unknown, and Run returns
 // ErrCommitUnknown.
-func (r *Runner[T]) settleCommit(ctx context.Context, lease Lease) (committed, known bool) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
+func (r *Runner[T]) settleCommit(ctx context.Context, lease Lease, begin time.Time) settlement {
+	until := begin.Add(r.cfg.reconnect())
+	if t := time.Now().Add(r.cfg.operationTimeout); t.After(until) {
+		until = t
+	}
+	caller := ctx
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
 	defer cancel()
 	b := backend.ReconnectBackoff()
 	for {
-		committed, known, err := r.settleOnce(ctx, lease)
-		if err == nil || !backend.Unreachable(err) || !b.Wait(ctx) {
-			return committed, known
+		s, err := r.settleOnce(ctx, lease)
+		switch {
+		case err == nil, !backend.Unreachable(err) && !errors.Is(err, backend.ErrReplicationCancelled):
+			return s
+		case caller.Err() != nil, !b.Wait(ctx):
+			return s // the caller gave up, or the time is over
 		}
 	}
 }
 
-// settleOnce is one attempt of settleCommit; err is the error of a
-// statement that failed, when that left the outcome unknown.
-func (r *Runner[T]) settleOnce(ctx context.Context, lease Lease) (committed, known bool, err error) {
-	err = r.repo.Release(ctx, lease)
-	if err == nil {
-		r.wake(lease)
-		return false, true, nil
-	}
-	if !errors.Is(err, ErrLeaseLost) {
-		return false, false, err
-	}
-	saved, found, err := r.repo.backend.ReadSaved(ctx, r.repo.db, lease.row().TargetID)
+// settleOnce is one attempt of settleCommit; err is the error of its read
+// when that failed.
+func (r *Runner[T]) settleOnce(ctx context.Context, lease Lease) (settlement, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
+	defer cancel()
+	s, found, err := r.repo.backend.ReadSaved(ctx, r.repo.db, lease.row().TargetID)
 	switch {
 	case err != nil:
-		return false, false, err
+		return settledUnknown, err
 	case !found:
-		return false, false, nil // pruned: nothing left to tell
-	case saved == lease.Generation:
-		return true, true, nil
-	case saved < lease.Generation:
-		return false, true, nil
+		return settledUnknown, nil // pruned: nothing left to tell
+	case s.Generation == lease.Generation:
+		return settledSaved, nil
+	case s.Generation > lease.Generation:
+		return settledUnknown, nil // a later generation saved since
+	case s.Holds(lease.row()):
+		return settledHeld, nil
 	}
-	return false, false, nil // a later generation saved since
+	return settledLost, nil
 }
 
 // callWork calls work and turns a panic into a *PanicError.

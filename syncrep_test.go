@@ -86,10 +86,24 @@ func rareHeartbeats(operationTimeout time.Duration) []gormlease.Option {
 // confirms can settle it), and the promoted standby has no save.
 func TestSyncRep_CancelledCommitIsNotSuccess(t *testing.T) {
 	t.Parallel()
+	cancelledCommit(t)
+}
+
+// TestSyncRep_CancelledMinHoldCommitIsNotSuccess is
+// TestSyncRep_CancelledCommitIsNotSuccess for a Run under a minimum hold,
+// whose fenced commit saves without releasing (CommitIfOwner's).
+func TestSyncRep_CancelledMinHoldCommitIsNotSuccess(t *testing.T) {
+	t.Parallel()
+	cancelledCommit(t, gormlease.WithMinHold(time.Minute))
+}
+
+// cancelledCommit is TestSyncRep_CancelledCommitIsNotSuccess on a Runner
+// with opts too.
+func cancelledCommit(t *testing.T, opts ...gormlease.Option) {
 	pair := testdb.NewPgPair(t, true)
 	db := pair.Open(t)
 	sv := newSaves(t, db)
-	r := newRunner(t, db, rareHeartbeats(2*time.Second)...)
+	r := newRunner(t, db, append(rareHeartbeats(2*time.Second), opts...)...)
 	target := newTarget(t)
 	finish, done := gatedRun(t, r, target, sv.save)
 	ctl := pair.Primary().Open(t) // before the standby stops: opening it migrates, which writes

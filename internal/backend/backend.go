@@ -78,15 +78,15 @@ type Backend interface {
 	// sees every write that the database committed before it began, also
 	// on a node of a cluster that applies other nodes' writes late.
 	Get(ctx context.Context, db *gorm.DB, targetID string) (row Row, found bool, err error)
-	// ReadSaved reads the generation that targetID's row last saved (0
-	// when none did), for settling a fenced commit whose COMMIT got no
-	// answer; found is false when there is no row. It reports only what
-	// the database keeps across a failover: on PostgreSQL it reads under a
-	// row lock whose COMMIT waits for the synchronous standbys, so that a
-	// save committed on an isolated primary alone makes it fail (see
-	// ErrReplicationCancelled), and it waits for the row lock while the
-	// fenced transaction still holds it.
-	ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (saved int64, found bool, err error)
+	// ReadSaved reads what a fenced commit whose COMMIT got no answer left
+	// in targetID's row: the generation that it last saved, and whether
+	// the lease is still held, and by whom; found is false when there is
+	// no row. It reports only what the database keeps across a failover:
+	// on PostgreSQL it reads under a row lock whose COMMIT waits for the
+	// synchronous standbys, so that a save committed on an isolated
+	// primary alone makes it fail (see ErrReplicationCancelled), and it
+	// waits for the row lock while the fenced transaction still holds it.
+	ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (saved Saved, found bool, err error)
 	// ForceRelease ends the lease on targetID, whoever holds it: in one
 	// transaction the row gets token, the next generation, its release
 	// time and failure, and is read back. found is false when there was no
@@ -314,6 +314,20 @@ func (row *Row) Columns() []any {
 
 // Holds reports whether row holds l: it carries l's token, unreleased.
 func (row Row) Holds(l Lease) bool { return row.LeaseToken == l.Token && row.ReleasedAt == nil }
+
+// Saved is what ReadSaved reads of a lease row.
+type Saved struct {
+	// Generation is the generation that the row last saved, 0 when none
+	// did.
+	Generation int64
+	// Token is the row's lease token, and Released whether its lease
+	// ended.
+	Token    uuid.UUID
+	Released bool
+}
+
+// Holds reports whether s shows l still held: l's token, unreleased.
+func (s Saved) Holds(l Lease) bool { return s.Token == l.Token && !s.Released }
 
 // State is a lease row as a waiter reads it, with ages on the database's
 // clock.

@@ -137,21 +137,41 @@ func (c *Common) Get(ctx context.Context, db *gorm.DB, targetID string) (Row, bo
 	return row, found, err
 }
 
-// ReadSaved reads the generation that targetID's row last saved, as Get
-// reads the row: a backend without synchronous standbys to wait for.
-func (c *Common) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (int64, bool, error) {
-	return ReadSavedWith(ctx, db, targetID, c.Get)
+// ReadSaved reads what targetID's row saved, as Get reads the row, but
+// with a locking read in a transaction of its own where the database has
+// one (Dialect.Lock), so that it waits for a fenced transaction still
+// holding the row: a backend without synchronous standbys to wait for.
+func (c *Common) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (Saved, bool, error) {
+	if c.d.Lock == "" {
+		return ReadSavedWith(ctx, db, targetID, c.Get)
+	}
+	var s Saved
+	found := false
+	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var err error
+		s, found, err = ReadSavedWith(ctx, tx, targetID, func(ctx context.Context, db *gorm.DB, targetID string) (Row, bool, error) {
+			var row Row
+			found, err := QueryRow(ctx, db, c.get+c.d.Lock, []any{targetID}, row.Columns()...)
+			return row, found, err
+		})
+		return err
+	}, c.d.TxOptions)
+	return s, found, err
 }
 
 // ReadSavedWith is ReadSaved on the row that get reads.
 func ReadSavedWith(ctx context.Context, db *gorm.DB, targetID string,
 	get func(context.Context, *gorm.DB, string) (Row, bool, error),
-) (int64, bool, error) {
+) (Saved, bool, error) {
 	row, found, err := get(ctx, db, targetID)
-	if err != nil || !found || row.SavedGeneration == nil {
-		return 0, found, err
+	if err != nil || !found {
+		return Saved{}, found, err
 	}
-	return *row.SavedGeneration, true, nil
+	s := Saved{Token: row.LeaseToken, Released: row.ReleasedAt != nil}
+	if row.SavedGeneration != nil {
+		s.Generation = *row.SavedGeneration
+	}
+	return s, true, nil
 }
 
 // CommitOn sends query, which ends the fenced transaction, on conn.

@@ -130,9 +130,9 @@ func (b *Backend) Get(ctx context.Context, db *gorm.DB, targetID string) (backen
 	return row, found, err
 }
 
-// ReadSaved reads the generation that targetID's row last saved, as Get
-// reads it: once the node has applied what the cluster committed before.
-func (b *Backend) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (int64, bool, error) {
+// ReadSaved reads what targetID's row saved, as Get reads it: once the
+// node has applied what the cluster committed before.
+func (b *Backend) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (backend.Saved, bool, error) {
 	return backend.ReadSavedWith(ctx, db, targetID, b.Get)
 }
 

@@ -55,7 +55,8 @@ func New(t backend.Tables) *Backend {
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	EXTRACT(EPOCH FROM clock_timestamp() - updated_at), EXTRACT(EPOCH FROM clock_timestamp() - saved_at), waiting, timeout_ms
 FROM ` + t.Lease + ` WHERE target_id = $1`,
-		readSavedSQL: `SELECT COALESCE(saved_generation, 0) FROM ` + t.Lease + ` WHERE target_id = $1 FOR UPDATE`,
+		readSavedSQL: `SELECT COALESCE(saved_generation, 0), lease_token, released_at IS NOT NULL FROM ` + t.Lease +
+			` WHERE target_id = $1 FOR UPDATE`,
 		// markSQL marks the row of a live generation as waited on, so that
 		// the statement that ends it notifies. It locks the row: it runs
 		// wholly before that statement, which then sees the mark, or wholly

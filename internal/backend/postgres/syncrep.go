@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -288,21 +289,21 @@ func leaseArrays(leases []backend.Lease) (targets, tokens string) {
 	return tb.String(), kb.String()
 }
 
-// ReadSaved reads the generation that targetID's row last saved under a
-// row lock (SELECT ... FOR UPDATE) in a transaction of its own, whose
-// COMMIT, since the lock wrote to the row, waits for the synchronous
-// standbys as every write does. So what it reports is on the standbys too:
-// a save that only an isolated primary holds (committed locally after its
-// wait was cut short) makes the read fail, never confirm it. It waits for
-// the lock while the fenced transaction still holds it.
-func (b *Backend) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (int64, bool, error) {
+// ReadSaved reads what targetID's row saved under a row lock (SELECT ...
+// FOR UPDATE) in a transaction of its own, whose COMMIT, since the lock
+// wrote to the row, waits for the synchronous standbys as every write
+// does. So what it reports is on the standbys too: a save that only an
+// isolated primary holds (committed locally after its wait was cut short)
+// makes the read fail, never confirm it. It waits for the lock while the
+// fenced transaction still holds it.
+func (b *Backend) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (backend.Saved, bool, error) {
 	sqlDB, ok := db.Statement.ConnPool.(*sql.DB)
 	if !ok {
 		return b.readSavedTx(ctx, db, targetID)
 	}
 	conn, err := sqlDB.Conn(ctx)
 	if err != nil {
-		return 0, false, err
+		return backend.Saved{}, false, err
 	}
 	defer conn.Close()
 	res, err := simpleQuery(ctx, db, conn, "BEGIN ISOLATION LEVEL READ COMMITTED; "+
@@ -311,27 +312,37 @@ func (b *Backend) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (
 	case errors.Is(err, errNotPgx):
 		return b.readSavedTx(ctx, db, targetID)
 	case err != nil:
-		return 0, false, err
+		return backend.Saved{}, false, err
 	case len(res.rows) == 0:
-		return 0, false, nil
+		return backend.Saved{}, false, nil
+	case len(res.rows[0]) != 3:
+		return backend.Saved{}, false, fmt.Errorf("read saved: %d columns returned, want 3", len(res.rows[0]))
 	}
-	saved, err := strconv.ParseInt(res.rows[0][0], 10, 64)
-	return saved, true, err
+	var s backend.Saved
+	row := res.rows[0]
+	if s.Generation, err = strconv.ParseInt(row[0], 10, 64); err != nil {
+		return backend.Saved{}, false, fmt.Errorf("read saved: generation %q: %w", row[0], err)
+	}
+	if s.Token, err = uuid.Parse(row[1]); err != nil {
+		return backend.Saved{}, false, fmt.Errorf("read saved: token %q: %w", row[1], err)
+	}
+	s.Released = row[2] == "t"
+	return s, true, nil
 }
 
 // readSavedTx is ReadSaved through database/sql: the COMMIT waits for the
 // standbys all the same, but a wait cut short by another party's cancel
 // is not seen.
-func (b *Backend) readSavedTx(ctx context.Context, db *gorm.DB, targetID string) (int64, bool, error) {
-	var saved int64
+func (b *Backend) readSavedTx(ctx context.Context, db *gorm.DB, targetID string) (backend.Saved, bool, error) {
+	var s backend.Saved
 	found := false
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var err error
-		found, err = backend.QueryRow(ctx, tx, b.readSavedSQL, []any{targetID}, &saved)
+		found, err = backend.QueryRow(ctx, tx, b.readSavedSQL, []any{targetID}, &s.Generation, &s.Token, &s.Released)
 		return err
 	}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err == nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w: %w", backend.ErrReplicationCancelled, ctx.Err())
 	}
-	return saved, found, err
+	return s, found, err
 }
