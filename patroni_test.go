@@ -141,9 +141,10 @@ func (s *storm) check(t *testing.T, db *gorm.DB) map[string]int {
 }
 
 // stormFailover runs a storm of 50 Runs through the cluster's multi-host
-// DSN, which lists the leader first, fails the leader with fault once the Runs have saved results, waits
-// for a new leader, lets the storm go on for a few seconds more, heals the
-// cluster and checks the outcomes on the new primary.
+// DSN, which lists the leader first, fails the leader with fault once the
+// Runs have saved results, waits for a new leader, lets the storm go on for
+// a few seconds more, and checks the outcomes on the new primary; then it
+// heals the cluster and checks them again on the primary after the heal.
 func stormFailover(t *testing.T, opts []gormlease.Option,
 	fault func(t *testing.T, c *testdb.Patroni, leader *testdb.PatroniMember),
 ) *storm {
@@ -174,14 +175,16 @@ func stormFailover(t *testing.T, opts []gormlease.Option,
 	time.Sleep(3 * time.Second) // Runs go on after the failover: it takes a moment to see their effect
 	close(stop)
 	<-stopped
+	// The outcomes against the new primary, before the old one rejoins;
+	// then again against the primary after the heal, which may be another.
+	kinds := s.check(t, leader.Open(t))
 	healStart := time.Now()
 	c.Heal(t)
 	healed = true
 	heal := time.Since(healStart)
-
-	now := c.Leader() // the primary after the heal, which may be another
+	now := c.Leader()
 	require.NotNil(t, now, "no leader after the heal")
-	kinds := s.check(t, now.Open(t))
+	s.check(t, now.Open(t))
 	// Recovery: the first Run begun after the new leader was seen that
 	// saved, counted from the fault.
 	recovery := "none before the cluster was healed"
