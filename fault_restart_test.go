@@ -23,9 +23,12 @@ func TestFault_DatabaseRestart(t *testing.T) {
 	t.Parallel()
 	c := testdb.NewCluster(t)
 	db := c.Open(t)
+	// A trust window (18 s) that outlasts the Runs that fail while the
+	// database is down and its restart, also on a loaded machine (a trust
+	// window of 9 s once ran out there).
 	r, err := gormlease.NewRunner[string](db,
 		gormlease.WithHeartbeatInterval(100*time.Millisecond),
-		gormlease.WithLeaseTimeout(10*time.Second),
+		gormlease.WithLeaseTimeout(20*time.Second),
 		gormlease.WithOperationTimeout(time.Second))
 	require.NoError(t, err)
 	ctx := context.Background()
