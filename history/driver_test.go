@@ -63,6 +63,10 @@ const (
 	FailoverSwitchover = "failover: switchover"
 )
 
+// FailoverUnplanned is a failover of the Patroni cluster that the driver
+// did not inject, but saw.
+const FailoverUnplanned = "failover: unplanned"
+
 // allFailovers are the failovers of the Patroni scenarios; issue 18's,
 // the Patroni kill, first.
 var allFailovers = []string{FailoverPatroni, FailoverPostmaster, FailoverSwitchover}
@@ -389,6 +393,29 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 		expect = map[string]time.Duration{
 			FailoverPostmaster: 9 * time.Second, FailoverPatroni: 12 * time.Second, FailoverSwitchover: 8 * time.Second}
 	)
+	// On the cluster, the leader since the last heal, and an unplanned
+	// failover's check: Patroni may fail a loaded cluster over by itself
+	// (it once did while a heal waited). Such a failover, once seen, is a
+	// fault of the cluster from the last heal on, and is healed; the
+	// checker's safety checks hold across it as across any other.
+	var leader *testdb.PatroniMember
+	healed := from
+	unplanned := func() {
+		if d.patroni == nil || d.patroni.Leader() == leader {
+			return
+		}
+		d.patroni.Heal(t)
+		f := Fault{Kind: FailoverUnplanned, Worker: "cluster", Start: healed, End: Micros(time.Now())}
+		now := d.patroni.Leader()
+		t.Logf("%s: the leader was %s, and is %s after the heal", f.Kind, memberName(leader), memberName(now))
+		leader, healed = now, f.End
+		faults = append(faults, f)
+		counts[f.Kind]++
+	}
+	if d.patroni != nil {
+		leader = d.patroni.Leader()
+		require.NotNil(t, leader, "no Patroni leader")
+	}
 	end := time.Now().Add(sc.duration)
 	for len(sc.faults) > 0 || len(sc.failovers) > 0 {
 		// A fault phase: one or two faults at once, on distinct workers,
@@ -420,49 +447,56 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 		if !time.Now().Add(phase + recovery + window).Before(end) {
 			break
 		}
-		var wg sync.WaitGroup
 		perm, n := rng.Perm(len(slots)), 1+rng.IntN(2)
 		if len(sc.faults) == 0 {
 			n = 0
 		}
-		for _, i := range perm[:min(len(slots), n)] {
-			kind := sc.faults[rng.IntN(len(sc.faults))]
-			s := slots[i]
-			delay := time.Duration(rng.IntN(500)) * time.Millisecond
-			frac := 1.5 + rng.Float64()
-			restart := time.Duration(200+rng.IntN(600)) * time.Millisecond
-			wg.Go(func() {
-				time.Sleep(delay) // when the fault strikes is the schedule's choice
-				f, hit, err := inject(s, kind, frac, restart)
-				if err != nil {
-					t.Error(err)
-				}
+		func() {
+			var wg sync.WaitGroup
+			// The worker faults end before the phase does, even when a
+			// failover fails the test.
+			defer wg.Wait()
+			for _, i := range perm[:min(len(slots), n)] {
+				kind := sc.faults[rng.IntN(len(sc.faults))]
+				s := slots[i]
+				delay := time.Duration(rng.IntN(500)) * time.Millisecond
+				frac := 1.5 + rng.Float64()
+				restart := time.Duration(200+rng.IntN(600)) * time.Millisecond
+				wg.Go(func() {
+					time.Sleep(delay) // when the fault strikes is the schedule's choice
+					f, hit, err := inject(s, kind, frac, restart)
+					if err != nil {
+						t.Error(err)
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					faults = append(faults, f)
+					if hit {
+						counts[kind]++
+					} else {
+						counts[kind+" (caught nothing)"]++
+					}
+				})
+			}
+			if len(sc.failovers) > 0 {
+				kind := next[0]
+				next = next[1:]
+				f, w, kept := failover(t, d.patroni, kind, hold)
+				expect[kind] = time.Duration(f.End-f.Start)*time.Microsecond - kept
+				leader, healed = d.patroni.Leader(), f.End
 				mu.Lock()
 				defer mu.Unlock()
 				faults = append(faults, f)
-				if hit {
-					counts[kind]++
-				} else {
-					counts[kind+" (caught nothing)"]++
-				}
-			})
-		}
-		if len(sc.failovers) > 0 {
-			kind := next[0]
-			next = next[1:]
-			f, w, kept := failover(t, d.patroni, kind, hold)
-			expect[kind] = time.Duration(f.End-f.Start)*time.Microsecond - kept
-			mu.Lock()
-			faults = append(faults, f)
-			counts[kind]++
-			syncWait.add(w)
-			mu.Unlock()
-		}
-		wg.Wait()
+				counts[kind]++
+				syncWait.add(w)
+			}
+		}()
 		// A quiet phase, long enough for a window after the recovery.
 		time.Sleep(recovery + window + time.Duration(rng.IntN(1000))*time.Millisecond)
+		unplanned()
 	}
 	time.Sleep(time.Until(end))
+	unplanned()
 	to := Micros(time.Now())
 	var stopErrs []string
 	for _, s := range slots {
@@ -523,6 +557,14 @@ const (
 
 func countSyncWaits(log string) syncWaits {
 	return syncWaits{strings.Count(log, syncWaitCancelled), strings.Count(log, syncWaitTerminated)}
+}
+
+// memberName is m's name, or "none".
+func memberName(m *testdb.PatroniMember) string {
+	if m == nil {
+		return "none"
+	}
+	return m.Name()
 }
 
 // failover fails the Patroni cluster c over by kind, waits for the new

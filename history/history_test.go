@@ -4,6 +4,7 @@ package history
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 
@@ -38,7 +39,9 @@ func TestHistory_SQLite(t *testing.T) {
 // checker judges the Runs by the primary after the last heal.
 func TestHistory_Patroni(t *testing.T) {
 	t.Parallel()
+	started := time.Now()
 	c := testdb.SharedPatroni(t)
+	t.Logf("the Patroni cluster ready after %v", time.Since(started).Round(time.Millisecond))
 	o := runPatroniScenario(t, c, scenario{duration: duration(t, 45e9), workers: 4, targets: 3,
 		faults: allFaults, failovers: allFailovers, seed: seed(t)})
 	assert.Empty(t, o.rep.Violations, "violations")

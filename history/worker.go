@@ -180,7 +180,9 @@ func Outcome(err error) string {
 
 // Open opens a worker's or the checker's database.
 func Open(dsn string) (*gorm.DB, error) {
-	cfg := &gorm.Config{Logger: logger.Discard}
+	// No ping: a worker started while a cluster fails over finds no server
+	// that accepts writes, and its Runs, not its start, are to fail.
+	cfg := &gorm.Config{Logger: logger.Discard, DisableAutomaticPing: true}
 	switch {
 	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "host="):
 		// A URL, or keywords and values (a Patroni cluster's multi-host DSN).
