@@ -6,7 +6,7 @@
 # records. Then the fence mutation, which the checker must catch (on
 # PostgreSQL, MariaDB and the Patroni cluster).
 #
-#   scripts/history.sh [DURATION]     each run's length (default 5m)
+#   scripts/history.sh [DURATION]     each run's length (default 5m), every database at once
 #
 # HISTORY_RUNS (default 1) runs per database; GORMLEASE_HISTORY_SEED
 # repeats a run's settings and fault schedule (not its timing);
@@ -21,11 +21,11 @@ duration="${1:-5m}"
 runs="${HISTORY_RUNS:-1}"
 for i in $(seq "$runs"); do
   echo "== history run $i of $runs, $duration per database"
-  GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -timeout 0 \
+  GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -parallel 4 -timeout 0 \
     -run '^TestHistory_(Postgres|MariaDB|SQLite|Patroni)$' ./
 done
 if [ "${HISTORY_MUTATION:-1}" != 0 ]; then
   echo "== the fence mutation, $duration per database: the checker must report violations"
-  GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -timeout 0 -tags gormlease_mutate_fence \
+  GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -parallel 3 -timeout 0 -tags gormlease_mutate_fence \
     -run '^TestHistory_MutatedFenceIsCaught_' ./
 fi
