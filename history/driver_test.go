@@ -307,7 +307,7 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 func runPatroniScenario(t *testing.T, c *testdb.Patroni, sc scenario) outcome {
 	t.Helper()
 	// Whatever happens to the test, the next one finds the cluster healed
-	// (after the workers are gone: this runs after run's cleanups).
+	// (after the workers are gone: this runs after runOn's cleanups).
 	t.Cleanup(func() { c.Heal(t) })
 	return runOn(t, patroniDatabase(t, c), sc)
 }
@@ -541,8 +541,9 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 // syncWaits counts the COMMITs of an old primary whose wait for the
 // synchronous standby was cut short, as its log says: cancelled by their
 // client (a cancel request, on the operation timeout) or cut by the
-// server's shutdown (the heal's demotion). Each is committed on the old
-// primary alone, and lost with it.
+// server's shutdown (the heal's demotion). Each committed there without
+// the standby's confirmation: after a Patroni kill, there alone, and it is
+// lost with the old primary's timeline.
 type syncWaits struct{ cancelled, terminated int }
 
 func (w *syncWaits) add(o syncWaits) {
