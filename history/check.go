@@ -6,8 +6,9 @@ import (
 	"time"
 )
 
-// Fault is one fault the driver injected, on one worker, from Start to End
-// (Unix microseconds, wall clock).
+// Fault is one fault the driver injected, on one worker or, for a
+// failover, on the cluster (Worker "cluster"), from Start to End (Unix
+// microseconds, wall clock).
 type Fault struct {
 	Kind       string
 	Worker     string

@@ -93,9 +93,10 @@ func TestCheck_FindsEachViolation(t *testing.T) {
 	}
 }
 
-// A fault, and its recovery, is no quiet window.
+// A fault, a worker's or a failover of the cluster, and its recovery, is
+// no quiet window.
 func TestCheck_QuietWindowsLeaveFaultsOut(t *testing.T) {
 	in := Input{From: 0, To: 10_000_000, Recovery: time.Second, Window: 2 * time.Second,
-		Faults: []Fault{{Start: 4_000_000, End: 5_000_000}, {Start: 5_500_000, End: 6_000_000}}}
+		Faults: []Fault{{Worker: "0", Start: 4_000_000, End: 5_000_000}, {Worker: "cluster", Start: 5_500_000, End: 6_000_000}}}
 	assert.Equal(t, [][2]int64{{1_000_000, 4_000_000}, {7_000_000, 10_000_000}}, quietWindows(in))
 }

@@ -13,6 +13,8 @@
 // as processes of their own, with different settings, while it injects
 // faults: pauses past the lease timeout, connection kills, commits stalled
 // past the lease timeout, and crashes with restarts (on SQLite, which has
-// no server to proxy, pauses and crashes). It is its own module
-// so that porcupine stays out of the core module's dependencies.
+// no server to proxy, pauses and crashes); on a Patroni cluster, failovers
+// too, after which the database's records are read on the primary that
+// survived. It is its own module so that porcupine stays out of the core
+// module's dependencies.
 package history

@@ -6,17 +6,21 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
@@ -39,6 +43,34 @@ const (
 	FaultStall = "commit stall"
 )
 
+// The kinds of failover of the Patroni cluster, the faults of the cluster
+// rather than of one worker. After each, the driver waits for the new
+// leader, then heals the cluster (Heal rejoins the old leader as a
+// standby) before anything else fails over.
+const (
+	// FailoverPostmaster kills the leader's postmaster (SIGKILL): Patroni
+	// promotes the synchronous standby at once (2 to 3 s).
+	FailoverPostmaster = "failover: postmaster kill"
+	// FailoverPatroni kills the leader's Patroni (SIGKILL) and leaves its
+	// PostgreSQL running and read-write, first in the DSN of the workers
+	// started while it led: the synchronous standby is promoted once the
+	// leader key expires (about 7 s), and the old primary, which nobody
+	// stopped, runs on until the heal, its commits waiting for a standby
+	// that has moved on (issue 18's case).
+	FailoverPatroni = "failover: Patroni kill"
+	// FailoverSwitchover hands the leadership to the synchronous standby
+	// (patronictl switchover, about 3 s): a planned failover.
+	FailoverSwitchover = "failover: switchover"
+)
+
+// FailoverUnplanned is a failover of the Patroni cluster that the driver
+// did not inject, but saw.
+const FailoverUnplanned = "failover: unplanned"
+
+// allFailovers are the failovers of the Patroni scenarios; issue 18's,
+// the Patroni kill, first.
+var allFailovers = []string{FailoverPatroni, FailoverPostmaster, FailoverSwitchover}
+
 // commitNeedle is in the statement of the fenced commit that saves and
 // releases, and in no other.
 const commitNeedle = "saved_generation = generation"
@@ -49,16 +81,21 @@ type scenario struct {
 	workers  int
 	targets  int
 	faults   []string
-	seed     uint64
+	// failovers, when set, are the failovers of the Patroni cluster that
+	// the fault phases inject, one per phase, every kind in turn.
+	failovers []string
+	seed      uint64
 }
 
 // slot is one worker, across its incarnations.
 type slot struct {
-	t     *testing.T
-	n     int
-	cfg   WorkerConfig
-	proxy *testdb.Proxy
-	dir   string
+	t   *testing.T
+	n   int
+	cfg WorkerConfig
+	db  *database
+	// proxies are the worker's own, one per server address of db.
+	proxies []*testdb.Proxy
+	dir     string
 
 	mu          sync.Mutex
 	incarnation int
@@ -75,6 +112,7 @@ func (s *slot) start() error {
 	cfg.Name = fmt.Sprintf("w%d.%d", s.n, s.incarnation)
 	cfg.Log = filepath.Join(s.dir, cfg.Name+".jsonl")
 	cfg.Seed += uint64(s.incarnation) << 32
+	cfg.DSN = s.db.workerDSN(s.proxies)
 	s.incarnation++
 	b, err := json.Marshal(cfg)
 	if err != nil {
@@ -146,20 +184,108 @@ func (s *slot) stop() error {
 type outcome struct {
 	in  Input
 	rep Report
-	// faults counts the faults injected, by kind; stalls the commit
-	// stalls that caught a commit.
+	// faults counts the faults injected, by kind (a commit stall that
+	// caught no commit apart).
 	faults map[string]int
+	// syncWaits counts how the old primaries' waits for the synchronous
+	// standby ended (on the Patroni cluster).
+	syncWaits syncWaits
 }
 
-// runScenario runs sc on server: it starts the workers through proxies of
-// their own, injects faults until sc.duration is over, stops the workers,
-// and checks the history.
-func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
-	t.Helper()
-	ctx := context.Background()
-	t.Logf("scenario on %s: %v, %d workers, %d targets, faults %v, seed %d",
-		server.Name, sc.duration, sc.workers, sc.targets, sc.faults, sc.seed)
+// database is what a scenario's workers run on, and what its checker
+// reads.
+type database struct {
+	name string
+	// db is the scenario's own pool, on which it migrates.
+	db *gorm.DB
+	// addrs are the servers' addresses, each of which a worker reaches
+	// through a proxy of its own; none on SQLite, which has no server.
+	addrs []string
+	// workerDSN is the DSN of a worker's new incarnation, whose proxies
+	// (one per address, in order) are proxies.
+	workerDSN func(proxies []*testdb.Proxy) string
+	// read reads what Check judges the Runs by: every saved result and
+	// every lease row change.
+	read func(t *testing.T) ([]Result, []Change)
+	// patroni, when set, is the Patroni cluster that the failovers fail.
+	patroni *testdb.Patroni
+	// resolution is Input.Resolution's.
+	resolution time.Duration
+}
+
+// serverDatabase is a database of its own on server.
+func serverDatabase(t *testing.T, server *testdb.Server) *database {
 	dsn := server.EmptyDSN(t)
+	d := &database{name: server.Name, db: openDB(t, dsn)}
+	d.workerDSN = func([]*testdb.Proxy) string { return dsn }
+	if server.Addr != "" {
+		d.addrs = []string{server.Addr}
+		d.workerDSN = func(p []*testdb.Proxy) string { return strings.Replace(dsn, server.Addr, p[0].Addr(), 1) }
+	}
+	if server.Name == "sqlite" {
+		d.resolution = time.Millisecond
+	}
+	d.read = func(t *testing.T) ([]Result, []Change) {
+		results, changes, err := ReadDB(context.Background(), d.db)
+		require.NoError(t, err)
+		return results, changes
+	}
+	return d
+}
+
+var patroniDatabases atomic.Int64
+
+// patroniDatabase is a database of its own on the Patroni cluster c. The
+// workers reach it through the cluster's multi-host DSN (every member,
+// with target_session_attrs=read-write). Its records are read on the
+// primary after the last heal, the one that survived: a failover throws
+// away the commits that only the old primary had, and a Run that returned
+// nil must have its result there.
+func patroniDatabase(t *testing.T, c *testdb.Patroni) *database {
+	name := fmt.Sprintf("history_%d_%d", os.Getpid(), patroniDatabases.Add(1))
+	in := func(dsn string) string { return strings.Replace(dsn, "dbname=postgres", "dbname="+name, 1) }
+	require.NoError(t, openDB(t, c.DSN()).Exec("CREATE DATABASE "+name).Error)
+	d := &database{name: "patroni", db: openDB(t, in(c.DSN())), patroni: c}
+	members := c.Members()
+	for _, m := range members {
+		d.addrs = append(d.addrs, m.Addr())
+	}
+	d.workerDSN = func(proxies []*testdb.Proxy) string {
+		// As an application configured while the current leader led
+		// lists it: first, so that its new connections go there for as
+		// long as it accepts writes.
+		leader := c.Leader()
+		var hosts, ports []string
+		for _, first := range []bool{true, false} {
+			for i, m := range members {
+				if (m == leader) == first {
+					host, port, _ := net.SplitHostPort(proxies[i].Addr())
+					hosts, ports = append(hosts, host), append(ports, port)
+				}
+			}
+		}
+		return fmt.Sprintf("host=%s port=%s user=postgres dbname=%s sslmode=disable connect_timeout=2"+
+			" target_session_attrs=read-write", strings.Join(hosts, ","), strings.Join(ports, ","), name)
+	}
+	d.read = func(t *testing.T) ([]Result, []Change) {
+		c.Heal(t) // healthy: one primary, its synchronous standby, a replica
+		leader := c.Leader()
+		require.NotNil(t, leader, "no Patroni leader after the last heal")
+		db := openDB(t, in(leader.DSN())) // that member alone
+		var inRecovery bool
+		require.NoError(t, db.Raw("SELECT pg_is_in_recovery()").Scan(&inRecovery).Error)
+		require.False(t, inRecovery, "%s, the Patroni leader, is in recovery", leader.Name())
+		results, changes, err := ReadDB(context.Background(), db)
+		require.NoError(t, err)
+		require.Same(t, leader, c.Leader(), "the Patroni leader changed while the checker read %s", leader.Name())
+		t.Logf("the checker read %s, the primary after the last heal", leader.Name())
+		return results, changes
+	}
+	return d
+}
+
+// openDB opens dsn, closed when t ends.
+func openDB(t *testing.T, dsn string) *gorm.DB {
 	db, err := Open(dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -167,8 +293,35 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 			sqlDB.Close()
 		}
 	})
-	require.NoError(t, gormlease.AutoMigrate(ctx, db))
-	require.NoError(t, Migrate(ctx, db))
+	return db
+}
+
+// runScenario runs sc on a database of its own on server.
+func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
+	t.Helper()
+	return runOn(t, serverDatabase(t, server), sc)
+}
+
+// runPatroniScenario runs sc on a database of its own on the Patroni
+// cluster c, which sc's failovers fail over.
+func runPatroniScenario(t *testing.T, c *testdb.Patroni, sc scenario) outcome {
+	t.Helper()
+	// Whatever happens to the test, the next one finds the cluster healed
+	// (after the workers are gone: this runs after runOn's cleanups).
+	t.Cleanup(func() { c.Heal(t) })
+	return runOn(t, patroniDatabase(t, c), sc)
+}
+
+// runOn runs sc on d: it starts the workers through proxies of their own,
+// injects faults until sc.duration is over, stops the workers, and checks
+// the history.
+func runOn(t *testing.T, d *database, sc scenario) outcome {
+	t.Helper()
+	ctx := context.Background()
+	t.Logf("scenario on %s: %v, %d workers, %d targets, faults %v, failovers %v, seed %d",
+		d.name, sc.duration, sc.workers, sc.targets, sc.faults, sc.failovers, sc.seed)
+	require.NoError(t, gormlease.AutoMigrate(ctx, d.db))
+	require.NoError(t, Migrate(ctx, d.db))
 
 	dir, visualize := t.TempDir(), ""
 	if keep := os.Getenv("GORMLEASE_HISTORY_DIR"); keep != "" {
@@ -183,20 +336,26 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 		targets[i] = fmt.Sprintf("target-%d", i)
 	}
 	slots := make([]*slot, sc.workers)
-	var maxTimeout time.Duration
+	var maxTimeout, maxOpTimeout time.Duration
 	for i := range slots {
-		// Each worker reaches a server through a proxy of its own; a SQLite
-		// file has no server, and no proxy.
-		var proxy *testdb.Proxy
-		workerDSN := dsn
-		if server.Addr != "" {
-			proxy = testdb.NewProxy(t, server.Addr)
-			workerDSN = strings.Replace(dsn, server.Addr, proxy.Addr(), 1)
+		// Each worker reaches each server through a proxy of its own.
+		var proxies []*testdb.Proxy
+		for _, addr := range d.addrs {
+			proxies = append(proxies, testdb.NewProxy(t, addr))
 		}
 		interval := time.Duration(100+rng.IntN(101)) * time.Millisecond
 		timeout := interval * time.Duration(5+rng.IntN(3))
+		if len(sc.failovers) > 0 && i%2 == 1 {
+			// Every other worker on the cluster has a lease timeout of 3.5
+			// to 5 s, above the failover times of a postmaster kill and a
+			// switchover (2 to 3 s) and below a Patroni kill's (about 7 s,
+			// the old primary running on); the others' (0.5 to 1.4 s) are
+			// below all three.
+			interval = time.Duration(250+rng.IntN(81)) * time.Millisecond
+			timeout = interval * time.Duration(14+rng.IntN(2))
+		}
 		cfg := WorkerConfig{
-			DSN: workerDSN, Targets: targets,
+			Targets:    targets,
 			Goroutines: 1 + rng.IntN(3), Interval: interval, Timeout: timeout,
 			// Longer than a commit stall, so that the stalled commit
 			// reaches the database.
@@ -204,10 +363,10 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 			WorkMin:   20 * time.Millisecond, WorkMax: time.Duration(100+rng.IntN(400)) * time.Millisecond,
 			Seed: sc.seed + uint64(i),
 		}
-		maxTimeout = max(maxTimeout, timeout)
+		maxTimeout, maxOpTimeout = max(maxTimeout, timeout), max(maxOpTimeout, cfg.OpTimeout)
 		t.Logf("worker %d: %d Run loops, heartbeat %v, lease timeout %v, operation timeout %v, work %v to %v",
 			i, cfg.Goroutines, cfg.Interval, cfg.Timeout, cfg.OpTimeout, cfg.WorkMin, cfg.WorkMax)
-		slots[i] = &slot{t: t, n: i, cfg: cfg, proxy: proxy, dir: dir}
+		slots[i] = &slot{t: t, n: i, cfg: cfg, db: d, proxies: proxies, dir: dir}
 	}
 	// Whatever happens to the test, no worker outlives it.
 	t.Cleanup(func() {
@@ -223,41 +382,121 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 	recovery := maxTimeout + time.Second
 	window := 2500 * time.Millisecond
 	var (
-		mu     sync.Mutex
-		faults []Fault
-		counts = map[string]int{}
+		mu       sync.Mutex
+		faults   []Fault
+		counts   = map[string]int{}
+		next     []string // the failovers to come, in turn
+		turns    int
+		syncWait syncWaits
+		// How long each failover takes, from the fault to the heal's end
+		// and without the hold: the last one measured, or a first guess.
+		expect = map[string]time.Duration{
+			FailoverPostmaster: 9 * time.Second, FailoverPatroni: 12 * time.Second, FailoverSwitchover: 8 * time.Second}
 	)
+	// On the cluster, the leader since the last heal, and an unplanned
+	// failover's check: Patroni may fail a loaded cluster over by itself
+	// (it once did while a heal waited). Such a failover, once seen, is a
+	// fault of the cluster from the last heal on, and is healed; the
+	// checker's safety checks hold across it as across any other.
+	var leader *testdb.PatroniMember
+	healed := from
+	unplanned := func() {
+		if d.patroni == nil || d.patroni.Leader() == leader {
+			return
+		}
+		d.patroni.Heal(t)
+		f := Fault{Kind: FailoverUnplanned, Worker: "cluster", Start: healed, End: Micros(time.Now())}
+		now := d.patroni.Leader()
+		t.Logf("%s: the leader was %s, and is %s after the heal", f.Kind, memberName(leader), memberName(now))
+		leader, healed = now, f.End
+		faults = append(faults, f)
+		counts[f.Kind]++
+	}
+	if d.patroni != nil {
+		leader = d.patroni.Leader()
+		require.NotNil(t, leader, "no Patroni leader")
+	}
 	end := time.Now().Add(sc.duration)
-	for time.Now().Add(recovery+window+4*time.Second).Before(end) && len(sc.faults) > 0 {
-		// A fault phase: one or two faults at once, on distinct workers.
-		var wg sync.WaitGroup
-		for _, i := range rng.Perm(len(slots))[:min(len(slots), 1+rng.IntN(2))] {
-			kind := sc.faults[rng.IntN(len(sc.faults))]
-			s := slots[i]
-			delay := time.Duration(rng.IntN(500)) * time.Millisecond
-			frac := 1.5 + rng.Float64()
-			restart := time.Duration(200+rng.IntN(600)) * time.Millisecond
-			wg.Go(func() {
-				time.Sleep(delay) // when the fault strikes is the schedule's choice
-				f, hit, err := inject(s, kind, frac, restart)
-				if err != nil {
-					t.Error(err)
+	for len(sc.faults) > 0 || len(sc.failovers) > 0 {
+		// A fault phase: one or two faults at once, on distinct workers,
+		// and on the cluster a failover at the same time.
+		phase, hold := 4*time.Second, time.Duration(0)
+		if len(sc.failovers) > 0 {
+			if len(next) == 0 {
+				// Each kind once in every turn, at random; the first turn
+				// starts with sc.failovers[0].
+				first := turns == 0
+				turns++
+				for _, i := range rng.Perm(len(sc.failovers)) {
+					if first && i == 0 {
+						next = append([]string{sc.failovers[i]}, next...)
+					} else {
+						next = append(next, sc.failovers[i])
+					}
 				}
+			}
+			// How long the old primary that a Patroni kill leaves runs on
+			// after the new leader is seen: the longer, the more of the
+			// commits that wait on it are cut short by their client.
+			hold = time.Second + time.Duration(rng.Int64N(int64(maxOpTimeout)))
+			phase = expect[next[0]]
+			if next[0] == FailoverPatroni {
+				phase += hold
+			}
+		}
+		if !time.Now().Add(phase + recovery + window).Before(end) {
+			break
+		}
+		perm, n := rng.Perm(len(slots)), 1+rng.IntN(2)
+		if len(sc.faults) == 0 {
+			n = 0
+		}
+		func() {
+			var wg sync.WaitGroup
+			// The worker faults end before the phase does, even when a
+			// failover fails the test.
+			defer wg.Wait()
+			for _, i := range perm[:min(len(slots), n)] {
+				kind := sc.faults[rng.IntN(len(sc.faults))]
+				s := slots[i]
+				delay := time.Duration(rng.IntN(500)) * time.Millisecond
+				frac := 1.5 + rng.Float64()
+				restart := time.Duration(200+rng.IntN(600)) * time.Millisecond
+				wg.Go(func() {
+					time.Sleep(delay) // when the fault strikes is the schedule's choice
+					f, hit, err := inject(s, kind, frac, restart)
+					if err != nil {
+						t.Error(err)
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					faults = append(faults, f)
+					if hit {
+						counts[kind]++
+					} else {
+						counts[kind+" (caught nothing)"]++
+					}
+				})
+			}
+			if len(sc.failovers) > 0 {
+				kind := next[0]
+				next = next[1:]
+				f, w, kept := failover(t, d.patroni, kind, hold)
+				expect[kind] = time.Duration(f.End-f.Start)*time.Microsecond - kept
+				leader, healed = d.patroni.Leader(), f.End
 				mu.Lock()
 				defer mu.Unlock()
 				faults = append(faults, f)
-				if hit {
-					counts[kind]++
-				} else {
-					counts[kind+" (caught nothing)"]++
-				}
-			})
-		}
-		wg.Wait()
+				counts[kind]++
+				syncWait.add(w)
+			}
+		}()
 		// A quiet phase, long enough for a window after the recovery.
 		time.Sleep(recovery + window + time.Duration(rng.IntN(1000))*time.Millisecond)
+		unplanned()
 	}
 	time.Sleep(time.Until(end))
+	unplanned()
 	to := Micros(time.Now())
 	var stopErrs []string
 	for _, s := range slots {
@@ -269,16 +508,16 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 
 	events, err := ReadLogs(dir)
 	require.NoError(t, err)
-	results, changes, err := ReadDB(ctx, db)
-	require.NoError(t, err)
+	results, changes := d.read(t)
 	in := Input{Events: events, Results: results, Changes: changes, Faults: faults, Targets: targets,
-		From: from, To: to, Recovery: recovery, Window: window, VisualizeDir: visualize}
-	if server.Name == "sqlite" {
-		in.Resolution = time.Millisecond
-	}
+		From: from, To: to, Recovery: recovery, Window: window, Resolution: d.resolution, VisualizeDir: visualize}
 	rep := Check(in)
 	t.Logf("checked %d Runs (%v), %d acquisitions, %d saves, %d lease row changes, %d model operations, %d quiet windows; faults %v; %d violations",
 		rep.Runs, rep.Outcomes, rep.Acquisitions, rep.Saves, rep.Changes, rep.Ops, rep.Windows, counts, len(rep.Violations))
+	if d.patroni != nil {
+		t.Logf("on the old primaries: %d waits for synchronous replication cancelled by their client, %d cut by the shutdown",
+			syncWait.cancelled, syncWait.terminated)
+	}
 	byKind := map[string]int{}
 	for _, v := range rep.Violations {
 		byKind[v.Kind]++
@@ -296,7 +535,80 @@ func runScenario(t *testing.T, server *testdb.Server, sc scenario) outcome {
 		}
 		t.Logf("violation: %s", v)
 	}
-	return outcome{in: in, rep: rep, faults: counts}
+	return outcome{in: in, rep: rep, faults: counts, syncWaits: syncWait}
+}
+
+// syncWaits counts the COMMITs of an old primary whose wait for the
+// synchronous standby was cut short, as its log says: cancelled by their
+// client (a cancel request, on the operation timeout) or cut by the
+// server's shutdown (the heal's demotion). Each committed there without
+// the standby's confirmation: after a Patroni kill, there alone, and it is
+// lost with the old primary's timeline.
+type syncWaits struct{ cancelled, terminated int }
+
+func (w *syncWaits) add(o syncWaits) {
+	w.cancelled, w.terminated = w.cancelled+o.cancelled, w.terminated+o.terminated
+}
+
+// The log lines of syncWaits.
+const (
+	syncWaitCancelled  = "canceling wait for synchronous replication due to user request"
+	syncWaitTerminated = "canceling the wait for synchronous replication and terminating connection"
+)
+
+func countSyncWaits(log string) syncWaits {
+	return syncWaits{strings.Count(log, syncWaitCancelled), strings.Count(log, syncWaitTerminated)}
+}
+
+// memberName is m's name, or "none".
+func memberName(m *testdb.PatroniMember) string {
+	if m == nil {
+		return "none"
+	}
+	return m.Name()
+}
+
+// failover fails the Patroni cluster c over by kind, waits for the new
+// leader, lets the old primary run on for hold when nobody stopped it (a
+// Patroni kill), and heals the cluster. It returns the fault, from the
+// failover's start to the heal's end, how the old primary's commits that
+// waited for the synchronous standby ended, and how long it kept the old
+// primary running.
+func failover(t *testing.T, c *testdb.Patroni, kind string, hold time.Duration) (_ Fault, _ syncWaits, kept time.Duration) {
+	t.Helper()
+	old := c.Leader()
+	require.NotNil(t, old, "no Patroni leader to fail over")
+	before := countSyncWaits(old.Log())
+	start := time.Now()
+	f := Fault{Kind: kind, Worker: "cluster", Start: Micros(start)}
+	switch kind {
+	case FailoverPostmaster:
+		old.KillPostmaster(t)
+	case FailoverPatroni:
+		old.KillPatroni(t)
+	case FailoverSwitchover:
+		standby := c.SyncStandby()
+		require.NotNil(t, standby, "no synchronous standby to switch over to")
+		c.Switchover(t, old, standby)
+	default:
+		t.Fatalf("no failover %q", kind)
+	}
+	leader := c.WaitLeader(t, old, time.Minute)
+	seen := time.Since(start)
+	if kind == FailoverPatroni {
+		time.Sleep(hold) // the old primary runs on, read-write: nobody stopped it
+		kept = hold
+	}
+	healing := time.Now()
+	c.Heal(t)
+	f.End = Micros(time.Now())
+	after := countSyncWaits(old.Log())
+	w := syncWaits{after.cancelled - before.cancelled, after.terminated - before.terminated}
+	t.Logf("%s from %s to %s: the new leader seen after %v, the old primary kept %v, healed in %v; "+
+		"waits for synchronous replication on the old primary: %d cancelled, %d cut by the shutdown",
+		kind, old.Name(), leader.Name(), seen.Round(time.Millisecond), kept.Round(time.Millisecond),
+		time.Since(healing).Round(time.Millisecond), w.cancelled, w.terminated)
+	return f, w, kept
 }
 
 // inject injects one fault of kind on s, and reports it, whether it
@@ -315,23 +627,34 @@ func inject(s *slot, kind string, frac float64, restart time.Duration) (_ Fault,
 			if i > 0 {
 				time.Sleep(150 * time.Millisecond)
 			}
-			s.proxy.Cut()
+			for _, p := range s.proxies {
+				p.Cut()
+			}
 		}
 	case FaultCrash:
 		s.crash()
 		time.Sleep(restart)
 		err = s.start()
 	case FaultStall:
-		tripped := s.proxy.BlackholeOn(commitNeedle, false)
-		select {
-		case <-tripped:
+		// Armed on every proxy; the first that trips stalls the commit.
+		cases := make([]reflect.SelectCase, 0, len(s.proxies)+1)
+		for _, p := range s.proxies {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(p.BlackholeOn(commitNeedle, false))})
+		}
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(time.After(3 * time.Second))})
+		chosen, _, _ := reflect.Select(cases)
+		for _, p := range s.proxies {
+			p.Disarm()
+		}
+		if chosen < len(s.proxies) {
 			f.Start = Micros(time.Now())
 			time.Sleep(s.cfg.Timeout + time.Second)
-		case <-time.After(3 * time.Second):
+		} else {
 			hit = false
-			s.proxy.Disarm()
 		}
-		s.proxy.Restore()
+		for _, p := range s.proxies {
+			p.Restore()
+		}
 	}
 	f.End = Micros(time.Now())
 	return f, hit, err

@@ -26,9 +26,21 @@ func TestHistory_MutatedFenceIsCaught_MariaDB(t *testing.T) {
 	checkCaught(t, testdb.MySQL(t))
 }
 
+// On the Patroni cluster, the commit stalls come with failovers, and the
+// checker reads the primary after the last heal.
+func TestHistory_MutatedFenceIsCaught_Patroni(t *testing.T) {
+	t.Parallel()
+	c := testdb.SharedPatroni(t)
+	requireCaught(t, runPatroniScenario(t, c, scenario{duration: duration(t, 45e9), workers: 4, targets: 2,
+		faults: []string{FaultStall}, failovers: allFailovers, seed: seed(t)}))
+}
+
 func checkCaught(t *testing.T, s *testdb.Server) {
-	o := runScenario(t, s, scenario{duration: duration(t, 25e9), workers: 4, targets: 2,
-		faults: []string{FaultStall}, seed: seed(t)})
+	requireCaught(t, runScenario(t, s, scenario{duration: duration(t, 25e9), workers: 4, targets: 2,
+		faults: []string{FaultStall}, seed: seed(t)}))
+}
+
+func requireCaught(t *testing.T, o outcome) {
 	require.NotZero(t, o.faults[FaultStall], "no commit was stalled")
 	kinds := map[string]int{}
 	for _, v := range o.rep.Violations {

@@ -33,8 +33,8 @@ type WorkerConfig struct {
 	// Name names the worker and its incarnation; Log is its log file.
 	Name string
 	Log  string
-	// DSN opens the database ("postgres://...", "mysql://..." or, for
-	// SQLite, "file:...").
+	// DSN opens the database ("postgres://..." or "host=...",
+	// "mysql://..." or, for SQLite, "file:...").
 	DSN string
 	// Targets are the targets its Runs pick from, at random.
 	Targets []string
@@ -180,16 +180,19 @@ func Outcome(err error) string {
 
 // Open opens a worker's or the checker's database.
 func Open(dsn string) (*gorm.DB, error) {
-	cfg := &gorm.Config{Logger: logger.Discard}
+	// No ping: a worker started while a cluster fails over finds no server
+	// that accepts writes, and its Runs, not its start, are to fail.
+	cfg := &gorm.Config{Logger: logger.Discard, DisableAutomaticPing: true}
 	switch {
-	case strings.HasPrefix(dsn, "postgres://"):
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "host="):
+		// A URL, or keywords and values (a Patroni cluster's multi-host DSN).
 		return gorm.Open(postgres.Open(dsn), cfg)
 	case strings.HasPrefix(dsn, "mysql://"):
 		return gorm.Open(mysql.Open(strings.TrimPrefix(dsn, "mysql://")), cfg)
 	case strings.HasPrefix(dsn, "file:"):
 		return gorm.Open(gormlite.Open(dsn), cfg)
 	}
-	return nil, fmt.Errorf("history: DSN %q is not postgres://, mysql:// nor file: (SQLite)", dsn)
+	return nil, fmt.Errorf("history: DSN %q is not postgres:// (or host=...), mysql:// nor file: (SQLite)", dsn)
 }
 
 // WorkerMain runs a worker process from the WorkerConfig in WorkerEnv, until

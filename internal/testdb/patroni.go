@@ -561,6 +561,9 @@ func openPostgres(tb testing.TB, dsn string) *gorm.DB {
 // Name is the member's name in the cluster (m1, m2, m3).
 func (m *PatroniMember) Name() string { return m.name }
 
+// Addr is the address ("host:port") of the member's PostgreSQL.
+func (m *PatroniMember) Addr() string { return fmt.Sprintf("127.0.0.1:%d", m.pgPort) }
+
 // DSN is the DSN of the member's PostgreSQL alone.
 func (m *PatroniMember) DSN() string {
 	return fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=2", m.pgPort)
