@@ -32,6 +32,7 @@ type Backend struct {
 	backend.Common
 	lease                   string
 	schemaSQL, heartbeatSQL string
+	heartbeatParts          [3]string // heartbeatSQL before $1, between $1 and $2, and after $2
 	takeOverSQL, insertSQL  string
 	stateSQL, markSQL       string
 	slotSQL, readSavedSQL   string
@@ -63,6 +64,9 @@ FROM ` + t.Lease + ` WHERE target_id = $1`,
 		markSQL: `UPDATE ` + t.Lease + ` SET waiting = true
 WHERE target_id = $1 AND generation = $2 AND released_at IS NULL AND NOT waiting`,
 	}
+	head, rest, _ := strings.Cut(b.heartbeatSQL, "$1")
+	mid, tail, _ := strings.Cut(rest, "$2")
+	b.heartbeatParts = [3]string{head, mid, tail}
 	d := dialect(t)
 	d.PrefixRange = b.bytewiseOrder
 	b.Common = backend.NewCommon(d, t)
