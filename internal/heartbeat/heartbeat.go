@@ -41,6 +41,7 @@ package heartbeat
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -133,7 +134,7 @@ type bucket struct {
 	due     time.Time // the next renewal on the bucket's phase
 	retry   time.Time // zero, or a renewal sooner than due, after a failed one
 	busy    bool      // its statement is in flight
-	fence   time.Time // zero, or no later than the trust deadline of any of its members not lost
+	fence   int64     // no later than the deadline of any of its members not lost; never if none
 	// leases and live are the statement's, from its sending until the
 	// goroutine learns that it returned: they are reused.
 	leases []backend.Lease
@@ -146,17 +147,27 @@ type Member struct {
 	// Lease is the lease renewed.
 	Lease backend.Lease
 	// Context is the context of the lease's work, for the round's hooks.
-	Context context.Context
-	trust   time.Duration
-	lost    func(selfFenced bool)
-	unwatch func() bool // stops the watch of Context
-	bucket  *bucket
-	index   int       // in bucket.members
-	renewed time.Time // when the last statement that confirmed the lease was sent
-	left    bool      // Stop has run
-	ended   bool      // Context is done
-	gone    bool      // its loss was reported
+	Context  context.Context
+	trust    time.Duration
+	lost     func(selfFenced bool)
+	unwatch  func() bool // stops the watch of Context
+	bucket   *bucket
+	index    int   // in bucket.members
+	deadline int64 // when its trust ends (see nanos): trust after the last statement that confirmed it was sent
+	left     bool  // Stop has run
+	ended    bool  // Context is done
+	gone     bool  // its loss was reported
 }
+
+// The fences count in monotonic nanoseconds since origin, which a renewal
+// of 1,000 leases compares 2,000 times.
+var origin = time.Now()
+
+// never is a deadline that does not come.
+const never = math.MaxInt64
+
+// nanos returns t in nanoseconds since origin.
+func nanos(t time.Time) int64 { return int64(t.Sub(origin)) }
 
 // Join starts renewing lease, acquired by a statement sent at sent, with
 // settings s, until Stop. workCtx is the context of the lease's work: once
@@ -168,7 +179,7 @@ type Member struct {
 func (set *Set) Join(s Settings, workCtx context.Context, lease backend.Lease, sent time.Time, trust time.Duration,
 	lost func(selfFenced bool),
 ) *Member {
-	m := &Member{Lease: lease, Context: workCtx, trust: trust, renewed: sent}
+	m := &Member{Lease: lease, Context: workCtx, trust: trust, deadline: nanos(sent) + int64(trust)}
 	var once sync.Once
 	m.lost = func(selfFenced bool) { once.Do(func() { lost(selfFenced) }) }
 	m.unwatch = context.AfterFunc(workCtx, func() {
@@ -217,8 +228,8 @@ func (g *group) add(m *Member, now time.Time) {
 	}
 	b.add(m)
 	g.size++
-	b.fence = earliest(b.fence, m.deadline())
-	if at := earliest(b.next(), b.fence); g.wakeAt.IsZero() || at.Before(g.wakeAt) {
+	b.fence = min(b.fence, m.deadline)
+	if at := earliest(b.next(), b.fenceTime()); g.wakeAt.IsZero() || at.Before(g.wakeAt) {
 		select {
 		case g.wake <- struct{}{}:
 		default: // already woken
@@ -231,7 +242,7 @@ func (g *group) newBucket(n int, now time.Time) *bucket {
 	// The bit reversal of n's low bits: the first 2^k buckets' phases
 	// divide the interval evenly, for every k.
 	slot := bits.Reverse64(uint64(n)) >> (64 - phaseBits)
-	b := &bucket{n: n, phase: time.Duration(uint64(g.key.interval) / (1 << phaseBits) * slot)}
+	b := &bucket{n: n, phase: time.Duration(uint64(g.key.interval) / (1 << phaseBits) * slot), fence: never}
 	b.due = g.nextOnGrid(g.epoch.Add(b.phase), now)
 	return b
 }
@@ -269,8 +280,13 @@ func (b *bucket) next() time.Time {
 	return b.due
 }
 
-// deadline returns when m's trust ends, unless a heartbeat confirms it.
-func (m *Member) deadline() time.Time { return m.renewed.Add(m.trust) }
+// fenceTime returns b's fence as a time, zero for never.
+func (b *bucket) fenceTime() time.Time {
+	if b.fence == never {
+		return time.Time{}
+	}
+	return origin.Add(time.Duration(b.fence))
+}
 
 // earliest returns the earlier of a and b, where zero means never.
 func earliest(a, b time.Time) time.Time {
@@ -378,19 +394,20 @@ func (g *group) loop(ctx context.Context) {
 // fence reports the loss of every lease whose trust ended by now, and
 // moves each bucket's fence to the next deadline of its members.
 func (g *group) fence(now time.Time) {
+	t := nanos(now)
 	for _, b := range g.buckets {
-		if b.fence.IsZero() || b.fence.After(now) {
+		if b.fence > t {
 			continue
 		}
-		b.fence = time.Time{}
+		b.fence = never
 		for _, m := range b.members {
-			switch d := m.deadline(); {
+			switch {
 			case m.gone:
-			case !d.After(now):
+			case m.deadline <= t:
 				m.gone = true
 				m.lost(true)
 			default:
-				b.fence = earliest(b.fence, d)
+				b.fence = min(b.fence, m.deadline)
 			}
 		}
 	}
@@ -443,7 +460,7 @@ func (g *group) send(b *bucket, now time.Time) bool {
 func (g *group) nextEvent(slots bool) time.Time {
 	var at time.Time
 	for _, b := range g.buckets {
-		at = earliest(at, b.fence)
+		at = earliest(at, b.fenceTime())
 		if slots && !b.busy && len(b.members) > 0 {
 			at = earliest(at, b.next())
 		}
@@ -477,6 +494,7 @@ func (g *group) renew(ctx context.Context, b *bucket) result {
 // settle confirms, until their trust after sent, the leases of b's
 // statement that it renewed, and reports the loss of those in lost.
 func (g *group) settle(b *bucket, lost map[backend.Lease]bool, sent time.Time) {
+	t := nanos(sent)
 	g.set.mu.Lock()
 	defer g.set.mu.Unlock()
 	for _, m := range b.live {
@@ -486,14 +504,14 @@ func (g *group) settle(b *bucket, lost map[backend.Lease]bool, sent time.Time) {
 		case lost[m.Lease]:
 			m.gone = true
 			m.lost(false)
-		case sent.After(m.renewed):
-			m.renewed = sent
+		default:
+			m.deadline = max(m.deadline, t+int64(m.trust))
 		}
 	}
-	b.fence = time.Time{}
+	b.fence = never
 	for _, m := range b.members {
 		if !m.gone {
-			b.fence = earliest(b.fence, m.deadline())
+			b.fence = min(b.fence, m.deadline)
 		}
 	}
 }
@@ -537,8 +555,8 @@ func (g *group) merge(b *bucket) {
 			b.remove(m)
 			l.add(m)
 		}
-		l.fence = earliest(l.fence, b.fence)
+		l.fence = min(l.fence, b.fence)
 	}
-	b.fence = time.Time{}
+	b.fence = never
 	g.trim()
 }
