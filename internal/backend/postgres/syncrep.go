@@ -296,23 +296,24 @@ func (b *Backend) heartbeatQuery(leases []backend.Lease) string {
 // double quote is escaped by a backslash for the array, and then each
 // backslash and single quote by a backslash for the string.
 func writeElement(q *strings.Builder, s string) {
-	for {
-		i := strings.IndexAny(s, `\"'`)
-		if i < 0 {
-			q.WriteString(s)
-			return
-		}
-		q.WriteString(s[:i])
+	plain := 0 // s[plain:i] needs no escape
+	for i := 0; i < len(s); i++ {
+		var esc string
 		switch s[i] {
 		case '\\':
-			q.WriteString(`\\\\`)
+			esc = `\\\\`
 		case '"':
-			q.WriteString(`\\"`)
+			esc = `\\"`
+		case '\'':
+			esc = `\'`
 		default:
-			q.WriteString(`\'`)
+			continue
 		}
-		s = s[i+1:]
+		q.WriteString(s[plain:i])
+		q.WriteString(esc)
+		plain = i + 1
 	}
+	q.WriteString(s[plain:])
 }
 
 // markLost records as lost the lease at position i (from 1) of leases, as
