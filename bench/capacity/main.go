@@ -659,7 +659,15 @@ func (r results) section() string {
 			h.perSec(), ms(h.stmtP50), ms(h.stmtMax), h.inFlight, h.periodP50.Round(time.Millisecond), h.periodMax.Round(time.Millisecond),
 			h.maxAge.Round(time.Millisecond), 100*h.cpu, h.allocRate/1e6, h.gcs, yes(h.onTime(o.interval)), h.lost)
 	}
-	p("\n*Statement time* is from a heartbeat statement's sending to its answer, and *in flight* their total time over the window's (the Runner's Observer reports each statement). *A lease's round* is the time between two heartbeats that renewed one lease, as sent, over one lease in a hundred (and from its last heartbeat to the window's end). *Oldest heartbeat seen* is the largest `now() - updated_at` over the held rows (the time of the read's snapshot less that of the last committed heartbeat), read every quarter of an interval (the read scans every held row). *Renewed on time*: no lease lost, no statement failed, and every sampled lease renewed at least once every 1.2 intervals. *Client CPU* is the process's user and system time over the window, with 100,000 Runs parked in their work and the age read in it.")
+	p("\n*Statement time* is from a heartbeat statement's sending to its answer, and *in flight* their total time over the window's (the Runner's Observer reports each statement). *A lease's round* is the time between two heartbeats that renewed one lease, as sent, over one lease in a hundred (and from its last heartbeat to the window's end). *Oldest heartbeat seen* is the largest `now() - updated_at` over the held rows (the time of the read's snapshot less that of the last committed heartbeat), read every quarter of an interval (the read scans every held row). *Renewed on time*: no lease lost, no statement failed, and every sampled lease renewed at least once every 1.2 intervals. *Client CPU* is the process's user and system time over the window, with every lease's Run parked in its work and the age read in it.")
+	for _, h := range r.held {
+		p(" At %d leases, the server over the window:", h.leases)
+		if h.server.cpu > 0 {
+			p(" its processes that serve the pool took %.1f%% of a core;", 100*h.server.cpu)
+		}
+		p(" it wrote %.1f MB/s of WAL (%.0f records/s, %.0f full pages/s, the whole server's), and scanned the lease table %.1f times a second and its primary key %.0f times, %.0f%% of its updates HOT.",
+			h.server.walBytes/1e6, h.server.walRecords, h.server.walFPI, h.server.seqScans, h.server.idxScans, 100*h.server.hot)
+	}
 	if r.load != "" {
 		p(" Load average (1, 5, 15 min) at the start of the run: %s; at the end: %s.", r.load, loadAverage())
 	}
