@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime"
 	"slices"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/observe"
 )
 
 // heldLeases writes n held lease rows at once, with target IDs that need
@@ -434,4 +436,243 @@ func containsAll(sql string, targets []string) bool {
 		}
 	}
 	return true
+}
+
+// sends records when each lease's heartbeats that renewed it were sent, as
+// an Observer.
+type sends struct {
+	mu     sync.Mutex
+	since  time.Time // zero: not recording yet
+	leases map[string][]time.Time
+}
+
+func (s *sends) Start(ctx context.Context, span observe.Span) (context.Context, func(error)) {
+	if span.Kind != observe.SpanHeartbeat {
+		return ctx, func(error) {}
+	}
+	target, sent := span.TargetID, span.Start
+	return ctx, func(err error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if err == nil && !s.since.IsZero() && !sent.Before(s.since) {
+			s.leases[target] = append(s.leases[target], sent)
+		}
+	}
+}
+
+func (s *sends) Record(context.Context, observe.Event) {}
+
+// record starts recording.
+func (s *sends) record() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.since, s.leases = time.Now(), map[string][]time.Time{}
+}
+
+// fewest returns the fewest heartbeats recorded of any of targets.
+func (s *sends) fewest(targets []string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := -1
+	for _, target := range targets {
+		if k := len(s.leases[target]); n < 0 || k < n {
+			n = k
+		}
+	}
+	return n
+}
+
+// manyLeasesDB opens a pool of its own on PostgreSQL, for a test that
+// holds many leases: no other test's leases share its heartbeats, and at
+// most 20 connections serve its Runs, which commit all at once in the
+// end.
+func manyLeasesDB(t *testing.T) *gorm.DB {
+	t.Helper()
+	db := testdb.Postgres(t).Open(t, nil)
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	sqlDB.SetMaxOpenConns(20)
+	return db
+}
+
+// holdMany starts a Run of r on each of targets, whose work returns once
+// done(i) is closed for the i-th, with at most 16 acquiring at once so
+// that the heartbeats of the leases already held find connections, and
+// waits until every one is inside its work; if that takes over two
+// minutes, it calls abort, which must close every done channel, and fails
+// t.
+func holdMany(t *testing.T, r *gormlease.Runner[string], targets []string, done func(i int) <-chan struct{},
+	abort func(),
+) []<-chan runResult[string] {
+	t.Helper()
+	var inside sync.WaitGroup
+	inside.Add(len(targets))
+	acquiring := make(chan struct{}, 16)
+	results := make([]<-chan runResult[string], len(targets))
+	for i, target := range targets {
+		acquiring <- struct{}{}
+		release := done(i)
+		results[i] = goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+			<-acquiring
+			inside.Done()
+			select {
+			case <-release:
+				return "ok", nil
+			case <-ctx.Done():
+				return "", context.Cause(ctx)
+			}
+		}, func(*gorm.DB, string) error { return nil })
+	}
+	allInside := make(chan struct{})
+	go func() { inside.Wait(); close(allInside) }()
+	select {
+	case <-allInside:
+	case <-time.After(2 * time.Minute):
+		abort()
+		t.Fatalf("not every one of %d Runs was inside its work after 2m", len(targets))
+	}
+	return results
+}
+
+// The leases of one Runner are renewed in batches of 1,000, and the
+// batches' statements are spread over the interval, each at a phase of its
+// own, while each lease is renewed an interval after the last time: here
+// 2,500 leases, three statements a round (1,000, 1,000 and 500 leases),
+// watched for ten rounds. All three at once, as a round sent as fast as
+// possible would be, fails.
+func TestRun_HeartbeatsAreSpreadOverTheInterval(t *testing.T) {
+	t.Parallel()
+	db := manyLeasesDB(t)
+	const n, interval, rounds = 2500, 400 * time.Millisecond, 10
+	obs := &sends{}
+	// Timeouts that hold while 2,500 acquires queue under -race on a busy
+	// machine: only the pace of the heartbeats is measured.
+	r := newRunner(t, db, append(fast(interval, 30*time.Second),
+		gormlease.WithOperationTimeout(10*time.Second), gormlease.WithObserver(obs))...)
+	targets := make([]string, n)
+	for i := range targets {
+		targets[i] = newTarget(t)
+	}
+	done := make(chan struct{})
+	results := holdMany(t, r, targets, func(int) <-chan struct{} { return done }, func() { close(done) })
+	obs.record()
+	waitFor(t, time.Minute, fmt.Sprintf("%d heartbeats of every lease", rounds), func() bool {
+		return obs.fewest(targets) >= rounds
+	})
+	close(done)
+	for i := range n {
+		require.NoError(t, recv(t, results[i], time.Minute, "Run").err)
+	}
+
+	// A statement is the leases whose heartbeat was sent at one time; a
+	// batch, the leases renewed together, named by the least of them.
+	batchOf := map[time.Time]string{}
+	var periods []time.Duration
+	for _, target := range targets {
+		sent := obs.leases[target]
+		slices.SortFunc(sent, func(a, b time.Time) int { return a.Compare(b) })
+		for i, at := range sent {
+			if b, ok := batchOf[at]; !ok || target < b {
+				batchOf[at] = target
+			}
+			if i > 0 {
+				periods = append(periods, at.Sub(sent[i-1]))
+			}
+		}
+	}
+	slices.Sort(periods)
+	median := periods[len(periods)/2]
+	assert.InDelta(t, interval, median, float64(interval/10), "the median time between two heartbeats of a lease")
+	assert.Less(t, periods[len(periods)-1], 2*interval, "a lease waited two intervals for its heartbeat")
+
+	// Each batch's phase: when in the interval its statements were sent,
+	// the median over the rounds.
+	first := slices.MinFunc(slices.Collect(maps.Keys(batchOf)), func(a, b time.Time) int { return a.Compare(b) })
+	phases := map[string][]time.Duration{}
+	for at, batch := range batchOf {
+		phases[batch] = append(phases[batch], at.Sub(first)%interval)
+	}
+	require.Len(t, phases, 3, "batches of 1,000 leases")
+	var medians []time.Duration
+	for _, ps := range phases {
+		slices.Sort(ps)
+		medians = append(medians, ps[len(ps)/2])
+	}
+	for i, a := range medians {
+		for _, b := range medians[i+1:] {
+			apart := (a - b + interval) % interval
+			apart = min(apart, interval-apart)
+			assert.GreaterOrEqual(t, apart, interval/8, "two batches' heartbeats are sent %v apart in the interval of %v (phases %v)",
+				apart, interval, medians)
+		}
+	}
+}
+
+// batchSizes records the number of leases of each heartbeat statement, as
+// an Observer.
+type batchSizes struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (b *batchSizes) Start(ctx context.Context, _ observe.Span) (context.Context, func(error)) {
+	return ctx, func(error) {}
+}
+
+func (b *batchSizes) Record(_ context.Context, e observe.Event) {
+	if e.Kind == observe.EventHeartbeat && e.Err == nil {
+		b.mu.Lock()
+		b.sizes = append(b.sizes, e.Leases)
+		b.mu.Unlock()
+	}
+}
+
+// last returns the sizes of the last n statements, or nil before n.
+func (b *batchSizes) last(n int) []int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.sizes) < n {
+		return nil
+	}
+	return slices.Clone(b.sizes[len(b.sizes)-n:])
+}
+
+// When leases leave, the batches that are left are merged, so that the
+// leases still held are renewed by one statement per 1,000 again: here
+// 1,500 leases in two batches, of which 1,000 leave, and the other 500 end
+// up in one statement, and keep their leases.
+func TestRun_HeartbeatBatchesMergeWhenLeasesLeave(t *testing.T) {
+	t.Parallel()
+	db := manyLeasesDB(t)
+	const n, leaving, interval = 1500, 1000, 200 * time.Millisecond
+	obs := &batchSizes{}
+	r := newRunner(t, db, append(fast(interval, 30*time.Second),
+		gormlease.WithOperationTimeout(10*time.Second), gormlease.WithObserver(obs))...)
+	targets := make([]string, n)
+	for i := range targets {
+		targets[i] = newTarget(t)
+	}
+	stay, leave := make(chan struct{}), make(chan struct{})
+	results := holdMany(t, r, targets, func(i int) <-chan struct{} {
+		if i%3 != 0 { // two in three leave, from both batches
+			return leave
+		}
+		return stay
+	}, func() { close(stay); close(leave) })
+	waitFor(t, 30*time.Second, "two heartbeat statements a round", func() bool {
+		return slices.Equal(obs.last(2), []int{1000, 500}) || slices.Equal(obs.last(2), []int{500, 1000})
+	})
+	close(leave)
+	for i := range n {
+		if i%3 != 0 {
+			require.NoError(t, recv(t, results[i], time.Minute, "a Run that leaves").err)
+		}
+	}
+	waitFor(t, 30*time.Second, "the 500 leases left renewed by one statement, three rounds running", func() bool {
+		return slices.Equal(obs.last(3), []int{n - leaving, n - leaving, n - leaving})
+	})
+	close(stay)
+	for i := 0; i < n; i += 3 {
+		require.NoError(t, recv(t, results[i], time.Minute, "a Run that stays").err)
+	}
 }

@@ -6,8 +6,9 @@
 //     goroutines sustain on one Runner, each job on a target of its own;
 //   - leases held: how many leases one process holds at once, each in a Run
 //     whose work waits, while the Runner's batched heartbeats keep every one
-//     of them renewed: the duration of each heartbeat round against the
-//     interval, the oldest heartbeat in the table, and any lease lost.
+//     of them renewed: the heartbeat statements' rate and time, each
+//     lease's renewal period, the oldest heartbeat in the table, the
+//     process's CPU and allocations, and any lease lost.
 //
 // The full setting (the defaults) takes about ten minutes and uses the
 // library's default heartbeat interval and lease timeout:
@@ -67,6 +68,8 @@ type options struct {
 	short    bool
 	out      string
 	profile  string
+	memProf  string
+	analyze  bool
 }
 
 func main() {
@@ -79,9 +82,11 @@ func main() {
 	flag.IntVar(&o.pool, "pool", 32, "the connection pool's size (SetMaxOpenConns)")
 	flag.DurationVar(&o.interval, "interval", gormlease.DefaultHeartbeatInterval, "heartbeat interval of the leases-held points")
 	flag.DurationVar(&o.timeout, "timeout", gormlease.DefaultLeaseTimeout, "lease timeout of the leases-held points")
-	flag.IntVar(&o.rounds, "rounds", 3, "heartbeat rounds measured at each leases-held point")
+	flag.IntVar(&o.rounds, "rounds", 3, "heartbeat intervals measured at each leases-held point (and at least 30s, but with -short)")
 	flag.BoolVar(&o.short, "short", false, "a quick check that the command works: -workers 8 -duration 2s -leases 1000 -interval 1s -timeout 4s -rounds 2")
 	flag.StringVar(&o.profile, "cpuprofile", "", "write a CPU profile of the leases-held points' measuring windows to this `file`")
+	flag.StringVar(&o.memProf, "memprofile", "", "write the allocations of the leases-held points' measuring windows to this `file` (and those before them to file.base, for pprof -base)")
+	flag.BoolVar(&o.analyze, "analyze", true, "ANALYZE the lease table as autovacuum would: each time a tenth more of a leases-held point's leases are held, and once all are")
 	flag.StringVar(&o.out, "out", "", "write the results as the capacity section of this Markdown `file` (docs/scaling.md)")
 	flag.Parse()
 	var err error
@@ -98,6 +103,17 @@ func main() {
 		log.Print(err)
 		os.Exit(1)
 	}
+}
+
+// window is how long each leases-held point is measured: o.rounds
+// intervals, and at least 30s but in the short setting, so that the window
+// of a short interval has its share of garbage collections.
+func (o options) window() time.Duration {
+	w := time.Duration(o.rounds) * o.interval
+	if o.short {
+		return w
+	}
+	return max(w, 30*time.Second)
 }
 
 // ints parses a comma-separated list of positive integers.
@@ -149,6 +165,7 @@ type results struct {
 	version string
 	maxConn string
 	started time.Time
+	load    string // the load averages at the start
 	took    time.Duration
 	jobs    []jobPoint
 	held    []heldPoint
@@ -170,30 +187,39 @@ func (p jobPoint) rate() float64 { return float64(p.jobs) / p.took.Seconds() }
 type heldPoint struct {
 	leases   int
 	acquire  time.Duration // until every lease was held
-	rounds   []round
+	window   time.Duration // the measuring window
 	maxAge   time.Duration // oldest heartbeat seen in the table
+	ageRead  time.Duration // the longest read of it
 	lost     int64
 	runErrs  int64 // Runs that ended with an error other than the one that ends their work
 	firstErr error
-	// cpu is the process's CPU time over the measuring window, a fraction
-	// of one core; perSec the heartbeat statements a second over it.
-	cpu, perSec float64
+	// The heartbeat statements that began in the window: how many, the
+	// leases they renewed and those of the failed ones, their median and
+	// longest time, and the mean number in flight (their total time over
+	// the window's).
+	statements, renewed, failed int
+	stmtP50, stmtMax            time.Duration
+	inFlight                    float64
+	// The renewal period of the sampled leases (the time between two
+	// heartbeats that renewed a lease, as sent, and from the last one to
+	// the window's end): median and longest; sampled counts the leases,
+	// unrenewed those that no heartbeat renewed in the window.
+	periodP50, periodMax time.Duration
+	sampled, unrenewed   int
+	// cpu is the process's CPU time over the window, a fraction of one
+	// core; allocRate the bytes it allocated a second; gcs the garbage
+	// collections that ended in it.
+	cpu, allocRate float64
+	gcs            uint32
+	server         serverLoad
 }
 
-// round is one heartbeat round: the statements of a beat of the Runner's
-// heartbeat group, from the first one's start to the last one's end.
-type round struct {
-	start, end time.Time
-	statements int
-	renewed    int
-	failed     int
-}
-
-func (r round) duration() time.Duration { return r.end.Sub(r.start) }
+// perSec is the heartbeat statements a second over the window.
+func (p heldPoint) perSec() float64 { return float64(p.statements) / p.window.Seconds() }
 
 func run(o options) (results, error) {
 	ctx := context.Background()
-	r := results{o: o, started: time.Now()}
+	r := results{o: o, started: time.Now(), load: loadAverage()}
 	admin, err := gorm.Open(postgres.Open(o.dsn), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		return r, err
@@ -215,7 +241,7 @@ func run(o options) (results, error) {
 	if strings.Contains(o.dsn, "?") {
 		sep = "&"
 	}
-	db, err := gorm.Open(postgres.Open(o.dsn+sep+"search_path="+schema), &gorm.Config{Logger: logger.Discard})
+	db, err := gorm.Open(postgres.Open(o.dsn+sep+"search_path="+schema+"&application_name="+schema), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		return r, err
 	}
@@ -303,11 +329,15 @@ func jobs(ctx context.Context, db *gorm.DB, o options, workers int) (jobPoint, e
 	return p, nil
 }
 
-// beats records the heartbeat statements of a Runner, as its Observer.
+// beats records the heartbeat statements of a Runner, and the renewals of
+// a sample of its leases (those whose target ends in "00": one in a
+// hundred), as its Observer.
 type beats struct {
-	mu    sync.Mutex
-	stmts []beat
-	lost  atomic.Int64
+	mu       sync.Mutex
+	stmts    []beat
+	renewals map[string][]time.Time // of the sampled leases, sent in the window
+	since    time.Time              // the window's start; zero before
+	lost     atomic.Int64
 }
 
 // beat is one heartbeat statement.
@@ -317,8 +347,26 @@ type beat struct {
 	failed     bool
 }
 
-func (b *beats) Start(ctx context.Context, _ observe.Span) (context.Context, func(error)) {
-	return ctx, func(error) {}
+// sampled reports whether target is one of the leases whose renewals are
+// recorded.
+func sampled(target string) bool { return strings.HasSuffix(target, "00") }
+
+func (b *beats) Start(ctx context.Context, s observe.Span) (context.Context, func(error)) {
+	if s.Kind != observe.SpanHeartbeat || !sampled(s.TargetID) {
+		return ctx, func(error) {}
+	}
+	// Copies, so that only a sampled lease's span allocates a closure.
+	target, sent := s.TargetID, s.Start
+	return ctx, func(err error) {
+		if err != nil {
+			return
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if !b.since.IsZero() && !sent.Before(b.since) {
+			b.renewals[target] = append(b.renewals[target], sent)
+		}
+	}
 }
 
 func (b *beats) Record(_ context.Context, e observe.Event) {
@@ -333,46 +381,72 @@ func (b *beats) Record(_ context.Context, e observe.Event) {
 	}
 }
 
-// rounds groups the statements that started at or after since into rounds
-// of leases each: a statement starts a new round when the round so far has
-// renewed (or failed) that many, or when it starts more than half an
-// interval after the last one began, so that rounds that run back to back,
-// as a round that lasts the whole interval does, stay apart. The first
-// round may have begun before since: callers leave it out.
-func (b *beats) rounds(since time.Time, interval time.Duration, leases int) []round {
+// begin starts the window at since.
+func (b *beats) begin(since time.Time) {
 	b.mu.Lock()
-	stmts := slices.Clone(b.stmts)
-	b.mu.Unlock()
-	slices.SortFunc(stmts, func(x, y beat) int { return x.start.Compare(y.start) })
-	var out []round
-	var last time.Time
-	for _, s := range stmts {
-		if s.start.Before(since) {
+	defer b.mu.Unlock()
+	b.since, b.renewals = since, map[string][]time.Time{}
+}
+
+// measure fills p's statement and renewal figures for the window from
+// since to until, for n leases whose targets are prefix and six digits.
+func (b *beats) measure(p *heldPoint, since, until time.Time, prefix string, n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var times []time.Duration
+	var busy time.Duration
+	for _, s := range b.stmts {
+		if s.start.Before(since) || !s.start.Before(until) {
 			continue
 		}
-		if len(out) == 0 || s.start.Sub(last) > interval/2 || out[len(out)-1].renewed+out[len(out)-1].failed >= leases {
-			out = append(out, round{start: s.start, end: s.end})
-		}
-		last = s.start
-		r := &out[len(out)-1]
-		if s.end.After(r.end) {
-			r.end = s.end
-		}
-		r.statements++
+		p.statements++
 		if s.failed {
-			r.failed += s.leases
+			p.failed += s.leases
 		} else {
-			r.renewed += s.leases
+			p.renewed += s.leases
 		}
+		d := s.end.Sub(s.start)
+		times = append(times, d)
+		busy += d
 	}
-	return out
+	p.stmtP50, p.stmtMax = median(times), slices.Max(append(times, 0))
+	p.inFlight = busy.Seconds() / until.Sub(since).Seconds()
+	var periods []time.Duration
+	for i := range n {
+		target := fmt.Sprintf("%s%06d", prefix, i)
+		if !sampled(target) {
+			continue
+		}
+		p.sampled++
+		sent := b.renewals[target]
+		if len(sent) == 0 {
+			p.unrenewed++
+			continue
+		}
+		slices.SortFunc(sent, func(x, y time.Time) int { return x.Compare(y) })
+		for j := 1; j < len(sent); j++ {
+			periods = append(periods, sent[j].Sub(sent[j-1]))
+		}
+		// Not a period, but no more than the next one will be.
+		p.periodMax = max(p.periodMax, until.Sub(sent[len(sent)-1]))
+	}
+	p.periodP50, p.periodMax = median(periods), max(p.periodMax, slices.Max(append(periods, 0)))
+}
+
+// median returns the median of ds, which it sorts, or 0.
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
 }
 
 // errStop ends the work of the held leases.
 var errStop = errors.New("stop holding")
 
 // hold holds n leases at once on one Runner and measures o.rounds heartbeat
-// rounds after every lease is held.
+// intervals after every lease is held.
 func hold(ctx context.Context, db, admin *gorm.DB, o options, n int) (heldPoint, error) {
 	p := heldPoint{leases: n}
 	obs := &beats{}
@@ -433,21 +507,51 @@ func hold(ctx context.Context, db, admin *gorm.DB, o options, n int) (heldPoint,
 		p.runErrs = runErrs.Load()
 	}
 	// Every lease held: the acquires take a connection each, n of them.
+	// The lease table's statistics, as autovacuum's analyze keeps them
+	// where it runs (by default once a tenth of the rows changed): without
+	// them, the planner may renew a batch by scanning the whole table.
+	analyze := func() error {
+		if !o.analyze {
+			return nil
+		}
+		return admin.Exec("ANALYZE " + schema + ".job_lease").Error
+	}
+	analyzed := int64(0)
 	for held.Load() < int64(n) {
 		if runErrs.Load() > 0 || lost.Load() > 0 || time.Since(start) > 10*time.Minute {
 			finish()
 			return p, fmt.Errorf("holding %d leases: %d held after %v, %d lost, first error: %v",
 				n, held.Load(), time.Since(start).Round(time.Second), p.lost, p.firstErr)
 		}
+		if h := held.Load(); h >= analyzed+int64(n/10) {
+			if err := analyze(); err != nil {
+				finish()
+				return p, err
+			}
+			analyzed = h
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	p.acquire = time.Since(start)
-	allHeld := time.Now()
-	// o.rounds whole rounds that began after every lease was held: wait for
-	// the one after them to begin, or its time to pass.
-	ageSQL := `SELECT COALESCE(CAST(EXTRACT(EPOCH FROM max(clock_timestamp() - updated_at)) AS double precision), 0)
+	if err := analyze(); err != nil {
+		finish()
+		return p, err
+	}
+	// The window starts after a collection, so that the garbage of the n
+	// acquires is not counted against the heartbeats, and two intervals
+	// later, so that the heartbeats that the acquires delayed are sent.
+	runtime.GC()
+	time.Sleep(2 * o.interval)
+	since := time.Now()
+	obs.begin(since)
+	// now(), not clock_timestamp(): the rows read are those of the
+	// statement's snapshot, taken as it began, however long it scans.
+	ageSQL := `SELECT COALESCE(CAST(EXTRACT(EPOCH FROM max(now() - updated_at)) AS double precision), 0)
 FROM ` + schema + `.job_lease WHERE released_at IS NULL AND target_id LIKE '` + prefix + `%'`
-	limit := allHeld.Add(time.Duration(o.rounds+3) * o.interval)
+	var mem0, mem1 runtime.MemStats
+	runtime.ReadMemStats(&mem0)
+	srv0 := readServer(admin)
+	writeAllocs(o.memProf, ".base")
 	cpu0 := cpuTime()
 	stopProfile := func() {}
 	if o.profile != "" {
@@ -457,76 +561,52 @@ FROM ` + schema + `.job_lease WHERE released_at IS NULL AND target_id LIKE '` + 
 			}
 		}
 	}
-	for len(obs.rounds(allHeld, o.interval, n)) <= o.rounds+1 && time.Now().Before(limit) {
+	for until := since.Add(o.window()); time.Now().Before(until); {
 		var age float64
+		begin := time.Now()
 		if err := admin.Raw(ageSQL).Scan(&age).Error; err == nil {
 			p.maxAge = max(p.maxAge, time.Duration(age*float64(time.Second)))
 		}
+		p.ageRead = max(p.ageRead, time.Since(begin))
 		time.Sleep(o.interval / 4)
 	}
-	window := time.Since(allHeld)
-	p.cpu = (cpuTime() - cpu0).Seconds() / window.Seconds()
+	until := time.Now()
+	p.window = until.Sub(since)
+	p.cpu = (cpuTime() - cpu0).Seconds() / p.window.Seconds()
+	srv1 := readServer(admin)
+	writeAllocs(o.memProf, "")
+	runtime.ReadMemStats(&mem1)
 	stopProfile()
-	rounds := obs.rounds(allHeld, o.interval, n)
-	if len(rounds) > 0 {
-		rounds = rounds[1:]
-	}
-	p.rounds = rounds[:min(len(rounds), o.rounds)]
-	if len(p.rounds) > 1 {
-		// From the first measured round's start to the next round's start.
-		var stmts int
-		for _, r := range p.rounds[:len(p.rounds)-1] {
-			stmts += r.statements
-		}
-		p.perSec = float64(stmts) / p.rounds[len(p.rounds)-1].start.Sub(p.rounds[0].start).Seconds()
-	}
+	p.allocRate = float64(mem1.TotalAlloc-mem0.TotalAlloc) / p.window.Seconds()
+	p.gcs = mem1.NumGC - mem0.NumGC
+	p.server = srv1.since(srv0, p.window)
+	obs.measure(&p, since, until, prefix, n)
 	finish()
 	return p, nil
 }
 
 func (p heldPoint) String() string {
-	return fmt.Sprintf("leases held: %d leases held in %v; rounds %s; oldest heartbeat %v; lost %d; other errors %d; CPU %.1f%% of a core; %.1f statements/s",
-		p.leases, p.acquire.Round(time.Millisecond), p.roundSummary(), p.maxAge.Round(time.Millisecond), p.lost, p.runErrs, 100*p.cpu, p.perSec)
+	return fmt.Sprintf("leases held: %d leases held in %v; over %v: %d statements (%.1f/s, %d leases renewed, %d failed), "+
+		"statement time median %v, max %v, %.2f in flight; renewal period median %v, max %v (%d leases sampled, %d unrenewed); "+
+		"oldest heartbeat %v (longest read %v); lost %d; other errors %d; CPU %.1f%% of a core; %.1f MB/s allocated, %d GCs; "+
+		"server: its backends %.1f%% of a core, WAL %.1f MB/s, %.0f records/s, %.0f full pages/s, lease table %.1f seq scans/s, %.0f index scans/s, %.0f%% HOT",
+		p.leases, p.acquire.Round(time.Millisecond), p.window.Round(time.Millisecond), p.statements, p.perSec(), p.renewed, p.failed,
+		p.stmtP50.Round(100*time.Microsecond), p.stmtMax.Round(100*time.Microsecond), p.inFlight,
+		p.periodP50.Round(time.Millisecond), p.periodMax.Round(time.Millisecond), p.sampled, p.unrenewed,
+		p.maxAge.Round(time.Millisecond), p.ageRead.Round(time.Millisecond), p.lost, p.runErrs, 100*p.cpu, p.allocRate/1e6, p.gcs,
+		100*p.server.cpu, p.server.walBytes/1e6, p.server.walRecords, p.server.walFPI, p.server.seqScans, p.server.idxScans, 100*p.server.hot)
 }
 
-// roundSummary is the rounds' durations and what they renewed.
-func (p heldPoint) roundSummary() string {
-	if len(p.rounds) == 0 {
-		return "none measured"
-	}
-	var parts []string
-	for _, r := range p.rounds {
-		parts = append(parts, fmt.Sprintf("%v (%d statements, %d renewed, %d failed)",
-			r.duration().Round(time.Millisecond), r.statements, r.renewed, r.failed))
-	}
-	return strings.Join(parts, ", ")
-}
-
-// longest is the longest round's duration.
-func (p heldPoint) longest() time.Duration {
-	var d time.Duration
-	for _, r := range p.rounds {
-		d = max(d, r.duration())
-	}
-	return d
-}
-
-// onTime reports whether every measured round renewed every lease within
-// the interval, and nothing was lost.
+// onTime reports whether no lease was lost, no statement failed, and every
+// sampled lease was renewed in the window, each time within a fifth of an
+// interval of the interval after the last.
 func (p heldPoint) onTime(interval time.Duration) bool {
-	if len(p.rounds) == 0 || p.lost > 0 || p.runErrs > 0 {
-		return false
-	}
-	for _, r := range p.rounds {
-		if r.failed > 0 || r.renewed < p.leases || r.duration() > interval {
-			return false
-		}
-	}
-	return true
+	return p.sampled > 0 && p.unrenewed == 0 && p.lost == 0 && p.runErrs == 0 && p.failed == 0 &&
+		p.periodMax <= interval+interval/5
 }
 
 // failures says what went wrong in the run, or "" when nothing did: errors
-// of jobs, leases lost, or rounds that measured nothing.
+// of jobs, leases lost, or windows that measured no statement.
 func (r results) failures() string {
 	var bad []string
 	for _, p := range r.jobs {
@@ -535,9 +615,9 @@ func (r results) failures() string {
 		}
 	}
 	for _, p := range r.held {
-		if p.lost > 0 || p.runErrs > 0 || len(p.rounds) == 0 {
-			bad = append(bad, fmt.Sprintf("%d leases: %d lost, %d other errors (the first: %v), %d rounds measured",
-				p.leases, p.lost, p.runErrs, p.firstErr, len(p.rounds)))
+		if p.lost > 0 || p.runErrs > 0 || p.statements == 0 {
+			bad = append(bad, fmt.Sprintf("%d leases: %d lost, %d other errors (the first: %v), %d statements measured",
+				p.leases, p.lost, p.runErrs, p.firstErr, p.statements))
 		}
 	}
 	return strings.Join(bad, "; ")
@@ -567,15 +647,125 @@ func (r results) section() string {
 	for _, j := range r.jobs {
 		p("| %d | %.0f | %.2f | %.2f | %d | %d |\n", j.workers, j.rate(), ms(j.p50), ms(j.p99), j.jobs, j.errs)
 	}
-	p("\n**Leases held by one process.** Each lease is held by a Run whose work waits; the Runner renews them all in batched heartbeats (one statement per 1,000 leases, up to 4 at once) every %v, lease timeout %v; %d rounds measured per point, after every lease was held.\n\n",
-		o.interval, o.timeout, o.rounds)
-	p("| leases | time to acquire them all | longest heartbeat round | round / interval | heartbeat statements/s | oldest heartbeat seen | client CPU, %% of a core | renewed on time | lost |\n|---|---|---|---|---|---|---|---|---|\n")
-	for _, h := range r.held {
-		p("| %d | %v | %v | %.1f%% | %.1f | %v | %.1f%% | %s | %d |\n", h.leases, h.acquire.Round(time.Millisecond), h.longest().Round(time.Millisecond),
-			100*h.longest().Seconds()/o.interval.Seconds(), h.perSec, h.maxAge.Round(time.Millisecond), 100*h.cpu, yes(h.onTime(o.interval)), h.lost)
+	p("\n**Leases held by one process.** Each lease is held by a Run whose work waits; the Runner renews them all in batched heartbeats every %v (one statement per 1,000 leases, each batch at a phase of its own, spread over the interval; up to 4 statements at once), lease timeout %v; measured over %v a point, from two intervals after every lease was held and the garbage of the acquires collected.",
+		o.interval, o.timeout, o.window())
+	if o.analyze {
+		p(" The lease table is analyzed each time a tenth more of the leases are held, and once all are, as autovacuum would where it runs.")
 	}
-	p("\n*Round* runs from the start of a round's first heartbeat statement to the end of its last (the Runner's Observer reports each statement). *Oldest heartbeat seen* is the largest `clock_timestamp() - updated_at` over the held rows, read every quarter of an interval (the read scans every held row): a lease is renewed on time while it stays under the interval plus a round. *Renewed on time*: every measured round renewed every lease and took less than the interval, and no Run lost its lease.\n")
+	p("\n\n")
+	p("| leases | time to acquire them all | heartbeat statements/s | statement time, median / max | statements in flight, mean | a lease's round (renewal period), median / max | oldest heartbeat seen | client CPU, %% of a core | allocated, MB/s (GC cycles) | renewed on time | lost |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, h := range r.held {
+		p("| %d | %v | %.1f | %.1f / %.1f ms | %.2f | %v / %v | %v | %.1f%% | %.1f (%d) | %s | %d |\n", h.leases, h.acquire.Round(time.Millisecond),
+			h.perSec(), ms(h.stmtP50), ms(h.stmtMax), h.inFlight, h.periodP50.Round(time.Millisecond), h.periodMax.Round(time.Millisecond),
+			h.maxAge.Round(time.Millisecond), 100*h.cpu, h.allocRate/1e6, h.gcs, yes(h.onTime(o.interval)), h.lost)
+	}
+	p("\n*Statement time* is from a heartbeat statement's sending to its answer, and *in flight* their total time over the window's (the Runner's Observer reports each statement). *A lease's round* is the time between two heartbeats that renewed one lease, as sent, over one lease in a hundred (and from its last heartbeat to the window's end). *Oldest heartbeat seen* is the largest `now() - updated_at` over the held rows (the time of the read's snapshot less that of the last committed heartbeat), read every quarter of an interval (the read scans every held row). *Renewed on time*: no lease lost, no statement failed, and every sampled lease renewed at least once every 1.2 intervals. *Client CPU* is the process's user and system time over the window, with every lease's Run parked in its work and the age read in it.")
+	for _, h := range r.held {
+		p(" At %d leases, the server over the window:", h.leases)
+		if h.server.cpu > 0 {
+			p(" its processes that serve the pool took %.1f%% of a core;", 100*h.server.cpu)
+		}
+		p(" it wrote %.1f MB/s of WAL (%.0f records/s, %.0f full pages/s, the whole server's), and scanned the lease table %.1f times a second and its primary key %.0f times, %.0f%% of its updates HOT.",
+			h.server.walBytes/1e6, h.server.walRecords, h.server.walFPI, h.server.seqScans, h.server.idxScans, 100*h.server.hot)
+	}
+	if r.load != "" {
+		p(" Load average (1, 5, 15 min) at the start of the run: %s; at the end: %s.", r.load, loadAverage())
+	}
+	p("\n")
 	return s.String()
+}
+
+// server is what the server did so far: the CPU time of the processes
+// that serve the command's pool (when they run on this machine, whose /proc
+// the command reads; zero otherwise) and the WAL that the whole server
+// wrote.
+type server struct {
+	cpu                 time.Duration
+	walBytes            int64
+	walRecords          int64
+	walFPI              int64
+	seqScans, idxScans  int64 // of the lease table
+	hotUpdates, updates int64 // of the lease table
+}
+
+// serverLoad is what the server did over a window, a second.
+type serverLoad struct {
+	cpu                          float64 // a fraction of one core; 0 when unknown
+	walBytes, walRecords, walFPI float64
+	seqScans, idxScans           float64 // of the lease table
+	hot                          float64 // the share of the table's updates that were HOT
+}
+
+// readServer reads the server's figures so far, through admin.
+func readServer(admin *gorm.DB) server {
+	var s server
+	var pids []int
+	if err := admin.Raw("SELECT pid FROM pg_stat_activity WHERE application_name = ?", schema).Scan(&pids).Error; err == nil {
+		for _, pid := range pids {
+			s.cpu += processCPU(pid)
+		}
+	}
+	_ = admin.Raw("SELECT wal_bytes, wal_records, wal_fpi FROM pg_stat_wal").Row().Scan(&s.walBytes, &s.walRecords, &s.walFPI)
+	_ = admin.Raw("SELECT seq_scan, COALESCE(idx_scan, 0), n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE schemaname = ? AND relname = 'job_lease'",
+		schema).Row().Scan(&s.seqScans, &s.idxScans, &s.hotUpdates, &s.updates)
+	return s
+}
+
+// processCPU returns the user and system time of process pid, from
+// /proc, or 0.
+func processCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command's name, in parentheses: utime and
+	// stime are the 12th and 13th, in clock ticks (100 a second on Linux).
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// since returns what the server did from s0 to s, over window, a second.
+func (s server) since(s0 server, window time.Duration) serverLoad {
+	w := window.Seconds()
+	l := serverLoad{cpu: (s.cpu - s0.cpu).Seconds() / w, walBytes: float64(s.walBytes-s0.walBytes) / w,
+		walRecords: float64(s.walRecords-s0.walRecords) / w, walFPI: float64(s.walFPI-s0.walFPI) / w,
+		seqScans: float64(s.seqScans-s0.seqScans) / w, idxScans: float64(s.idxScans-s0.idxScans) / w}
+	if n := s.updates - s0.updates; n > 0 {
+		l.hot = float64(s.hotUpdates-s0.hotUpdates) / float64(n)
+	}
+	return l
+}
+
+// writeAllocs writes the allocations profile so far to path+suffix, unless
+// path is "".
+func writeAllocs(path, suffix string) {
+	if path == "" {
+		return
+	}
+	runtime.GC() // the profile is as of the last collection
+	if f, err := os.Create(path + suffix); err == nil {
+		_ = pprof.Lookup("allocs").WriteTo(f, 0)
+		f.Close()
+	}
+}
+
+// loadAverage returns the machine's load averages over 1, 5 and 15
+// minutes, as /proc/loadavg gives them, or "" where it cannot be read.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], ", ")
 }
 
 // cpuTime is the process's user plus system CPU time so far.

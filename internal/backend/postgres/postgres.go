@@ -32,6 +32,7 @@ type Backend struct {
 	backend.Common
 	lease                   string
 	schemaSQL, heartbeatSQL string
+	heartbeatParts          [3]string // heartbeatSQL before $1, between $1 and $2, and after $2
 	takeOverSQL, insertSQL  string
 	stateSQL, markSQL       string
 	slotSQL, readSavedSQL   string
@@ -64,6 +65,9 @@ FROM ` + t.Lease + ` WHERE target_id = $1`,
 		markSQL: `UPDATE ` + t.Lease + ` SET waiting = true
 WHERE target_id = $1 AND generation = $2 AND released_at IS NULL AND NOT waiting`,
 	}
+	head, rest, _ := strings.Cut(b.heartbeatSQL, "$1")
+	mid, tail, _ := strings.Cut(rest, "$2")
+	b.heartbeatParts = [3]string{head, mid, tail}
 	d := dialect(t)
 	d.PrefixRange = b.bytewiseOrder
 	b.Common = backend.NewCommon(d, t)
@@ -338,16 +342,25 @@ func timeoutMicros(d time.Duration) int64 {
 // prepared plan, is the same whatever their number. It returns the
 // positions in them (from 1) of the leases it did not renew, and so, as a
 // rule, nothing: the client reads no row for a lease renewed.
+//
+// Each array is read in a scalar subquery, so that the planner, which then
+// does not see how many leases there are, looks each one up by the primary
+// key. Seeing 1,000 of them, it would hash them and scan the whole table
+// instead wherever it reckons that cheaper: on a table never analyzed, or
+// one of many released rows (a batch of 1,000 took 30 ms against 4.3 ms at
+// 100,000 rows, and 18.6 ms against 6.6 ms at 10,000 held of 100,000). The
+// leases not renewed are found by EXCEPT ALL, which hashes or sorts
+// whatever the planner reckons.
 const heartbeatBatchSQL = `
 WITH b AS (
-	SELECT * FROM unnest(CAST($1 AS text[]), CAST($2 AS uuid[])) WITH ORDINALITY AS b(target_id, lease_token, i)
+	SELECT * FROM unnest((SELECT CAST($1 AS text[])), (SELECT CAST($2 AS uuid[]))) WITH ORDINALITY AS b(target_id, lease_token, i)
 ), renewed AS (
 	UPDATE job_lease AS l SET updated_at = clock_timestamp()
 	FROM b
 	WHERE l.target_id = b.target_id AND l.lease_token = b.lease_token AND l.released_at IS NULL
 	RETURNING b.i
 )
-SELECT b.i FROM b WHERE NOT EXISTS (SELECT 1 FROM renewed WHERE renewed.i = b.i)`
+SELECT i FROM b EXCEPT ALL SELECT i FROM renewed`
 
 // array writes values as a text[] literal.
 func array(values []string) string {
