@@ -22,6 +22,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/observe"
 )
 
 // The waiting section: callers of Runner.Do that find another holder's job
@@ -158,10 +159,40 @@ func (t *waitTracer) sent(kind string, targets []string) bool {
 	return slices.ContainsFunc(t.events, func(e stmtEvent) bool { return e.kind == kind })
 }
 
-func newWaitRunner(db *gorm.DB) (*gormlease.Runner[string], error) {
-	return gormlease.NewRunner[string](db, gormlease.WithHeartbeatInterval(waitInterval),
-		gormlease.WithLeaseTimeout(waitTimeout))
+// newWaitRunner returns a Runner on db whose fenced commits tr records,
+// when tr is not nil.
+func newWaitRunner(db *gorm.DB, tr *waitTracer) (*gormlease.Runner[string], error) {
+	opts := []gormlease.Option{gormlease.WithHeartbeatInterval(waitInterval), gormlease.WithLeaseTimeout(waitTimeout)}
+	if tr != nil {
+		opts = append(opts, gormlease.WithObserver(commitObserver{tr}))
+	}
+	return gormlease.NewRunner[string](db, opts...)
 }
+
+// commitObserver records in its tracer when each fenced commit began and
+// when it returned. The fenced COMMIT itself is sent on the connection's
+// wire protocol, where pgx's tracer does not see it, so the commit's span
+// stands for it: it begins before the statement that locks the row and
+// ends once COMMIT was answered.
+type commitObserver struct{ t *waitTracer }
+
+func (o commitObserver) Start(ctx context.Context, span observe.Span) (context.Context, func(error)) {
+	if span.Kind != observe.SpanCommit {
+		return ctx, func(error) {}
+	}
+	o.t.mu.Lock()
+	o.t.commitSent = time.Now()
+	o.t.mu.Unlock()
+	return ctx, func(err error) {
+		if err == nil {
+			o.t.mu.Lock()
+			o.t.commit = time.Now()
+			o.t.mu.Unlock()
+		}
+	}
+}
+
+func (commitObserver) Record(context.Context, observe.Event) {}
 
 // saveResult saves a job's result for target where loadResult reads it.
 func saveResult(target string) func(*gorm.DB, string) error {
@@ -308,7 +339,7 @@ func openGormPq(dsn string, conns int) (*gorm.DB, *sql.DB, error) {
 // process, while both times are read on one clock.
 func (b *bench) wakeLatency(ctx context.Context, mode string, waiters *gorm.DB) wakeResult {
 	r := wakeResult{Mode: mode}
-	runner, err := newWaitRunner(waiters)
+	runner, err := newWaitRunner(waiters, nil)
 	if err != nil {
 		r.Note = err.Error()
 		return r
@@ -326,7 +357,7 @@ func (b *bench) wakeLatency(ctx context.Context, mode string, waiters *gorm.DB) 
 			}
 			var holder *gormlease.Runner[string]
 			if err == nil {
-				holder, err = newWaitRunner(db)
+				holder, err = newWaitRunner(db, tr)
 			}
 			var own []time.Duration
 			target := fmt.Sprintf("wake-%s-%d", strings.Fields(mode)[0], lane)
@@ -427,11 +458,11 @@ func (b *bench) fanIn(ctx context.Context) (fanResult, error) {
 		return r, err
 	}
 	defer wSQL.Close()
-	holder, err := newWaitRunner(hdb)
+	holder, err := newWaitRunner(hdb, htr)
 	if err != nil {
 		return r, err
 	}
-	waiter, err := newWaitRunner(wdb)
+	waiter, err := newWaitRunner(wdb, nil)
 	if err != nil {
 		return r, err
 	}
@@ -509,12 +540,13 @@ const spreadApp = "gormlease_bench_wait_"
 // in pg_stat_activity the connections of each process that listen.
 func (b *bench) spread(ctx context.Context) (spreadResult, error) {
 	r := spreadResult{Waiters: spreadWaiters, Processes: spreadProcs}
-	hdb, hSQL, err := openGorm(b.dsn, spreadTargets+2, &waitTracer{})
+	spreadTracer := &waitTracer{}
+	hdb, hSQL, err := openGorm(b.dsn, spreadTargets+2, spreadTracer)
 	if err != nil {
 		return r, err
 	}
 	defer hSQL.Close()
-	holder, err := newWaitRunner(hdb)
+	holder, err := newWaitRunner(hdb, spreadTracer)
 	if err != nil {
 		return r, err
 	}
@@ -672,7 +704,7 @@ func waitChild(o options) error {
 		return err
 	}
 	defer sqlDB.Close()
-	runner, err := newWaitRunner(db)
+	runner, err := newWaitRunner(db, tr)
 	if err != nil {
 		return err
 	}
