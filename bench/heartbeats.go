@@ -12,6 +12,7 @@ import (
 	"cirello.io/pglock"
 	"github.com/google/uuid"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
 )
@@ -137,6 +138,7 @@ func (b *bench) hbGormlease(ctx context.Context) error {
 		return err
 	}
 	defer sqlDB.Close()
+	db = db.Session(&gorm.Session{Logger: beatLogger{Interface: logger.Discard, c: c}})
 	runner, err := gormlease.NewRunner[string](db, gormlease.WithHeartbeatInterval(hbInterval),
 		gormlease.WithLeaseTimeout(hbTimeout), gormlease.WithOperationTimeout(hbTimeout))
 	if err != nil {

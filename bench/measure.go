@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"gorm.io/gorm/logger"
 )
 
 // counter is a pgx tracer that counts the statements a pool sends, and the
@@ -158,4 +159,29 @@ func errorCounts(kinds map[string]int64) string {
 		parts = append(parts, fmt.Sprintf("%d × %q", kinds[m], m))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// beatLogger counts, into c, gormlease's batched heartbeats on PostgreSQL,
+// which pgx's tracer does not see: they are sent as simple queries on the
+// connection's wire protocol (so that their notices are read), with the
+// leases written in as array literals, and reported to the gorm logger.
+type beatLogger struct {
+	logger.Interface
+	c *counter
+}
+
+func (l beatLogger) Trace(_ context.Context, _ time.Time, fc func() (string, int64), err error) {
+	sql, rows := fc()
+	if err != nil || !strings.Contains(sql, "WITH ORDINALITY") || !l.c.isBeat(sql) {
+		return
+	}
+	l.c.statements.Add(1)
+	l.c.beats.Add(1)
+	// The second array literal holds the tokens, one per lease sent; the
+	// rows are the leases that the statement did not renew.
+	if i := strings.LastIndex(sql, "'{"); i >= 0 {
+		if j := strings.Index(sql[i:], "}'"); j > 2 {
+			l.c.renewed.Add(int64(strings.Count(sql[i:i+j], ",")+1) - rows)
+		}
+	}
 }
