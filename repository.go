@@ -205,7 +205,7 @@ func (r *Repository) adopt(ctx context.Context, targetID string, unanswered []se
 		if row.LeaseToken != a.token {
 			continue
 		}
-		if sent, _ := ctx.Value(acquireSentKey{}).(*time.Time); sent != nil {
+		if sent := acquireSent(ctx); sent != nil {
 			*sent = a.sent
 		}
 		return Lease{TargetID: targetID, Token: a.token, Generation: row.Generation}, true
@@ -231,7 +231,7 @@ func (r *Repository) acquireOnce(ctx context.Context, targetID string, timeout t
 		})
 		return err
 	})
-	if sent, _ := ctx.Value(acquireSentKey{}).(*time.Time); sent != nil {
+	if sent := acquireSent(ctx); sent != nil {
 		a.sent = *sent
 	}
 	switch {
@@ -646,9 +646,16 @@ func withAcquireSent(ctx context.Context, sent *time.Time) context.Context {
 	return context.WithValue(ctx, acquireSentKey{}, sent)
 }
 
+// acquireSent returns the time that ctx carries for the acquire to move,
+// or nil.
+func acquireSent(ctx context.Context) *time.Time {
+	sent, _ := ctx.Value(acquireSentKey{}).(*time.Time)
+	return sent
+}
+
 // sendingHook returns the hook that moves the time ctx carries, or nil.
 func sendingHook(ctx context.Context) func() {
-	sent, _ := ctx.Value(acquireSentKey{}).(*time.Time)
+	sent := acquireSent(ctx)
 	if sent == nil {
 		return nil
 	}
