@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
@@ -26,17 +27,18 @@ func ownTables(t *testing.T, s *testdb.Server, prefix string) (string, gormlease
 
 // A refused acquire writes nothing on PostgreSQL: after many of them on a
 // live lease, the row is as its holder's acquire wrote it, with no lock on it
-// (xmin and xmax unchanged).
+// (xmin and xmax unchanged). That holds for Acquire, whose INSERT answers
+// the lease that refused it, and for AcquireFrom, whose UPDATE does.
 func TestAcquire_RefusedWritesNothing(t *testing.T) {
 	t.Parallel()
 	s := testdb.Postgres(t)
 	db := s.DB(t)
 	ctx := context.Background()
 	lease, tables := ownTables(t, s, "refused")
-	repo, err := gormlease.NewRepository(db, tables)
+	repo, err := gormlease.NewRepository(db, tables, gormlease.WithHolder("pod-a"))
 	require.NoError(t, err)
 	target := newTarget(t)
-	_, err = repo.Acquire(ctx, target, time.Minute)
+	l, err := repo.Acquire(ctx, target, time.Minute)
 	require.NoError(t, err)
 	row := func() (xmin, xmax string) {
 		t.Helper()
@@ -46,7 +48,9 @@ func TestAcquire_RefusedWritesNothing(t *testing.T) {
 	xmin, xmax := row()
 	for range 20 {
 		_, err := repo.Acquire(ctx, target, time.Minute)
-		require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
+		requireHeld(t, err, target, "pod-a", l.Generation, time.Minute)
+		_, err = repo.AcquireFrom(ctx, target, time.Minute, l.Generation)
+		requireHeld(t, err, target, "pod-a", l.Generation, time.Minute)
 	}
 	gotMin, gotMax := row()
 	assert.Equal(t, xmin, gotMin, "the row's last writer")
@@ -119,4 +123,196 @@ func TestAcquire_TakeoverIsOneHOTUpdate(t *testing.T) {
 		hot, upd = hot-hot0, upd-upd0
 		assert.GreaterOrEqual(t, float64(hot)/float64(upd), 0.95, "HOT updates: %d of %d", hot, upd)
 	})
+}
+
+// mariaDB returns the MariaDB server, or skips t where the MySQL server is
+// MySQL: the acquire in one statement needs MariaDB's RETURNING.
+func mariaDB(t testing.TB) *testdb.Server {
+	t.Helper()
+	s := testdb.MySQL(t)
+	if flavour(s) != "mariadb" {
+		t.Skipf("the server is %s, not MariaDB", s.Version)
+	}
+	return s
+}
+
+// On MariaDB every outcome of an acquire is one statement, as on
+// PostgreSQL: a target's first acquire, the takeover of a released or an
+// expired lease, and the refusal by a live lease or a pause, which says
+// who holds the lease, or why the target is paused. A target that the
+// Repository saw refused is read first, without a lock: a refusal again is
+// that read, and a takeover the read and the acquire. A Repository that
+// takes the server for MySQL (no RETURNING) runs two statements for a first
+// acquire and a first refusal.
+func TestAcquire_MariaDBOneStatementPerOutcome(t *testing.T) {
+	t.Parallel()
+	s := mariaDB(t)
+	db := s.DB(t)
+	ctx := context.Background()
+	const timeout = time.Minute
+	for _, tc := range []struct {
+		name  string
+		mysql bool // the Repository takes the server for MySQL
+		want  int  // statements of a first acquire and of a first refusal
+	}{{"MariaDB", false, 1}, {"MySQL", true, 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			holder := holderRepository(t, db, "pod-a")
+			rec, st := recording(db)
+			other, err := gormlease.NewRepository(rec, gormlease.WithHolder("pod-b"))
+			require.NoError(t, err)
+			if tc.mysql {
+				gormlease.AssumeMySQL(other)
+			}
+
+			target := newTarget(t)
+			first, err := other.Acquire(ctx, target, timeout)
+			require.NoError(t, err)
+			assert.Len(t, steps(st), tc.want, "statements of a first acquire")
+			require.NoError(t, other.Release(ctx, first))
+			st.take()
+
+			l, err := holder.Acquire(ctx, target, timeout)
+			require.NoError(t, err)
+			assert.Equal(t, first.Generation+1, l.Generation)
+			_, err = other.Acquire(ctx, target, timeout)
+			requireHeld(t, err, target, "pod-a", l.Generation, timeout)
+			assert.Len(t, steps(st), tc.want, "statements of a first refusal")
+			_, err = other.Acquire(ctx, target, timeout)
+			requireHeld(t, err, target, "pod-a", l.Generation, timeout)
+			assert.Len(t, steps(st), 1, "statements of a refusal again")
+
+			// The holder's lease expires. A Repository that saw the target
+			// refused reads it first (without a lock, as contenders do),
+			// then takes it over: two statements everywhere.
+			age(t, s, db, target, 2*timeout)
+			taken, err := other.Acquire(ctx, target, timeout)
+			require.NoError(t, err)
+			assert.Equal(t, l.Generation+1, taken.Generation)
+			assert.Len(t, steps(st), 2, "statements of the takeover of an expired lease seen refused")
+			row := leaseRow(t, db, target)
+			assert.Equal(t, taken.Token, row.LeaseToken)
+			assert.Equal(t, "pod-b", row.Holder)
+			require.NotNil(t, row.TimeoutMS)
+			assert.EqualValues(t, timeout.Milliseconds(), *row.TimeoutMS)
+
+			// One that did not takes it over in one statement.
+			age(t, s, db, target, 2*timeout)
+			third, err := gormlease.NewRepository(rec, gormlease.WithHolder("pod-c"))
+			require.NoError(t, err)
+			if tc.mysql {
+				gormlease.AssumeMySQL(third)
+			}
+			thirds, err := third.Acquire(ctx, target, 2*timeout)
+			require.NoError(t, err)
+			assert.Equal(t, taken.Generation+1, thirds.Generation)
+			assert.Len(t, steps(st), 1, "statements of the takeover of an expired lease")
+			row = leaseRow(t, db, target)
+			assert.Equal(t, "pod-c", row.Holder)
+			require.NotNil(t, row.TimeoutMS)
+			assert.EqualValues(t, 2*timeout.Milliseconds(), *row.TimeoutMS)
+			taken = thirds
+			other = third
+
+			// Released: one statement takes it over, everywhere.
+			require.NoError(t, other.Release(ctx, taken))
+			st.take()
+			again, err := other.Acquire(ctx, target, timeout)
+			require.NoError(t, err)
+			assert.Equal(t, taken.Generation+1, again.Generation)
+			assert.Len(t, steps(st), 1, "statements of the takeover of a released lease")
+
+			// Paused, and held: the refusal says both.
+			require.NoError(t, holder.Pause(ctx, target, "maintenance"))
+			st.take()
+			_, err = other.Acquire(ctx, target, timeout)
+			var paused *gormlease.PausedError
+			require.ErrorAs(t, err, &paused)
+			assert.Equal(t, "maintenance", paused.Reason)
+			assert.LessOrEqual(t, len(steps(st)), tc.want, "statements of a refusal by a pause")
+			assert.Equal(t, again.Token, leaseRow(t, db, target).LeaseToken, "the pause was taken over")
+		})
+	}
+}
+
+// sessionHandlers reads the handler counters of the session that db, a
+// pool of one connection, runs on: the rows its statements asked InnoDB to
+// update, to write (insert) and to delete.
+func sessionHandlers(t *testing.T, db *gorm.DB) (update, write, del int64) {
+	t.Helper()
+	rows, err := db.Raw(`SELECT VARIABLE_NAME, VARIABLE_VALUE FROM information_schema.SESSION_STATUS
+		WHERE VARIABLE_NAME IN ('HANDLER_UPDATE', 'HANDLER_WRITE', 'HANDLER_DELETE')`).Rows()
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		var v int64
+		require.NoError(t, rows.Scan(&name, &v))
+		switch name {
+		case "HANDLER_UPDATE":
+			update = v
+		case "HANDLER_WRITE":
+			write = v
+		case "HANDLER_DELETE":
+			del = v
+		}
+	}
+	require.NoError(t, rows.Err())
+	return update, write, del
+}
+
+// On MariaDB a refused acquire writes nothing: the session that ran many
+// of them, refused by a live lease or by a pause, asked InnoDB to update no
+// row (Handler_update, which counts the rows that a statement changed, not
+// those it found unchanged), and the row is as it was. A takeover is one
+// row update, and a first acquire one row written. The acquires run on a
+// pool of one connection, whose session counters are read.
+func TestAcquire_MariaDBRefusalWritesNothing(t *testing.T) {
+	t.Parallel()
+	s := mariaDB(t)
+	db := s.Open(t, nil)
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	sqlDB.SetMaxOpenConns(1)
+	shared := s.DB(t)
+	ctx := context.Background()
+	const timeout = time.Minute
+	repo := holderRepository(t, db, "pod-b")
+	holder := holderRepository(t, shared, "pod-a")
+	_, err = repo.Acquire(ctx, newTarget(t), timeout) // the Repository's probe of its server
+	require.NoError(t, err)
+
+	held, l := acquireNew(t, holder, timeout)
+	paused := newTarget(t)
+	require.NoError(t, holder.Pause(ctx, paused, "maintenance"))
+	heldRow, pausedRow := leaseRow(t, shared, held), leaseRow(t, shared, paused)
+	upd0, write0, del0 := sessionHandlers(t, db)
+	for range 20 {
+		_, err := repo.Acquire(ctx, held, timeout)
+		requireHeld(t, err, held, "pod-a", l.Generation, timeout)
+		_, err = repo.Acquire(ctx, paused, timeout)
+		require.ErrorIs(t, err, gormlease.ErrPaused)
+	}
+	upd, write, del := sessionHandlers(t, db)
+	assert.Zero(t, upd-upd0, "rows updated by 40 refusals")
+	assert.Zero(t, del-del0, "rows deleted by 40 refusals")
+	assert.LessOrEqual(t, write-write0, int64(40), "rows written by 40 refusals: one attempt each, that found the key")
+	assert.Equal(t, heldRow, leaseRow(t, shared, held), "the held row changed")
+	assert.Equal(t, pausedRow, leaseRow(t, shared, paused), "the paused row changed")
+
+	age(t, s, shared, held, 2*timeout)
+	upd0, _, del0 = sessionHandlers(t, db)
+	taken, err := repo.Acquire(ctx, held, timeout)
+	require.NoError(t, err)
+	upd, _, del = sessionHandlers(t, db)
+	assert.EqualValues(t, 1, upd-upd0, "rows updated by a takeover")
+	assert.Zero(t, del-del0, "rows deleted by a takeover")
+	assert.Equal(t, l.Generation+1, taken.Generation)
+
+	upd0, write0, _ = sessionHandlers(t, db)
+	_, err = repo.Acquire(ctx, newTarget(t), timeout)
+	require.NoError(t, err)
+	upd, write, _ = sessionHandlers(t, db)
+	assert.Zero(t, upd-upd0, "rows updated by a first acquire")
+	assert.EqualValues(t, 1, write-write0, "rows written by a first acquire")
 }

@@ -20,9 +20,16 @@ func TestBench_ReferenceSQLMatchesLibrary(t *testing.T) {
 	src, err := os.ReadFile("bench/rawlease.go")
 	require.NoError(t, err)
 	repo := newRepository(t, testdb.Postgres(t).DB(t))
+	// The bench derives the statement for a row known to exist from the
+	// one statement, as bench/rawlease.go's withoutInsert does.
+	head, rest, ok := strings.Cut(gormlease.PostgresAcquire, "\n), ins AS (")
+	require.True(t, ok)
+	_, answer, ok := strings.Cut(rest, "\n)\nSELECT COALESCE((SELECT generation FROM took), (SELECT generation FROM ins)),")
+	require.True(t, ok)
+	assert.Equal(t, gormlease.PostgresAcquireRow, head+"\n)\nSELECT (SELECT generation FROM took),"+answer,
+		"AcquireRowSQL is no longer AcquireSQL without its INSERT: change withoutInsert in bench/rawlease.go")
 	for name, stmt := range map[string]string{
-		"take over":        gormlease.PostgresTakeOver,
-		"insert":           gormlease.PostgresInsert,
+		"acquire":          gormlease.PostgresAcquire,
 		"release":          gormlease.ReleaseSQL(repo),
 		"save and release": gormlease.SaveReleaseSQL(repo),
 	} {

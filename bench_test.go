@@ -161,6 +161,7 @@ func BenchmarkRun(b *testing.B) {
 			return tx.Exec(`INSERT INTO plain_result (target_id, data) VALUES (?, ?)
 ON CONFLICT (target_id) DO UPDATE SET data = excluded.data`, target, v).Error
 		}
+		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := r.Run(ctx, target, work, save); err != nil {
 				b.Fatal(err)
@@ -203,4 +204,90 @@ func plainJob(ctx context.Context, db *sql.DB, target string) error {
 	}
 	_, err = db.ExecContext(ctx, plainRelease, target, token)
 	return err
+}
+
+// allocJob returns one full job through a Runner on db, as the allocation
+// budget counts it: acquire, work that returns at once, the fenced commit
+// with a saver of one statement, release.
+func allocJob(tb testing.TB, db *gorm.DB) func() {
+	tb.Helper()
+	r, err := gormlease.NewRunner[string](db)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx := context.Background()
+	target := "alloc-job-" + uuid.NewString()
+	work := func(context.Context) (string, error) { return "result", nil }
+	save := func(tx *gorm.DB, v string) error {
+		return tx.Exec("DELETE FROM job_result WHERE target_id = ?", v).Error
+	}
+	return func() {
+		if _, err := r.Run(ctx, target, work, save); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// allocRound returns one heartbeat round of n leases held on db, as a
+// Run's heartbeats renew them (see JoinBeats), and stops their renewal and
+// releases them when tb ends.
+func allocRound(tb testing.TB, db *gorm.DB, n int) func() {
+	tb.Helper()
+	repo, err := gormlease.NewRepository(db)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx := context.Background()
+	prefix := "alloc-round-" + uuid.NewString()
+	leases := make([]gormlease.Lease, n)
+	for i := range leases {
+		if leases[i], err = repo.Acquire(ctx, fmt.Sprintf("%s-%d", prefix, i), time.Hour); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	round, stop := gormlease.JoinBeats(repo, leases)
+	tb.Cleanup(func() {
+		stop()
+		for _, l := range leases {
+			_ = repo.Release(ctx, l)
+		}
+	})
+	return round
+}
+
+// reportCPU reports the client's CPU time per operation since cpu, the
+// process's (see processCPU) when b's loop began: the time spent in the
+// client, whatever the database took, which the wall time mixes in.
+func reportCPU(b *testing.B, cpu time.Duration) {
+	if used := processCPU() - cpu; used > 0 {
+		b.ReportMetric(float64(used.Nanoseconds())/float64(b.N), "cpu-ns/op")
+	}
+}
+
+// BenchmarkAllocs counts the allocations of a full job (see allocJob) and
+// of a heartbeat round of 1 and of 1,000 leases (see allocRound), on
+// PostgreSQL, with the client's CPU time of each. TestAllocs_WithinBudget
+// holds the allocations to a budget.
+func BenchmarkAllocs(b *testing.B) {
+	db := testdb.Postgres(b).DB(b)
+	b.Run("job", func(b *testing.B) {
+		job := allocJob(b, db)
+		b.ReportAllocs()
+		cpu := processCPU()
+		for b.Loop() {
+			job()
+		}
+		reportCPU(b, cpu)
+	})
+	for _, n := range []int{1, 1000} {
+		b.Run(fmt.Sprintf("heartbeat_round_%d", n), func(b *testing.B) {
+			round := allocRound(b, db, n)
+			b.ReportAllocs()
+			cpu := processCPU()
+			for b.Loop() {
+				round()
+			}
+			reportCPU(b, cpu)
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -77,6 +78,12 @@ const endedWithoutSaving = "ended without saving a result"
 //     wait for its result.
 //   - With WithReuseFor(d), a result saved less than d ago is returned at
 //     once, through load, as shared.
+//   - While the target is paused (Repository.Pause), Do waits, holding no
+//     connection, until it is resumed; a caller whose ctx ends meanwhile
+//     gets an error wrapping ctx.Err() and a *PausedError (ErrPaused).
+//   - When an operator stops the job (Repository.RequestStop), its waiters
+//     do not get a SharedJobError: the job was given up, not failed, and
+//     one of them takes over and runs the work.
 //
 // Calls of Do for the same target on the same Runner in one process share
 // one job, or one wait and one load: only the first caller's work and save
@@ -84,8 +91,13 @@ const endedWithoutSaving = "ended without saving a result"
 // the job ran here. The shared job runs on a context that keeps the first
 // caller's values but not its cancellation; it is cancelled when every
 // caller has gone. A caller whose ctx is done returns at once with an
-// error wrapping ctx.Err(); the last caller to leave waits for the shared
-// job to stop, so no goroutine outlives the calls.
+// error wrapping ctx.Err(), and, while the job waits for another holder's
+// lease, a *HeldError (ErrLeaseHeld) that describes that lease as the job
+// last read it; the last caller to leave waits for the shared job to
+// stop, so no goroutine outlives the calls. When a read of the row the job
+// waits on fails in a way that waiting cannot cure (the application closed
+// the pool), Do returns that error, at the first such read: within a
+// heartbeat interval.
 //
 // load reads the saved result with tx; its context carries nothing of the
 // lease. Do refuses a Runner with WithMinHold (ErrInvalidArgument). With SaveJSON as save, a one-line load reads it back:
@@ -109,35 +121,47 @@ func (r *Runner[T]) Do(ctx context.Context, targetID string,
 	if load == nil {
 		return zero, false, invalidf("load function is nil")
 	}
-	f, first := r.local.join(ctx, targetID, func(fctx context.Context, generation *int64) (T, bool, error) {
-		return r.do(fctx, targetID, withGeneration(work, generation), save, load)
-	})
-	select {
-	case <-f.done:
-	case <-ctx.Done():
-		r.local.leave(targetID, f)
-		return zero, false, wrapf(ctx.Err(), "do %q", targetID)
-	}
-	r.local.leave(targetID, f)
-	switch {
-	case f.err == nil:
-		return f.value, !first || !f.ran, nil
-	case !first && f.ran:
-		// The job ran here, for the first caller: to the others it is a
-		// shared job that failed, as it is to the callers in other
-		// processes, which read its failure from the lease row.
-		var lost *SharedJobError
-		if !errors.As(f.err, &lost) {
-			return zero, true, &SharedJobError{TargetID: targetID, Generation: f.generation, Message: failureText(f.err)}
+	for {
+		f, first := r.local.join(ctx, targetID, func(fctx context.Context, f *flight[T]) (T, bool, error) {
+			return r.do(fctx, targetID, withGeneration(work, &f.generation), save, load, &f.held)
+		})
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			r.local.leave(targetID, f)
+			if held := f.held.Load(); held != nil {
+				return zero, false, wrapf(&stoppedWaitingError{cause: ctx.Err(), held: held.err}, "do %q", targetID)
+			}
+			return zero, false, wrapf(ctx.Err(), "do %q", targetID)
 		}
+		r.local.leave(targetID, f)
+		switch {
+		case f.err == nil:
+			return f.value, !first || !f.ran, nil
+		case !first && f.ran && errors.Is(f.err, ErrStopRequested):
+			// An operator stopped the job that ran here for the first
+			// caller: it was given up, not failed, and the others take
+			// over, as the callers in other processes do.
+			continue
+		case !first && f.ran:
+			// The job ran here, for the first caller: to the others it is a
+			// shared job that failed, as it is to the callers in other
+			// processes, which read its failure from the lease row.
+			var lost *SharedJobError
+			if !errors.As(f.err, &lost) {
+				return zero, true, &SharedJobError{TargetID: targetID, Generation: f.generation, Message: failureText(f.err)}
+			}
+		}
+		return zero, !first || !f.ran, f.err
 	}
-	return zero, !first || !f.ran, f.err
 }
 
 // do is Do's shared job: it runs work, or waits for the job in progress
-// and loads its result. ran reports whether it ran work.
+// and loads its result. ran reports whether it ran work. While it waits,
+// held is the HeldError of the lease it waits for, as it last read it.
 func (r *Runner[T]) do(ctx context.Context, targetID string,
 	work func(context.Context) (T, error), save func(*gorm.DB, T) error, load func(*gorm.DB) (T, error),
+	held *atomic.Pointer[refusal],
 ) (result T, ran bool, err error) {
 	var zero T
 	begin, tried := time.Now(), time.Time{}
@@ -168,7 +192,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			tried = time.Now()
 			v, err := r.load(ctx, targetID, load)
 			return v, false, err
-		case waitFor > 0 && st.Generation >= waitFor && st.Released:
+		case waitFor > 0 && st.Generation >= waitFor && st.Released && !st.Stopped:
 			msg := st.Failure
 			if msg == "" {
 				msg = endedWithoutSaving
@@ -176,6 +200,11 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			return zero, false, &SharedJobError{TargetID: targetID, Generation: st.Generation, Message: msg}
 		case st.Live(r.cfg.leaseTimeout):
 			waitFor = st.Generation
+			held.Store(&refusal{r.heldError(targetID, st)})
+		case st.Paused:
+			// No one may start the job: wait for the Resume, then run it
+			// or wait for whoever took the target first.
+			held.Store(&refusal{&PausedError{Target: targetID, Reason: st.PauseReason}})
 		default:
 			// No one holds the target: run the work, unless another caller
 			// took the target over since the row was read.
@@ -184,14 +213,26 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 				w = nil
 			}
 			tried = time.Now()
+			held.Store(nil)
 			v, err := r.run(ctx, targetID, work, save, st.Generation)
 			if !errors.Is(err, ErrLeaseHeld) {
 				return v, true, err
 			}
-			// Another caller took the target first, with the next
-			// generation (or a later one): wait for the end of that one, as
-			// read after the refusal.
-			waitFor = st.Generation + 1
+			var h *HeldError
+			var p *PausedError
+			switch {
+			case errors.As(err, &p):
+				// Paused since the row was read: wait for the Resume.
+				held.Store(&refusal{p})
+			case errors.As(err, &h):
+				held.Store(&refusal{h})
+				fallthrough
+			default:
+				// Another caller took the target first, with the next
+				// generation (or a later one): wait for the end of that
+				// one, as read after the refusal.
+				waitFor = st.Generation + 1
+			}
 			refused = true
 		}
 		if w == nil {
@@ -208,6 +249,12 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			w.Poke()
 		}
 		if err := w.Next(ctx, changed); err != nil {
+			if ctx.Err() == nil {
+				return zero, false, wrapf(err, "do %q: read the lease it waits for", targetID)
+			}
+			if h := held.Load(); h != nil {
+				return zero, false, wrapf(&stoppedWaitingError{cause: err, held: h.err}, "do %q", targetID)
+			}
 			return zero, false, wrapf(err, "do %q", targetID)
 		}
 		st, _, changed = w.Current()
@@ -248,17 +295,29 @@ func (r *Runner[T]) load(ctx context.Context, targetID string, load func(*gorm.D
 
 // RunWait is Run, except that while another holder's lease is live it waits until
 // that lease is released or expires, then tries again; ctx bounds the whole wait.
+// While the target is paused (Repository.Pause) it waits likewise, until the
+// target is resumed; when ctx ends meanwhile, its error wraps a *PausedError
+// (ErrPaused).
 // With WithSlots(n), it waits while all n slots are held, until one of them
 // is released or expires; up to n calls of the process go to the database
 // at once. It does not wait on ErrSlotCountConflict, which it returns.
 //
 // Each call runs its own work, under a lease of its own: N calls for one
 // target run their work one at a time, each saving under its own
-// generation. Calls of RunWait for the same target on the same Runner in
-// one process queue in the process, and only the first in the queue
-// waits on the database, holding no connection while it waits. When ctx
-// is done while waiting, RunWait returns an error wrapping ctx.Err(), and
-// ErrLeaseHeld when the lease was held at the last try.
+// generation, in no promised order. Calls of RunWait for the same target
+// on the same Runner in one process take turns in the process, and only
+// the one whose turn it is waits on the database, holding no connection
+// while it waits. Across processes it is not first come, first served:
+// after a release, the next call of the releasing process usually
+// acquires before a waiter elsewhere has heard of the release. When ctx
+// is done while it waits on the database, RunWait returns an error that
+// wraps both ctx.Err() and a *HeldError (ErrLeaseHeld): the lease it waited
+// for, as its last read of the row found it (with slots, as its last
+// refused acquire found the slot that frees first). When ctx is done while
+// it waits for its turn in the process, the error wraps ctx.Err() alone.
+// When a read of the row it waits on fails in a way that waiting cannot
+// cure (the application closed the pool), RunWait returns that error, at
+// the first such read: within a heartbeat interval.
 func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 	work func(ctx context.Context) (T, error), save func(tx *gorm.DB, result T) error,
 ) (T, error) {
@@ -279,20 +338,27 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 		if !errors.Is(err, ErrLeaseHeld) {
 			return v, err
 		}
-		wait := r.waitEnded
+		refused := err
 		if r.cfg.slots > 1 {
-			wait = r.waitSlotFree
+			err = r.waitSlotFree(ctx, targetID)
+		} else {
+			err = r.waitEnded(ctx, targetID, &refused)
 		}
-		if err := wait(ctx, targetID); err != nil {
-			return zero, fmt.Errorf("%w: target %q: stopped waiting: %w", ErrLeaseHeld, targetID, err)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			return zero, wrapf(err, "run %q: read the lease it waits for", targetID)
+		case err != nil:
+			return zero, wrapf(&stoppedWaitingError{cause: err, held: refused}, "run %q", targetID)
 		}
 	}
 }
 
 // waitEnded waits until a read of targetID's row, made after it was
 // called, shows the lease released or expired, or until ctx is done. It
-// holds the watch only while it waits, not while the next Run works.
-func (r *Runner[T]) waitEnded(ctx context.Context, targetID string) error {
+// holds the watch only while it waits, not while the next Run works. Each
+// read that finds the lease live replaces *refused with the HeldError of
+// what it read.
+func (r *Runner[T]) waitEnded(ctx context.Context, targetID string, refused *error) error {
 	w := r.watch(targetID, nil)
 	defer w.Unsubscribe()
 	_, _, changed := w.Current()
@@ -303,10 +369,25 @@ func (r *Runner[T]) waitEnded(ctx context.Context, targetID string) error {
 		}
 		var st backend.State
 		st, _, changed = w.Current()
-		if !st.Live(r.cfg.leaseTimeout) {
+		switch {
+		case st.Paused:
+			*refused = &PausedError{Target: targetID, Reason: st.PauseReason}
+		case !st.Live(r.cfg.leaseTimeout):
 			return nil
+		default:
+			*refused = r.heldError(targetID, st)
 		}
 	}
+}
+
+// heldError is the HeldError of targetID's lease as st, a read that found
+// it live, shows it.
+func (r *Runner[T]) heldError(targetID string, st backend.State) *HeldError {
+	timeout := st.Timeout
+	if timeout <= 0 {
+		timeout = r.cfg.leaseTimeout
+	}
+	return newHeldError(targetID, backend.NewHeld(st.Holder, st.Generation, timeout, st.Age))
 }
 
 // waitSlotFree is waitEnded for a Runner with slots: it waits until a read
@@ -327,9 +408,12 @@ func (r *Runner[T]) waitSlotFree(ctx context.Context, targetID string) error {
 		if err != nil {
 			return err
 		}
+		if err := watches[i].Err(); err != nil {
+			return err
+		}
 		var st backend.State
 		st, _, changed[i] = watches[i].Current()
-		if !st.Live(r.cfg.leaseTimeout) {
+		if !st.Live(r.cfg.leaseTimeout) && !st.Paused {
 			return nil
 		}
 	}
@@ -343,6 +427,10 @@ type localCalls[T any] struct {
 	queues  map[string]*queue
 }
 
+// refusal is the refusal that a waiting Do last met: a *HeldError, or a
+// *PausedError.
+type refusal struct{ err error }
+
 // flight is one shared job of Do in this process.
 type flight[T any] struct {
 	callers int
@@ -353,14 +441,17 @@ type flight[T any] struct {
 	ran        bool
 	generation int64 // of the lease the work ran under; 0 if it did not run
 	err        error
+	// held is the lease that the job waits for, while it waits (see do).
+	held atomic.Pointer[refusal]
 }
 
 // join joins the shared job on targetID, starting it with run when there is
-// none; first reports whether it started it. run records in *generation the
-// generation of the lease its work runs under. The job's context keeps
-// ctx's values, not its cancellation. Call leave when done with it.
+// none; first reports whether it started it. run records in f.generation
+// the generation of the lease its work runs under, and in f.held the lease
+// it waits for. The job's context keeps ctx's values, not its
+// cancellation. Call leave when done with it.
 func (lc *localCalls[T]) join(ctx context.Context, targetID string,
-	run func(ctx context.Context, generation *int64) (T, bool, error),
+	run func(ctx context.Context, f *flight[T]) (T, bool, error),
 ) (f *flight[T], first bool) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
@@ -379,7 +470,7 @@ func (lc *localCalls[T]) join(ctx context.Context, targetID string,
 			defer lc.forget(targetID, f)
 			// Stays the answer when the work or the saver calls runtime.Goexit.
 			f.err = wrapf(errWorkExited, "do %q", targetID)
-			f.value, f.ran, f.err = run(fctx, &f.generation)
+			f.value, f.ran, f.err = run(fctx, f)
 		}()
 	}
 	f.callers++

@@ -34,15 +34,19 @@ type doResult struct {
 	err    error
 }
 
-// goDo calls r.Do on a goroutine and sends its result.
-func goDo(ctx context.Context, r *gormlease.Runner[string], target string,
+// goDo calls r.Do on a goroutine and sends its result. The Do ends before
+// t does (see endsWithTest).
+func goDo(t testing.TB, ctx context.Context, r *gormlease.Runner[string], target string,
 	work func(context.Context) (string, error),
 ) <-chan doResult {
-	ch := make(chan doResult, 1)
+	ctx, cancel := context.WithCancel(ctx)
+	ch, done := make(chan doResult, 1), make(chan struct{})
 	go func() {
+		defer close(done)
 		v, shared, err := r.Do(ctx, target, work, gormlease.SaveJSON[string], loadJSON(target))
 		ch <- doResult{v, shared, err}
 	}()
+	endsWithTest(t, "Do "+target, cancel, done)
 	return ch
 }
 
@@ -74,14 +78,14 @@ func TestDo_ConcurrentCallersShareOneJob(t *testing.T) {
 		}
 		const n = 50
 		results := make([]<-chan doResult, 0, n)
-		results = append(results, goDo(context.Background(), a, target, work))
+		results = append(results, goDo(t, context.Background(), a, target, work))
 		waitFor(t, 10*time.Second, "the work to start", func() bool { return runs.Load() == 1 })
 		for i := 1; i < n; i++ {
 			r := a
 			if i%2 == 1 {
 				r = b
 			}
-			results = append(results, goDo(context.Background(), r, target, work))
+			results = append(results, goDo(t, context.Background(), r, target, work))
 		}
 		// b's callers wait on the database; give a's late callers time to join.
 		waitWatched(t, target)
@@ -125,11 +129,11 @@ func TestDo_HolderFailsWaitersGetSharedFailure(t *testing.T) {
 			<-release
 			return "", fmt.Errorf("fetch the report: %w", errUpstream)
 		}
-		holder := goDo(context.Background(), a, target, work)
+		holder := goDo(t, context.Background(), a, target, work)
 		waitFor(t, 10*time.Second, "the work to start", func() bool { return runs.Load() == 1 })
-		waiters := []<-chan doResult{goDo(context.Background(), a, target, work), goDo(context.Background(), a, target, work)}
+		waiters := []<-chan doResult{goDo(t, context.Background(), a, target, work), goDo(t, context.Background(), a, target, work)}
 		waitFor(t, 10*time.Second, "the callers to join the job", func() bool { return gormlease.DoCallers(a, target) == 3 })
-		waiters = append(waiters, goDo(context.Background(), b, target, work), goDo(context.Background(), b, target, work))
+		waiters = append(waiters, goDo(t, context.Background(), b, target, work), goDo(t, context.Background(), b, target, work))
 		waitWatched(t, target)
 		proc := startDoProcs(t, s, 1, noExpiry)[0]
 		proc.send(fmt.Sprintf("do %s 2 never quick", target))
@@ -209,7 +213,7 @@ func TestDo_ExpiredHolderTakenOverByOneWaiter(t *testing.T) {
 		}
 		var results []<-chan doResult
 		for i := range 12 {
-			results = append(results, goDo(context.Background(), runners[i%3], target, work))
+			results = append(results, goDo(t, context.Background(), runners[i%3], target, work))
 		}
 		unshared := 0
 		for _, ch := range results {
@@ -395,12 +399,12 @@ func TestDo_PostgresWaiterWokenByNotification(t *testing.T) {
 	holder, waiter := newRunner(t, holderDB, opts...), newRunner(t, waiterDB, opts...)
 	target := newTarget(t)
 	release := make(chan struct{})
-	held := goDo(context.Background(), holder, target, func(ctx context.Context) (string, error) {
+	held := goDo(t, context.Background(), holder, target, func(ctx context.Context) (string, error) {
 		<-release
 		return "report", nil
 	})
 	waitFor(t, 10*time.Second, "the lease held", func() bool { return countRows(t, holderDB, &gormlease.JobLease{}, target) == 1 })
-	waiting := goDo(context.Background(), waiter, target, func(context.Context) (string, error) {
+	waiting := goDo(t, context.Background(), waiter, target, func(context.Context) (string, error) {
 		t.Error("the waiter ran the work")
 		return "", nil
 	})

@@ -46,7 +46,7 @@ func TestDo_NoWatchWhileRunningTheWork(t *testing.T) {
 			target := newTarget(t)
 			_, err := repo.Acquire(context.Background(), target, time.Second) // never renewed: expires
 			require.NoError(t, err)
-			ch := goDo(context.Background(), r, target, checkWork(target))
+			ch := goDo(t, context.Background(), r, target, checkWork(target))
 			waitWatched(t, target) // Do waits first
 			res := recv(t, ch, 20*time.Second, "Do")
 			require.NoError(t, res.err)

@@ -15,14 +15,23 @@
 //
 // A lease on a target lives in the target's job_lease row:
 //
-//   - Acquire: one statement takes the lease when there is no row, the row
-//     was released, or its last heartbeat is older than the lease timeout on
+//   - Acquire: the lease is taken when there is no row, the row was
+//     released, or its last heartbeat is older than the lease timeout on
 //     the database's clock. The timeout is the holder's own, recorded in the
 //     row when it acquired, whatever the caller's: a Runner with a shorter
 //     timeout (the next version, in a rolling deploy) never takes over a
 //     lease that its holder still trusts. It records its own timeout, mints
-//     a fresh token and bumps the generation.
-//     Otherwise the caller gets ErrLeaseHeld at once, and nothing is written.
+//     a fresh token and bumps the generation. Otherwise the caller gets a
+//     *HeldError at once, which matches ErrLeaseHeld and says who holds the
+//     lease, at which generation and for how long, as the refusing
+//     statement read it; nothing is written. On PostgreSQL every outcome
+//     (a free row taken, a target's first acquire, a refusal) is one
+//     statement, but for the refusal of a target that the same Repository
+//     took last time, which is two; on MariaDB too, but for the takeover
+//     of a target that the Repository saw refused last time, which is two;
+//     on MySQL a target's first acquire, and a refusal, take two, and on
+//     SQLite a refusal's second is a read in the process: see
+//     Repository.Acquire.
 //   - Heartbeat: every interval, one statement stamps the row where both the
 //     target and the token match. Zero rows means the lease was taken over:
 //     the work is cancelled, with ErrLeaseLost as its context.Cause. The
@@ -30,7 +39,7 @@
 //     MySQL).
 //   - Fenced commit: one transaction locks the row and compares the token,
 //     then runs the caller's saver. CommitIfOwner locks it with a locking
-//     read through the JobLease model (clause.Locking{Strength: "UPDATE"}:
+//     read through a model of the row (clause.Locking{Strength: "UPDATE"}:
 //     SELECT ... FOR UPDATE; on SQLite, the transaction's write lock) and
 //     records the save after the saver; Run's CommitAndRelease locks it with
 //     the release statement itself, which locks and checks in one, and
@@ -61,11 +70,21 @@
 // runs out: a database outage never leaves the work running where another
 // holder may start. Every database call carries a deadline.
 //
-// Acquire, heartbeat and release are single statements: after a
-// serialization failure or deadlock (under a REPEATABLE READ or SERIALIZABLE
-// session default) they are retried a few times. The fenced commit runs
-// again, the saver too, only when its transaction provably saved nothing
-// while the lease was still the caller's: Run commits again after the
+// The timings follow what is given, so that one option is enough:
+// WithLeaseTimeout alone sets the heartbeat interval to a quarter of it,
+// WithHeartbeatInterval alone the lease timeout to four times it, and the
+// safety margin (a tenth of the lease timeout), the operation timeout and
+// with it the reconnect window (no longer than the lease timeout) follow
+// the lease timeout unless they are given too.
+//
+// Acquire (on PostgreSQL and SQLite), heartbeat and release are single
+// statements: after a serialization failure or deadlock (under a
+// REPEATABLE READ or SERIALIZABLE session default, or InnoDB's deadlock
+// detection) they are tried again, five times in all unless
+// WithStatementAttempts says otherwise, as is the fenced commit's locking
+// read, which comes before the saver. The fenced commit runs again, the
+// saver too, only when its transaction provably saved nothing while the
+// lease was still the caller's: Run commits again after the
 // server ended the transaction before its COMMIT (a shutdown, a failover)
 // or a COMMIT without an answer was settled as rolled back, and on a
 // MariaDB Galera node the commit runs again after a certification failure
@@ -81,6 +100,19 @@
 // database cannot be reached, and returns ErrCommitUnknown only when it
 // cannot tell. An acquire whose answer was
 // lost releases, by its new token, the lease it may have taken.
+//
+// Only an error that says that the database cannot be reached right now is
+// tried again: a refused, reset or dropped connection, an attempt that timed
+// out, a server's SQLSTATE of class 08 or 57P (shutting down, starting up)
+// or its too many connections, a statement that the server ended at its
+// lock_timeout, statement_timeout, innodb_lock_wait_timeout or
+// max_statement_time, no server that accepts writes, SQLite's write lock
+// still taken. An error that waiting cannot cure (a closed pool, a
+// missing table, bad SQL, a permission, SQLite's errors but "database is
+// locked" and "interrupted") every step returns at once, and so do Run,
+// RunWait, Do and Elector.Lead. The Repository's acquires are bounded as a
+// Run's are, even under a context without a deadline (see
+// Repository.Acquire).
 //
 // Release runs on a context that survives the caller's cancellation; if it
 // fails, the lease expires after the timeout.
@@ -119,6 +151,23 @@
 // own token, generation, heartbeat and fenced save. The slot rows record
 // n, and a Runner with another n is refused (ErrSlotCountConflict) while
 // slots are held under the first.
+//
+// # Operating: pause and stop
+//
+// Repository.Pause stops new acquisitions of a target, and its slots',
+// until Resume: the acquire's own statements refuse a paused row, writing
+// nothing, and Run and Acquire return a *PausedError (ErrPaused, which
+// also matches ErrLeaseHeld); RunWait, Do and Elector.Lead wait, holding no
+// connection. Repository.RequestStop asks the current holder to stop: the
+// request, recorded for the live generation only, comes back on the
+// holder's next heartbeat, and the work's context is cancelled with a cause
+// wrapping ErrStopRequested; nothing is saved, the lease is released, and a
+// waiter takes over. Holders and acquirers that nobody paused or stopped
+// send no statement more for it. Repository.ForceRelease ends a lease by
+// force, fenced as a takeover is: its holder's heartbeat and save get
+// ErrLeaseLost. On a semaphore, RequestStop and ForceRelease act on every
+// slot, and RequestStopSlot and ForceReleaseSlot on one, leaving the
+// other slots' holders their leases.
 //
 // # What is not guaranteed
 //

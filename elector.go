@@ -58,9 +58,13 @@ func NewElector(db *gorm.DB, name string, opts ...Option) (*Elector, error) {
 //
 // It returns lead's error; an error wrapping ErrLeaseLost when the term
 // ended because the lease was lost, whatever lead returned; or an error
-// wrapping ctx's when ctx ended before a term began. A campaign whose
-// acquire fails (the database out of reach) campaigns again, with backoff,
-// until ctx ends; it is logged at Warn. Writes made during the term are fenced with
+// wrapping ctx's when ctx ended before a term began, which also wraps a
+// *HeldError saying who led when ctx ended while another holder's lease
+// was live (as RunWait's does). A campaign whose acquire fails because the
+// database is out of reach campaigns again, with backoff, until ctx ends;
+// it is logged at Warn. Any other error of a campaign, which waiting cannot
+// cure (a closed pool, a missing table), Lead returns at once. Writes made
+// during the term are fenced with
 // Repository().CommitIfOwner and the lease from LeaseFromContext: a
 // deposed leader's are refused. A panic in lead is returned as a
 // *PanicError.
@@ -93,6 +97,8 @@ func (e *Elector) Lead(ctx context.Context, lead func(ctx context.Context) error
 			}
 			// A driver may say so in its own words ("interrupted").
 			return wrapf(fmt.Errorf("%w (%w)", ctx.Err(), err), "lead %q", e.name)
+		case !backend.Unreachable(err) && !backend.IsSerializationFailure(err):
+			return err // campaigning again would fail so again
 		}
 		// The campaign's acquire failed (the database out of reach, or
 		// busy with the other standbys' acquires): campaign again.

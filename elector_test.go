@@ -24,9 +24,15 @@ func newElector(t *testing.T, db *gorm.DB, role string, opts ...gormlease.Option
 }
 
 // goLead calls e.Lead on a goroutine with lead, and sends what it returned.
-func goLead(ctx context.Context, e *gormlease.Elector, lead func(context.Context) error) <-chan error {
-	ch := make(chan error, 1)
-	go func() { ch <- e.Lead(ctx, lead) }()
+// The Lead ends before t does (see endsWithTest).
+func goLead(t testing.TB, ctx context.Context, e *gormlease.Elector, lead func(context.Context) error) <-chan error {
+	ctx, cancel := context.WithCancel(ctx)
+	ch, done := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(done)
+		ch <- e.Lead(ctx, lead)
+	}()
+	endsWithTest(t, "Lead", cancel, done)
 	return ch
 }
 
@@ -40,7 +46,7 @@ func TestElector_ResignHandsOver(t *testing.T) {
 		b := newElector(t, db, role, gormlease.WithHolder("elector-b"))
 
 		aLeads, resign := make(chan int64, 1), make(chan struct{})
-		aDone := goLead(context.Background(), a, func(ctx context.Context) error {
+		aDone := goLead(t, context.Background(), a, func(ctx context.Context) error {
 			l, _ := gormlease.LeaseFromContext(ctx)
 			aLeads <- l.Generation
 			<-resign
@@ -56,7 +62,7 @@ func TestElector_ResignHandsOver(t *testing.T) {
 
 		bLeads := make(chan int64, 1)
 		var resigned time.Time
-		bDone := goLead(context.Background(), b, func(ctx context.Context) error {
+		bDone := goLead(t, context.Background(), b, func(ctx context.Context) error {
 			l, _ := gormlease.LeaseFromContext(ctx)
 			assert.False(t, a.IsLeader(), "two leaders at once")
 			bLeads <- l.Generation
@@ -96,7 +102,7 @@ func TestElector_FailoverWhenTheLeaderStopsHeartbeating(t *testing.T) {
 
 		aLeads := make(chan struct{})
 		var cut time.Time
-		aDone := goLead(context.Background(), a, func(ctx context.Context) error {
+		aDone := goLead(t, context.Background(), a, func(ctx context.Context) error {
 			close(aLeads)
 			sqlDB, err := hb.DB()
 			require.NoError(t, err)
@@ -109,7 +115,7 @@ func TestElector_FailoverWhenTheLeaderStopsHeartbeating(t *testing.T) {
 		bLeads := make(chan time.Duration, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		bDone := goLead(ctx, b, func(ctx context.Context) error {
+		bDone := goLead(t, ctx, b, func(ctx context.Context) error {
 			assert.False(t, a.IsLeader(), "the standby leads while the old leader trusts its term")
 			bLeads <- time.Since(cut)
 			return nil
@@ -164,20 +170,23 @@ func TestElector_ManyStandbysWaitAsOne(t *testing.T) {
 		opts := fast(time.Second, 20*time.Second)
 		leader := newElector(t, db, role, opts...)
 		leads, resign := make(chan struct{}), make(chan struct{})
-		leaderDone := goLead(context.Background(), leader, func(context.Context) error {
+		leaderDone := goLead(t, context.Background(), leader, func(ctx context.Context) error {
 			close(leads)
-			<-resign
+			select {
+			case <-resign:
+			case <-ctx.Done(): // the test ended early
+			}
 			return nil
 		})
 		recv(t, leads, 20*time.Second, "the leader to lead")
 
 		const n = 100
 		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
+		var wg sync.WaitGroup
+		defer func() { cancel(); wg.Wait() }() // the standbys report to t: they end before it does
 		var leading, most, led atomic.Int32
 		first := make(chan struct{})
 		var once sync.Once
-		var wg sync.WaitGroup
 		for range n {
 			e := newElector(t, db, role, opts...)
 			wg.Go(func() {
@@ -198,7 +207,9 @@ func TestElector_ManyStandbysWaitAsOne(t *testing.T) {
 				}
 			})
 		}
-		waitFor(t, 20*time.Second, "100 standbys on one watch", func() bool {
+		// A minute: 100 campaigns on one pool, under -race on a loaded
+		// machine (20 s did not hold at a load average of 20).
+		waitFor(t, time.Minute, "100 standbys on one watch", func() bool {
 			return gormlease.WatchSubscribers(role) == n
 		})
 		close(resign)

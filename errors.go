@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
+
+	"github.com/gormlease/gormlease/internal/backend"
 )
 
 // Sentinel errors. Match them with errors.Is: the errors that gormlease
@@ -13,7 +16,9 @@ var (
 	// another holder's lease on the target is live: it was acquired or
 	// renewed within the lease timeout and has not been released. Run returns
 	// it at once, without waiting for the holder and without running the work.
-	// They also return it when the acquire met a concurrent change of the
+	// The error is then a *HeldError, which says who holds the lease, at
+	// which generation and for how long. They also return ErrLeaseHeld,
+	// without a HeldError, when the acquire met a concurrent change of the
 	// target's row (a serialization failure or deadlock) at every attempt:
 	// another session was taking, renewing or releasing the lease.
 	ErrLeaseHeld = errors.New("gormlease: lease held by another holder")
@@ -26,18 +31,31 @@ var (
 	// package documentation on self-fencing). Nothing is saved then.
 	ErrLeaseLost = errors.New("gormlease: lease lost")
 
-	// ErrCommitUnknown is returned by Repository.CommitIfOwner when the
-	// connection failed while the fenced commit's COMMIT was in flight: the
-	// database may or may not have saved the result. Runner.Run first settles
-	// the question itself (see Run) and returns ErrCommitUnknown only when it
-	// cannot; then look at what was saved (LoadJSON, for instance) before
-	// running the work again.
+	// ErrCommitUnknown is returned by Repository.CommitIfOwner and
+	// CommitAndRelease when the fenced commit's COMMIT was sent but its
+	// outcome is not known to be durable, in three cases: the connection
+	// failed (or the server ended it) while COMMIT was in flight, so that no
+	// answer came; the server committed locally but cut short its wait for
+	// the synchronous standbys (on PostgreSQL with synchronous replication,
+	// when another party cancelled the wait), so that a failover may lose
+	// the commit; or the caller's context ended while COMMIT was in flight.
+	// The database may or may not have saved the result. Runner.Run first
+	// settles the question itself (see Run) and returns ErrCommitUnknown
+	// only when it cannot; then look at what was saved (LoadJSON, for
+	// instance) before running the work again.
 	ErrCommitUnknown = errors.New("gormlease: commit outcome unknown")
 
-	// ErrNotHeld is returned by Repository.ForceRelease when the target
-	// has no lease to end: it was never acquired, its row was pruned, or
-	// its lease is released already.
-	ErrNotHeld = errors.New("gormlease: no lease held")
+	// ErrNoLiveLease is returned by Repository.ForceRelease when the
+	// target has no live lease to end: it was never acquired, its row was
+	// pruned, or its lease is released already. (ErrLeaseHeld is the
+	// opposite: an acquire found a live lease.)
+	ErrNoLiveLease = errors.New("gormlease: no live lease")
+
+	// ErrNotHeld is ErrNoLiveLease under its former name.
+	//
+	// Deprecated: use ErrNoLiveLease, whose name cannot be read as
+	// ErrLeaseHeld's.
+	ErrNotHeld = ErrNoLiveLease
 
 	// ErrMaxHoldExceeded is returned by Runner.Run, and reported as the
 	// context.Cause of the work's context, when the work was still running
@@ -53,12 +71,118 @@ var (
 	// until none is left. The work does not run, and nothing is written.
 	ErrSlotCountConflict = errors.New("gormlease: slots held under another count")
 
+	// ErrPaused: the target is paused (Repository.Pause). Run, Acquire,
+	// AcquireFrom and AcquireSlot return an error wrapping it, a
+	// *PausedError, at once, without running the work; RunWait, Do and
+	// Elector.Lead wait instead, until Resume or the end of their context.
+	// An error that wraps it also matches ErrLeaseHeld, so code written for
+	// "someone else is on it" still does the right thing.
+	ErrPaused = errors.New("gormlease: target paused")
+
+	// ErrStopRequested: an operator asked the holder to stop
+	// (Repository.RequestStop). Runner.Run returns an error wrapping it,
+	// with the request's reason, and reports it as the context.Cause of the
+	// work's context; nothing is saved, and the lease is released. It does
+	// not match ErrLeaseLost: the lease was given up, not taken.
+	ErrStopRequested = errors.New("gormlease: stop requested")
+
 	// ErrInvalidArgument is wrapped by every error about bad input: an empty,
 	// oversized or unstorable target ID, a nil function or database, or an
 	// option value that is out of range or contradicts another. Nothing is
 	// written to the database when it is returned.
 	ErrInvalidArgument = errors.New("gormlease: invalid argument")
 )
+
+// HeldError is the error of an acquire refused by a live lease. errors.Is(err, ErrLeaseHeld)
+// is true; errors.As gives the lease as the refusing statement saw it.
+//
+// Repository.Acquire, AcquireFrom and AcquireSlot, and Runner.Run, return
+// it; RunWait, Do and Elector.Lead return it, wrapped with the context's
+// error, when their context ends while they wait, describing the lease as
+// they last read it. With WithSlots(n) it describes the slot that frees
+// first. The statements that refuse the acquire read it on the database,
+// without a round trip of their own (see Repository.Acquire). An acquire
+// refused without seeing the lease that refused it returns an error that
+// wraps ErrLeaseHeld but is not a HeldError: one that lost a race for the
+// row to another acquire that took it while its statement ran, one that
+// kept meeting concurrent changes of the row (see ErrLeaseHeld), and an
+// AcquireFrom whose generation ended and whose row is free at a later one.
+//
+// An HTTP handler can answer 409 Conflict with a Retry-After of ExpiresIn,
+// rounded up to a second: the lease may end sooner (its holder releases
+// it) or later (its holder renews it).
+type HeldError struct {
+	Target     string        // the target asked for
+	Holder     string        // the live lease's holder (WithHolder)
+	Generation int64         // the live lease's generation
+	ExpiresIn  time.Duration // how long it lives without another heartbeat, on the database's clock
+}
+
+// Error says which target is held, by whom, at which generation, and for
+// how long without another heartbeat.
+func (e *HeldError) Error() string {
+	holder := ""
+	if e.Holder != "" {
+		holder = fmt.Sprintf(" by %q", e.Holder)
+	}
+	left := e.ExpiresIn
+	if left >= time.Millisecond {
+		left = left.Round(time.Millisecond)
+	}
+	return fmt.Sprintf("gormlease: lease on %q held%s (generation %d), expires in %v", e.Target, holder, e.Generation, left)
+}
+
+// Unwrap returns ErrLeaseHeld.
+func (e *HeldError) Unwrap() error { return ErrLeaseHeld }
+
+// newHeldError is the HeldError of an acquire of targetID refused by h.
+func newHeldError(targetID string, h *backend.Held) *HeldError {
+	return &HeldError{Target: targetID, Holder: h.Holder, Generation: h.Generation, ExpiresIn: h.ExpiresIn}
+}
+
+// PausedError is the error of an acquire refused because its target is
+// paused (Repository.Pause): errors.Is(err, ErrPaused) and
+// errors.Is(err, ErrLeaseHeld) are both true. Repository.Acquire,
+// AcquireFrom and AcquireSlot, and Runner.Run, return it; RunWait, Do and
+// Elector.Lead return it, wrapped with the context's error, when their
+// context ends while they wait for the target to be resumed.
+type PausedError struct {
+	Target string // the target asked for
+	Reason string // the reason that Pause recorded
+}
+
+// Error says which target is paused, and why.
+func (e *PausedError) Error() string {
+	return fmt.Sprintf("gormlease: target %q paused: %s", e.Target, e.Reason)
+}
+
+// Unwrap returns ErrPaused and ErrLeaseHeld.
+func (e *PausedError) Unwrap() []error { return []error{ErrPaused, ErrLeaseHeld} }
+
+// stopRequestedError is the cause of the work's context, and Run's error,
+// when an operator asked the holder to stop: it wraps ErrStopRequested and
+// says why.
+type stopRequestedError struct {
+	target string
+	reason string
+}
+
+func (e *stopRequestedError) Error() string {
+	return fmt.Sprintf("gormlease: run %q: stop requested: %s", e.target, e.reason)
+}
+
+func (e *stopRequestedError) Unwrap() error { return ErrStopRequested }
+
+// stoppedWaitingError is the error of a wait for a held lease that ended
+// with its context: it wraps both the context's error and the refusal, a
+// *HeldError when the wait read the lease.
+type stoppedWaitingError struct{ cause, held error }
+
+func (e *stoppedWaitingError) Error() string {
+	return "stopped waiting: " + e.cause.Error() + ": " + unprefixed(e.held)
+}
+
+func (e *stoppedWaitingError) Unwrap() []error { return []error{e.cause, e.held} }
 
 // prefix starts every message of gormlease's errors, once.
 const prefix = "gormlease: "

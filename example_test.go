@@ -5,16 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/ncruces/go-sqlite3/gormlite"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
-	"github.com/gormlease/gormlease/internal/testdb"
 )
 
 // Report is what the slow external call returns in these examples.
@@ -23,23 +25,28 @@ type Report struct {
 	Score int    `json:"score"`
 }
 
-// exampleDB returns the examples' database. In an application it is your
-// own: gorm.Open(postgres.Open(dsn), &gorm.Config{}).
-func exampleDB() *gorm.DB {
-	db, err := testdb.Example()
+// A Runner runs the slow work for a target once, and saves its result only
+// if its lease is still its own. The database here is SQLite in a file of
+// its own, opened as docs/sqlite.md says; on PostgreSQL it is
+// gorm.Open(postgres.Open(dsn), &gorm.Config{}).
+func ExampleRunner_Run() {
+	dir, err := os.MkdirTemp("", "gormlease-example") // your application's own file instead
 	if err != nil {
 		log.Fatal(err)
 	}
-	return db
-}
-
-// A Runner runs the slow work for a target once, and saves its result only
-// if its lease is still its own.
-func ExampleRunner_Run() {
-	db := exampleDB()
-	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
+	defer os.RemoveAll(dir)
+	db, err := gorm.Open(gormlite.Open("file:"+filepath.Join(dir, "app.db")+
+		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)&_pragma=synchronous(normal)"), &gorm.Config{})
+	if err != nil {
 		log.Fatal(err)
 	}
+	if sqlDB, err := db.DB(); err == nil {
+		defer sqlDB.Close()
+	}
+	if err := gormlease.AutoMigrate(context.Background(), db); err != nil { // job_lease and job_result
+		log.Fatal(err)
+	}
+
 	runner, err := gormlease.NewRunner[Report](db,
 		gormlease.WithHeartbeatInterval(30*time.Second),
 		gormlease.WithLeaseTimeout(2*time.Minute))
@@ -74,6 +81,35 @@ func ExampleRunner_Run() {
 	// saved {User:user-42 Score:97}
 }
 
+// openDB opens the examples' database as ExampleRunner_Run does: SQLite in
+// a new file of a temporary directory, with the DSN of docs/sqlite.md, and
+// gormlease's tables. Its gorm logger is silent, so that an example prints
+// only its own lines; an application keeps gorm's. closeDB closes the
+// database and removes its file.
+func openDB() (db *gorm.DB, closeDB func()) {
+	dir, err := os.MkdirTemp("", "gormlease-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err = gorm.Open(gormlite.Open("file:"+filepath.Join(dir, "app.db")+
+		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)&_pragma=synchronous(normal)"),
+		&gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		log.Fatal(err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
+		log.Fatal(err)
+	}
+	return db, func() {
+		sqlDB.Close()
+		os.RemoveAll(dir)
+	}
+}
+
 // Invoice is a row of the application's own table: the database assigns
 // its ID when the saver inserts it.
 type Invoice struct {
@@ -86,7 +122,8 @@ type Invoice struct {
 // saver's tx.Create fills in that very value, so what the database assigned
 // (here the ID) comes back from Run.
 func ExampleRunner_Run_databaseAssignedID() {
-	db := exampleDB()
+	db, closeDB := openDB()
+	defer closeDB()
 	if err := db.AutoMigrate(&Invoice{}); err != nil {
 		log.Fatal(err)
 	}
@@ -118,7 +155,8 @@ func ExampleRunner_Run_databaseAssignedID() {
 // A second Run on a target whose lease is held returns ErrLeaseHeld at
 // once, without running its work.
 func ExampleRunner_Run_leaseHeld() {
-	db := exampleDB()
+	db, closeDB := openDB()
+	defer closeDB()
 	runner, err := gormlease.NewRunner[string](db)
 	if err != nil {
 		log.Fatal(err)
@@ -141,7 +179,8 @@ func ExampleRunner_Run_leaseHeld() {
 // every acquisition of the target, so it can serve as the idempotency key of
 // the external call.
 func ExampleLeaseFromContext() {
-	db := exampleDB()
+	db, closeDB := openDB()
+	defer closeDB()
 	runner, err := gormlease.NewRunner[string](db)
 	if err != nil {
 		log.Fatal(err)
@@ -165,7 +204,8 @@ func ExampleLeaseFromContext() {
 // The Repository runs the lease steps one by one, for callers that drive
 // them themselves.
 func ExampleRepository() {
-	db := exampleDB()
+	db, closeDB := openDB()
+	defer closeDB()
 	repo, err := gormlease.NewRepository(db)
 	if err != nil {
 		log.Fatal(err)
@@ -196,14 +236,15 @@ func ExampleRepository() {
 // same time, in this process or others: the first caller runs it, the
 // others wait and get its saved result, read back by load.
 func ExampleRunner_Do() {
-	db := exampleDB()
+	db, closeDB := openDB()
+	defer closeDB()
 	// WithReuseFor also gives the saved report to a caller that comes just
 	// after the job ended, rather than run it again.
 	runner, err := gormlease.NewRunner[Report](db, gormlease.WithReuseFor(time.Minute))
 	if err != nil {
 		log.Fatal(err)
 	}
-	id := "report:user-7:" + uuid.NewString() // a new target each time the example runs
+	id := "report:user-7"
 	load := func(tx *gorm.DB) (Report, error) {
 		r, _, err := gormlease.LoadJSON[Report](tx.Statement.Context, tx, id)
 		return r, err
@@ -253,7 +294,8 @@ func ExampleRunner_Do() {
 // the lease held waits until it is released (or expires), then runs its
 // work under a generation of its own.
 func ExampleRunner_RunWait() {
-	db := exampleDB()
+	db, closeDB := openDB()
+	defer closeDB()
 	// Two Runners, as two processes would have.
 	var runners []*gormlease.Runner[string]
 	for range 2 {
@@ -306,10 +348,8 @@ func ExampleRunner_RunWait() {
 // the lease can no longer be trusted. The term's generation fences its
 // writes.
 func ExampleElector_Lead() {
-	db := exampleDB()
-	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
-		log.Fatal(err)
-	}
+	db, closeDB := openDB()
+	defer closeDB()
 	elector, err := gormlease.NewElector(db, "scheduler", gormlease.WithHolder("pod-a"))
 	if err != nil {
 		log.Fatal(err)
@@ -331,10 +371,8 @@ func ExampleElector_Lead() {
 // its own, with its own generation; the others wait in RunWait for a free
 // slot.
 func ExampleWithSlots() {
-	db := exampleDB()
-	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
-		log.Fatal(err)
-	}
+	db, closeDB := openDB()
+	defer closeDB()
 	runner, err := gormlease.NewRunner[string](db, gormlease.WithSlots(2))
 	if err != nil {
 		log.Fatal(err)
@@ -366,4 +404,36 @@ func ExampleWithSlots() {
 	fmt.Println("at most two at once:", most.Load() <= 2)
 	// Output:
 	// at most two at once: true
+}
+
+// An operator ends the lease of one slot of a semaphore whose holder is
+// known to be gone; the other slots' holders keep theirs.
+func ExampleRepository_ForceReleaseSlot() {
+	db, closeDB := openDB()
+	defer closeDB()
+	repo, err := gormlease.NewRepository(db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	gone, err := repo.AcquireSlot(ctx, "api:geocoder", 2, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	alive, err := repo.AcquireSlot(ctx, "api:geocoder", 2, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	row, err := repo.ForceReleaseSlot(ctx, "api:geocoder", gone.Slot)
+	if err != nil {
+		log.Fatal(err) // ErrNoLiveLease: the slot had no lease to end
+	}
+	fmt.Println("next generation:", row.Generation == gone.Generation+1)
+	fmt.Println("its holder:", errors.Is(repo.Heartbeat(ctx, gone), gormlease.ErrLeaseLost))
+	fmt.Println("the other slot's holder:", repo.Heartbeat(ctx, alive))
+	// Output:
+	// next generation: true
+	// its holder: true
+	// the other slot's holder: <nil>
 }

@@ -1,9 +1,14 @@
 package gormlease
 
 import (
+	"context"
+	"database/sql"
+	"time"
+
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease/internal/backend"
+	"github.com/gormlease/gormlease/internal/backend/mysql"
 	"github.com/gormlease/gormlease/internal/backend/postgres"
 	"github.com/gormlease/gormlease/internal/heartbeat"
 	"github.com/gormlease/gormlease/internal/wait"
@@ -16,20 +21,34 @@ var PostgresSchema = postgres.Schema
 // runs: zero whenever no Run holds a lease.
 func LiveBeatGroups() int { return heartbeat.Live() }
 
+// callersPool is a pool of the caller's own around a *sql.DB: it is not
+// a *sql.DB, so the backends take it as they take gorm's prepared
+// statements or a resolver's pool.
+type callersPool struct{ *sql.DB }
+
 // CommitThroughGorm makes r run its fenced commits in gorm's transaction,
-// as it does once the driver has refused to send BEGIN and the locking
-// statement as one query.
-func CommitThroughGorm(r *Repository) { r.oneTripRefused.Store(true) }
+// as on a pool of the caller's own (and as the PostgreSQL backend does
+// once the driver has refused to send BEGIN and the locking statement as
+// one query): r's pool, gorm's *sql.DB, is wrapped.
+func CommitThroughGorm(r *Repository) {
+	db := r.db.Session(&gorm.Session{NewDB: true, Context: context.Background()})
+	db.Statement.ConnPool = callersPool{r.db.Statement.ConnPool.(*sql.DB)}
+	r.db = db
+}
 
-// RefusesQueries is the PostgreSQL backend's test for that refusal.
-var RefusesQueries = postgres.New(backend.DefaultTables).RefusesQueries
-
-// PostgresTakeOver and PostgresInsert are the PostgreSQL acquire's
+// PostgresAcquire and PostgresAcquireRow are the PostgreSQL acquire's
 // statements.
 const (
-	PostgresTakeOver = postgres.TakeOverSQL
-	PostgresInsert   = postgres.InsertSQL
+	PostgresAcquire    = postgres.AcquireSQL
+	PostgresAcquireRow = postgres.AcquireRowSQL
 )
+
+// AssumeMySQL makes r, a Repository on MySQL or MariaDB, take its server
+// for MySQL without asking it: on MariaDB, r then runs MySQL's statements,
+// which have no RETURNING.
+func AssumeMySQL(r *Repository) {
+	r.backend.(interface{ AssumeServer(mysql.Server) }).AssumeServer(mysql.Server{})
+}
 
 // ownSQL returns r's statement of op on the caller's own row.
 func ownSQL(r *Repository, op backend.Own) string {
@@ -50,20 +69,17 @@ func LiveWatches() int64 { return wait.Watching() }
 // Watched reports whether waiters of this process watch target's row in
 // the default table and have read it held.
 func Watched(target string) bool {
-	watched := false
-	wait.Find(defaultLeaseTable, target, func(w *wait.Watch, _ int) {
-		st, read, _ := w.Current()
-		watched = watched || read && st.Found && !st.Released
-	})
-	return watched
+	for _, w := range wait.Watches(defaultLeaseTable, target) {
+		if w.Read && w.State.Found && !w.State.Released {
+			return true
+		}
+	}
+	return false
 }
 
 // Listening reports whether this process has a notification listener on
 // db's pool that listens now.
 func Listening(db *gorm.DB) bool { return wait.Listening(db) }
-
-// SetStatementAttempts makes r try each retried statement n times in all.
-func SetStatementAttempts(r *Repository, n int) { r.attempts = n }
 
 // IsSerializationFailure and AnsweredByServer are the classifiers of
 // database errors.
@@ -87,10 +103,48 @@ func DoCallers[T any](r *Runner[T], target string) int {
 // target's row in the default table, on any pool of this process.
 func WatchSubscribers(target string) int {
 	n := 0
-	wait.Find(defaultLeaseTable, target, func(_ *wait.Watch, subs int) { n += subs })
+	for _, w := range wait.Watches(defaultLeaseTable, target) {
+		n += w.Subscribers
+	}
 	return n
 }
 
 // CommitAttempts is how many fenced commits a Run sends in all when they
 // end without saving.
 const CommitAttempts = commitAttempts
+
+// Timings are the timings a Runner runs with, after its defaults were
+// derived from the options given.
+type Timings struct {
+	Interval, Timeout, Margin, Operation, Reconnect time.Duration
+}
+
+// RunnerTimings returns r's timings.
+func RunnerTimings[T any](r *Runner[T]) Timings {
+	c := r.cfg
+	return Timings{c.heartbeatInterval, c.leaseTimeout, c.safetyMargin, c.operationTimeout, c.reconnect()}
+}
+
+// ElectorTimings returns e's timings.
+func ElectorTimings(e *Elector) Timings { return RunnerTimings(e.runner) }
+
+// roundSettings are the heartbeat settings of JoinBeats: a round only
+// when RenewNow asks for one.
+var roundSettings = heartbeat.Settings{Interval: time.Hour, OperationTimeout: time.Minute, Report: "rounds"}
+
+// JoinBeats has r's heartbeats renew leases, as a Run's leases are renewed,
+// but only when the returned round is called: it runs one heartbeat round
+// of them all (see heartbeat.Set.RenewNow). stop ends their renewal.
+func JoinBeats(r *Repository, leases []Lease) (round func(), stop func()) {
+	members := make([]*heartbeat.Member, len(leases))
+	for i, l := range leases {
+		members[i] = r.beats.Join(roundSettings, context.Background(), l.row(), time.Now(), time.Hour, func(heartbeat.Loss) {})
+	}
+	round = func() { r.beats.RenewNow(context.Background(), roundSettings) }
+	stop = func() {
+		for _, m := range members {
+			m.Stop()
+		}
+	}
+	return round, stop
+}

@@ -5,7 +5,5 @@ import "github.com/gormlease/gormlease/internal/wait"
 // HasWatch reports whether callers of this process watch target's row in
 // the default table, whatever the watch has read so far.
 func HasWatch(target string) bool {
-	found := false
-	wait.Find(defaultLeaseTable, target, func(*wait.Watch, int) { found = true })
-	return found
+	return len(wait.Watches(defaultLeaseTable, target)) > 0
 }

@@ -136,10 +136,14 @@ func (c *churn) run(ctx context.Context, t *testing.T, workers int, warm chan<- 
 	wg.Wait()
 }
 
-// runUntilSaved runs target until a Run saves it, or finds it saved.
+// runUntilSaved runs target until a Run saves it, or finds it saved, or
+// ctx ends (the test is over).
 func (c *churn) runUntilSaved(ctx context.Context, t *testing.T, target string) {
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
+		if ctx.Err() != nil {
+			return
+		}
 		var gen int64
 		_, err := c.r.Run(ctx, target, func(ctx context.Context) (string, error) {
 			c.inFlight.Add(1)
@@ -172,7 +176,11 @@ func (c *churn) runUntilSaved(ctx context.Context, t *testing.T, target string) 
 		}
 		// The database is away, or the lease is held until it expires
 		// after a release that could not reach the database: try again.
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return
+		}
 	}
 	t.Errorf("%s: not saved within a minute", target)
 }
@@ -241,13 +249,14 @@ func TestFailover_SyncStandby(t *testing.T) {
 	// the new primary.
 	const nAcross = 8
 	back := make(chan struct{})
+	letBack := sync.OnceFunc(func() { close(back) })
 	acrossLeases := make(chan gormlease.Lease, nAcross)
 	acrossDone := map[string]<-chan runResult[string]{}
 	for range nAcross {
 		acrossDone[newTarget(t)] = nil
 	}
 	for target := range acrossDone {
-		acrossDone[target] = goRun(ctx, r, target, func(ctx context.Context) (string, error) {
+		acrossDone[target] = goRun(t, ctx, r, target, func(ctx context.Context) (string, error) {
 			l, _ := gormlease.LeaseFromContext(ctx)
 			acrossLeases <- l
 			select {
@@ -267,11 +276,12 @@ func TestFailover_SyncStandby(t *testing.T) {
 	// insert and half after it, when the primary dies.
 	const nCommitting = 4
 	inSaver, release := make(chan string, nCommitting), make(chan struct{})
+	letRelease := sync.OnceFunc(func() { close(release) })
 	committing := map[string]<-chan runResult[string]{}
 	for i := range nCommitting {
 		target := newTarget(t)
 		insertFirst := i%2 == 1
-		committing[target] = goRun(ctx, r, target, work("committing"), func(tx *gorm.DB, v string) error {
+		committing[target] = goRun(t, ctx, r, target, work("committing"), func(tx *gorm.DB, v string) error {
 			if insertFirst {
 				if err := sv.save(tx, v); err != nil {
 					return err
@@ -285,6 +295,9 @@ func TestFailover_SyncStandby(t *testing.T) {
 			return sv.save(tx, v)
 		})
 	}
+	// When the test ends early, its held Runs are let go before their
+	// goroutines are waited for (cleanups run last registered first).
+	t.Cleanup(func() { letBack(); letRelease() })
 	for range nCommitting {
 		recv(t, inSaver, 10*time.Second, "the savers to be in their transactions")
 	}
@@ -294,8 +307,13 @@ func TestFailover_SyncStandby(t *testing.T) {
 	for range 120 {
 		c.targets = append(c.targets, newTarget(t))
 	}
+	// The churn ends before the test does, and before the pair's servers
+	// stop (cleanups run last registered first), even when the test fails
+	// early: it reports to t.
+	churnCtx, stopChurn := context.WithCancel(ctx)
 	warm, churned := make(chan struct{}), make(chan struct{})
-	go func() { defer close(churned); c.run(ctx, t, 6, warm) }()
+	go func() { defer close(churned); c.run(churnCtx, t, 6, warm) }()
+	t.Cleanup(func() { stopChurn(); <-churned })
 	recv(t, warm, 30*time.Second, "the churn to get going")
 
 	churnInFlight := c.inFlight.Load()
@@ -305,7 +323,7 @@ func TestFailover_SyncStandby(t *testing.T) {
 	since := dbNow(t, db)
 
 	heldOnPrimary(t, db, across, since)
-	close(back)
+	letBack()
 	for target, ch := range acrossDone {
 		res := recv(t, ch, 20*time.Second, "the straddling Runs")
 		require.NoError(t, res.err, "%s: a Run that straddled the failover did not save", target)
@@ -314,7 +332,7 @@ func TestFailover_SyncStandby(t *testing.T) {
 
 	// The failover ended their transactions before their COMMIT, with the
 	// lease still theirs: each commits again on the new primary.
-	close(release)
+	letRelease()
 	for target, ch := range committing {
 		res := recv(t, ch, 30*time.Second, "the Runs whose commit the failover cut")
 		require.NoError(t, res.err, "%s: a commit cut by the failover was not committed again", target)
@@ -386,7 +404,7 @@ func TestFailover_SyncCommitWaitingForStandby(t *testing.T) {
 	// reached it, the fenced commit will not.
 	target := newTarget(t)
 	working, finish := make(chan struct{}), make(chan struct{})
-	done := goRun(ctx, r, target, func(context.Context) (string, error) {
+	done := goRun(t, ctx, r, target, func(context.Context) (string, error) {
 		close(working)
 		<-finish
 		return "lost", nil
@@ -464,8 +482,8 @@ func TestFailover_AsyncLosesCommittedSave(t *testing.T) {
 	lost, across := newTarget(t), newTarget(t)
 	lostGate, acrossGate := make(chan struct{}), make(chan struct{})
 	started := make(chan gormlease.Lease, 2)
-	lostDone := goRun(ctx, r, lost, work(lostGate, started), sv.save)
-	acrossDone := goRun(ctx, r, across, work(acrossGate, started), sv.save)
+	lostDone := goRun(t, ctx, r, lost, work(lostGate, started), sv.save)
+	acrossDone := goRun(t, ctx, r, across, work(acrossGate, started), sv.save)
 	leases := []gormlease.Lease{recv(t, started, 10*time.Second, "the Runs to start"),
 		recv(t, started, 10*time.Second, "the Runs to start")}
 	pair.WaitReplayed(t)
@@ -533,7 +551,7 @@ func TestFailover_CommitWaitsForNewPrimary(t *testing.T) {
 
 	target := newTarget(t)
 	working, finish := make(chan struct{}), make(chan struct{})
-	done := goRun(context.Background(), r, target, func(context.Context) (string, error) {
+	done := goRun(t, context.Background(), r, target, func(context.Context) (string, error) {
 		close(working)
 		<-finish
 		return "saved", nil

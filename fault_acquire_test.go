@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
@@ -111,4 +112,50 @@ func TestFault_AcquireAnswerLostAndReleaseToo(t *testing.T) {
 	require.NotNil(t, row.SavedGeneration)
 	assert.Equal(t, l.Generation+1, *row.SavedGeneration)
 	assert.NotNil(t, row.ReleasedAt, "lease not released")
+}
+
+// Fault: another session holds the lease row's lock past the server's own
+// lock timeout (PostgreSQL's lock_timeout, InnoDB's lock wait timeout), so
+// the acquire's statement is ended by the server. That is no error that
+// waiting cannot cure: the acquire tries again, and takes the lease once the
+// lock is gone.
+func TestFault_AcquireOutlastsServerLockTimeout(t *testing.T) {
+	eachServerDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		params, hold := map[string]string{"lock_timeout": "50ms"}, 400*time.Millisecond
+		if s.Name == "mysql" {
+			params, hold = map[string]string{"innodb_lock_wait_timeout": "1"}, 1500*time.Millisecond
+		}
+		repo := newRepository(t, s.Open(t, params))
+		target := newTarget(t)
+		l, err := repo.Acquire(context.Background(), target, time.Minute)
+		require.NoError(t, err)
+		require.NoError(t, repo.Release(context.Background(), l))
+
+		// Another session locks the released row, and keeps it past the
+		// lock timeout of the acquire's session.
+		locked := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- db.Transaction(func(tx *gorm.DB) error {
+				var generation int64
+				if err := tx.Raw("SELECT generation FROM job_lease WHERE target_id = ? FOR UPDATE", target).Scan(&generation).Error; err != nil {
+					return err
+				}
+				close(locked)
+				time.Sleep(hold) // the lock held: the scenario, not a wait for an event
+				return nil
+			})
+		}()
+		select {
+		case <-locked:
+		case err := <-done:
+			t.Fatalf("lock the row: %v", err)
+		}
+		began := time.Now()
+		l, err = repo.Acquire(context.Background(), target, time.Minute)
+		require.NoError(t, err, "the acquire gave up on the server's lock timeout")
+		require.NoError(t, <-done)
+		assert.Greater(t, time.Since(began), hold/2, "the acquire did not wait for the lock")
+		require.NoError(t, repo.Release(context.Background(), l))
+	})
 }

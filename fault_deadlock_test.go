@@ -31,6 +31,11 @@ func TestFault_MySQLDeadlockIsRetried(t *testing.T) {
 		steal = "UPDATE job_lease SET lease_token = UUID(), generation = generation + 1, " +
 			"updated_at = UTC_TIMESTAMP(6), released_at = NULL WHERE target_id = ?"
 	)
+	// The acquire's statement: MariaDB's upsert, MySQL's UPDATE.
+	acquire := "LAST_INSERT_ID"
+	if flavour(s) == "mariadb" {
+		acquire = "ON DUPLICATE KEY UPDATE"
+	}
 	cases := []struct {
 		name  string
 		stmt  string // a part of the step's statement that no other has
@@ -41,7 +46,7 @@ func TestFault_MySQLDeadlockIsRetried(t *testing.T) {
 		// last attempt's failure.
 		once bool
 	}{
-		{"AcquireHeld", "LAST_INSERT_ID", steal, func(repo *gormlease.Repository, l gormlease.Lease) error {
+		{"AcquireHeld", acquire, steal, func(repo *gormlease.Repository, l gormlease.Lease) error {
 			_, err := repo.Acquire(context.Background(), l.TargetID, time.Minute)
 			return err
 		}, gormlease.ErrLeaseHeld, false},
@@ -52,23 +57,34 @@ func TestFault_MySQLDeadlockIsRetried(t *testing.T) {
 		// After the last attempt, an acquire is refused. A heartbeat reads
 		// the row as last committed, where the transaction's takeover is
 		// not yet: the lease is not lost, only not renewed.
-		{"AcquireHeldAfterLastAttempt", "LAST_INSERT_ID", steal, func(repo *gormlease.Repository, l gormlease.Lease) error {
+		{"AcquireHeldAfterLastAttempt", acquire, steal, func(repo *gormlease.Repository, l gormlease.Lease) error {
 			_, err := repo.Acquire(context.Background(), l.TargetID, time.Minute)
 			return err
 		}, gormlease.ErrLeaseHeld, true},
 		{"HeartbeatNotRenewedAfterLastAttempt", "SET updated_at", steal, heartbeat, errNotRenewed, true},
+		// The fenced commit's locking read, before the saver runs: its
+		// transaction, rolled back by the deadlock, begins again.
+		{"CommitLocksAgain", "FOR UPDATE", touch, func(repo *gormlease.Repository, l gormlease.Lease) error {
+			return repo.CommitIfOwner(context.Background(), l, func(*gorm.DB) error { return nil })
+		}, nil, false},
+		// With WithStatementAttempts(1), the commit's lock is tried once:
+		// the deadlock is its error, and nothing is saved.
+		{"CommitLockedOnceAfterLastAttempt", "FOR UPDATE", touch, func(repo *gormlease.Repository, l gormlease.Lease) error {
+			return repo.CommitIfOwner(context.Background(), l, func(*gorm.DB) error { return nil })
+		}, errDeadlock, true},
 	}
 	for _, tc := range cases {
 		// One at a time: InnoDB refreshes its information_schema lock
 		// tables only after 100ms without a read of them.
 		t.Run(tc.name, func(t *testing.T) {
 			rec, st := recording(direct)
-			repo := newRepository(t, rec)
+			attempts := gormlease.DefaultStatementAttempts
 			tries := 2 // at least: the deadlock, and the retry
 			if tc.once {
-				gormlease.SetStatementAttempts(repo, 1)
-				tries = 1
+				attempts, tries = 1, 1
 			}
+			repo, err := gormlease.NewRepository(rec, gormlease.WithStatementAttempts(attempts))
+			require.NoError(t, err)
 			target, l := acquireNew(t, newRepository(t, direct), time.Minute)
 			if strings.HasPrefix(tc.name, "Acquire") {
 				age(t, s, direct, target, time.Hour) // so that the acquire takes it over
@@ -77,10 +93,13 @@ func TestFault_MySQLDeadlockIsRetried(t *testing.T) {
 			// The transaction runs on a pool of its own: connection IDs are
 			// never reused, so a stale snapshot of the lock tables from an
 			// earlier case cannot match it.
-			err := deadlockStep(t, s.Open(t, nil), target, "%"+tc.stmt+"%", tc.write, tc.once, func() error { return tc.step(repo, l) })
+			err = deadlockStep(t, s.Open(t, nil), target, "%"+tc.stmt+"%", tc.write, tc.once, func() error { return tc.step(repo, l) })
 			switch tc.want {
 			case nil:
 				require.NoError(t, err)
+			case errDeadlock:
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "1213", "not the deadlock")
 			case errNotRenewed:
 				require.Error(t, err)
 				assert.NotErrorIs(t, err, gormlease.ErrLeaseLost)
@@ -107,6 +126,11 @@ func TestFault_MySQLDeadlockIsRetried(t *testing.T) {
 				assert.True(t, row.UpdatedAt.After(before.UpdatedAt), "not renewed")
 			case tc.name == "ReleaseReleases":
 				assert.NotNil(t, row.ReleasedAt, "not released")
+			case tc.name == "CommitLocksAgain":
+				require.NotNil(t, row.SavedGeneration, "not saved")
+				assert.Equal(t, l.Generation, *row.SavedGeneration, "the save's generation")
+			case tc.name == "CommitLockedOnceAfterLastAttempt":
+				assert.Nil(t, row.SavedGeneration, "saved after the deadlock")
 			default:
 				assert.NotEqual(t, l.Token, row.LeaseToken)
 				assert.Nil(t, row.ReleasedAt, "the new holder's lease was released")
@@ -116,8 +140,12 @@ func TestFault_MySQLDeadlockIsRetried(t *testing.T) {
 }
 
 // errNotRenewed stands for the error of a heartbeat that could not renew a
-// lease that is still the caller's.
-var errNotRenewed = errors.New("not renewed")
+// lease that is still the caller's, and errDeadlock for the deadlock itself
+// reaching the caller.
+var (
+	errNotRenewed = errors.New("not renewed")
+	errDeadlock   = errors.New("deadlock")
+)
 
 func heartbeat(repo *gormlease.Repository, l gormlease.Lease) error {
 	return repo.Heartbeat(context.Background(), l)

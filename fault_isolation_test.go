@@ -95,7 +95,8 @@ func TestFault_StrictIsolationHeartbeatAfterTakeover(t *testing.T) {
 				l, err := repo.Acquire(context.Background(), target, time.Hour)
 				require.NoError(t, err)
 				if strings.HasSuffix(step, "/LastAttempt") {
-					gormlease.SetStatementAttempts(repo, 1)
+					repo, err = gormlease.NewRepository(db, gormlease.WithStatementAttempts(1))
+					require.NoError(t, err)
 				}
 
 				// A takeover that holds the row until the step waits on it.

@@ -158,7 +158,7 @@ func TestPacket_Latency(t *testing.T) {
 		for i := range runs {
 			target := newTarget(t)
 			targets = append(targets, target)
-			results[i] = goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+			results[i] = goRun(t, context.Background(), r, target, func(ctx context.Context) (string, error) {
 				// Past the lease timeout: only heartbeats keep the lease.
 				select {
 				case <-ctx.Done():

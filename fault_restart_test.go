@@ -25,11 +25,12 @@ func TestFault_DatabaseRestart(t *testing.T) {
 	db := c.Open(t)
 	// A trust window (18 s) that outlasts the Runs that fail while the
 	// database is down and its restart, also on a loaded machine (a trust
-	// window of 9 s once ran out there).
+	// window of 9 s once ran out there); an operation timeout in which 16
+	// Runs acquire at once under load (1 s once was not).
 	r, err := gormlease.NewRunner[string](db,
 		gormlease.WithHeartbeatInterval(100*time.Millisecond),
 		gormlease.WithLeaseTimeout(20*time.Second),
-		gormlease.WithOperationTimeout(time.Second))
+		gormlease.WithOperationTimeout(3*time.Second))
 	require.NoError(t, err)
 	ctx := context.Background()
 	target := func(group string, i int) string { return fmt.Sprintf("%s-%d", group, i) }
@@ -54,15 +55,19 @@ func TestFault_DatabaseRestart(t *testing.T) {
 	launch := func(group string, i int, until <-chan struct{}) {
 		started.Add(1)
 		go func() {
+			// Done when the work starts, or when the Run ends without it
+			// (which the check after started.Wait reports), never twice.
+			var once sync.Once
 			var gen int64
 			_, err := r.Run(ctx, target(group, i), func(ctx context.Context) (string, error) {
 				l, _ := gormlease.LeaseFromContext(ctx)
 				gen = l.Generation
-				started.Done()
+				once.Do(started.Done)
 				<-until
 				return group, context.Cause(ctx)
 			}, gormlease.SaveJSON[string])
 			results <- outcome{target(group, i), gen, err}
+			once.Do(started.Done)
 		}()
 	}
 	for i := range n {
@@ -70,6 +75,11 @@ func TestFault_DatabaseRestart(t *testing.T) {
 		launch("during", i, down) // work ends while the database is down
 	}
 	started.Wait()
+	select {
+	case o := <-results:
+		t.Fatalf("%s: the Run ended before the crash: %v", o.target, o.err)
+	default:
+	}
 
 	c.Crash(t)
 	close(down)

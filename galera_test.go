@@ -396,7 +396,7 @@ func TestGalera_NodeKilledMidRun(t *testing.T) {
 			target := newTarget(t)
 			if j%2 == 0 {
 				inWork.Add(1)
-				runs = append(runs, run{i + 1, target, goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+				runs = append(runs, run{i + 1, target, goRun(t, context.Background(), r, target, func(ctx context.Context) (string, error) {
 					inWork.Done()
 					<-gate
 					return "done", nil
@@ -406,7 +406,7 @@ func TestGalera_NodeKilledMidRun(t *testing.T) {
 			inSave.Add(1)
 			saveOnce := save(i + 1)
 			var entered atomic.Bool
-			runs = append(runs, run{i + 1, target, goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+			runs = append(runs, run{i + 1, target, goRun(t, context.Background(), r, target, func(ctx context.Context) (string, error) {
 				return "done", nil
 			}, func(tx *gorm.DB, v string) error {
 				if err := saveOnce(tx, v); err != nil {
@@ -522,7 +522,7 @@ func TestGalera_ClockSkew(t *testing.T) {
 		target := newTarget(t)
 		workCtx := make(chan context.Context, 1)
 		letGo := make(chan struct{})
-		done := goRun(context.Background(), holder, target, func(ctx context.Context) (string, error) {
+		done := goRun(t, context.Background(), holder, target, func(ctx context.Context) (string, error) {
 			workCtx <- ctx
 			<-letGo // the work does not stop when its lease is lost: the commit decides
 			return "stale", nil
@@ -642,4 +642,114 @@ func TestGalera_SlotsAcrossNodes(t *testing.T) {
 		gens += li.Generation
 	}
 	require.EqualValues(t, calls, gens, "one generation per call, over the slots")
+}
+
+// Operated across nodes: each step is sent to one node just after the
+// write it depends on committed on another. A Run on node 2 just after a
+// Pause on node 1 is refused with ErrPaused; a Run on node 3 just after the
+// Resume on node 1 runs, as does a RunWait; a Resume on node 2 just after a
+// Pause on node 1 resumes the target; a RequestStop on node 2 just after a
+// Run took the lease through node 1 stops that Run. (Without the causal
+// reads of the operator's steps and of an acquire refused as paused, a
+// lagging node refuses the Run as paused, leaves the pause in place, or
+// reports ErrNoLiveLease: without them, the Run on node 3 was refused as
+// paused in round 5 of the first run.)
+func TestGalera_PauseResumeStopAcrossNodes(t *testing.T) {
+	f := newGaleraFixture(t)
+	var (
+		repos   []*gormlease.Repository
+		runners []*gormlease.Runner[string]
+	)
+	for _, db := range f.nodes {
+		repos = append(repos, newRepo(t, db))
+		runners = append(runners, newRunner(t, db, galeraOpts()...))
+	}
+	ctx := context.Background()
+	runCtx, stopRuns := context.WithCancel(ctx) // ends a Run that a failed RequestStop left holding
+	t.Cleanup(stopRuns)
+	done := func(context.Context) (string, error) { return "done", nil }
+	noSave := func(*gorm.DB, string) error { return nil }
+	const rounds = 12
+	for i := range rounds {
+		target := newTarget(t)
+		_, err := runners[0].Run(ctx, target, done, noSave)
+		require.NoError(t, err)
+
+		require.NoError(t, repos[0].Pause(ctx, target, "round"))
+		_, err = runners[1].Run(ctx, target, done, noSave)
+		require.ErrorIs(t, err, gormlease.ErrPaused, "round %d: Run on node 2 just after the Pause on node 1", i)
+
+		require.NoError(t, repos[0].Resume(ctx, target))
+		_, err = runners[2].Run(ctx, target, done, noSave)
+		require.NoError(t, err, "round %d: Run on node 3 just after the Resume on node 1", i)
+
+		require.NoError(t, repos[0].Pause(ctx, target, "round"))
+		require.NoError(t, repos[0].Resume(ctx, target))
+		waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err = runners[2].RunWait(waitCtx, target, done, noSave)
+		cancel()
+		require.NoError(t, err, "round %d: RunWait on node 3 after the Resume on node 1", i)
+
+		require.NoError(t, repos[0].Pause(ctx, target, "round"))
+		require.NoError(t, repos[1].Resume(ctx, target), "round %d", i)
+		row := leaseRow(t, f.check, target)
+		require.Nil(t, row.PausedAt, "round %d: the Resume on node 2 just after the Pause on node 1 left the pause", i)
+
+		started, ended := make(chan struct{}), make(chan error, 1)
+		go func() {
+			_, err := runners[0].Run(runCtx, target, func(ctx context.Context) (string, error) {
+				close(started)
+				<-ctx.Done()
+				return "", context.Cause(ctx)
+			}, noSave)
+			ended <- err
+		}()
+		<-started
+		require.NoError(t, repos[1].RequestStop(ctx, target, "round"),
+			"round %d: RequestStop on node 2 just after the acquire on node 1", i)
+		select {
+		case err := <-ended:
+			require.ErrorIs(t, err, gormlease.ErrStopRequested, "round %d", i)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: the Run on node 1 went on after the RequestStop on node 2", i)
+		}
+	}
+}
+
+// Slots released by force across nodes: a ForceRelease on node 2 sent
+// just after two slots were taken on node 1 ends both leases, and a
+// ForceReleaseSlot on node 3 just after a slot was taken on node 1 ends
+// that one, leaving the other slot's holder its lease. (Without the causal
+// read before the statement, a lagging node ends only the slots it has
+// applied, or reports ErrNoLiveLease.)
+func TestGalera_ForceReleaseSlotsAcrossNodes(t *testing.T) {
+	f := newGaleraFixture(t)
+	var repos []*gormlease.Repository
+	for _, db := range f.nodes {
+		repos = append(repos, newRepo(t, db))
+	}
+	ctx := context.Background()
+	const rounds = 20
+	for i := range rounds {
+		target := newTarget(t)
+		first, err := repos[0].AcquireSlot(ctx, target, 2, time.Minute)
+		require.NoError(t, err)
+		second, err := repos[0].AcquireSlot(ctx, target, 2, time.Minute)
+		require.NoError(t, err)
+		_, err = repos[1].ForceRelease(ctx, target)
+		require.NoError(t, err, "round %d: ForceRelease on node 2 just after the acquires on node 1", i)
+		for _, l := range []gormlease.Lease{first, second} {
+			require.NotNil(t, leaseRow(t, f.check, slotKey(target, l.Slot)).ReleasedAt,
+				"round %d: slot %d left live by the ForceRelease on node 2", i, l.Slot)
+		}
+
+		first, err = repos[0].AcquireSlot(ctx, target, 2, time.Minute)
+		require.NoError(t, err)
+		second, err = repos[0].AcquireSlot(ctx, target, 2, time.Minute)
+		require.NoError(t, err)
+		_, err = repos[2].ForceReleaseSlot(ctx, target, second.Slot)
+		require.NoError(t, err, "round %d: ForceReleaseSlot on node 3 just after the acquire on node 1", i)
+		require.ErrorIs(t, repos[0].Heartbeat(ctx, second), gormlease.ErrLeaseLost, "round %d", i)
+		require.NoError(t, repos[0].Heartbeat(ctx, first), "round %d: the other slot's holder", i)
+	}
 }

@@ -45,7 +45,7 @@ func (r *Runner[T]) startHeartbeat(workCtx context.Context, lease Lease, sent ti
 	m := &r.mon
 	interval := r.cfg.heartbeatInterval
 	s := heartbeat.Settings{Interval: interval, OperationTimeout: r.cfg.operationTimeout,
-		Report: reportKey{logger: m.log, observer: observerKey(m)}}
+		Report: r.report}
 	if m.obs != nil {
 		s.Context = func(ctx context.Context) context.Context { return withStatements(ctx, m) }
 	}
@@ -53,13 +53,16 @@ func (r *Runner[T]) startHeartbeat(workCtx context.Context, lease Lease, sent ti
 		s.Round = func(ctx context.Context, round heartbeat.Round) { m.heartbeatRound(ctx, interval, round) }
 	}
 	trust := r.cfg.trustWindow()
-	return r.beater.beats.Join(s, workCtx, lease.row(), sent, trust, func(selfFenced bool) {
-		if selfFenced {
+	return r.beater.beats.Join(s, workCtx, lease.row(), sent, trust, func(why heartbeat.Loss) {
+		switch {
+		case why.SelfFenced:
 			cancelWork(&lossCause{kind: observe.EventSelfFenced,
 				err: wrapf(ErrLeaseLost, "heartbeat %q: no heartbeat confirmed the lease for %v", lease.TargetID, trust)})
-			return
+		case why.Stop:
+			cancelWork(&stopRequestedError{target: lease.TargetID, reason: why.Reason})
+		default:
+			cancelWork(&lossCause{kind: observe.EventLeaseLost, err: wrapf(ErrLeaseLost, "heartbeat %q", lease.TargetID)})
 		}
-		cancelWork(&lossCause{kind: observe.EventLeaseLost, err: wrapf(ErrLeaseLost, "heartbeat %q", lease.TargetID)})
 	})
 }
 
@@ -89,11 +92,14 @@ func (m *monitor) heartbeatRound(ctx context.Context, interval time.Duration, ro
 	for _, h := range round.Members {
 		_, end := m.start(h.Context, observe.Span{Kind: observe.SpanHeartbeat, TargetID: h.Lease.TargetID,
 			Generation: h.Lease.Generation, Start: round.Sent})
+		e, found := round.Ended[h.Lease]
 		switch {
 		case end == nil:
 		case round.Err != nil:
 			end(round.Err)
-		case round.Lost[h.Lease]:
+		case found && e.Stop:
+			end(ErrStopRequested)
+		case found:
 			end(ErrLeaseLost)
 		default:
 			end(nil)

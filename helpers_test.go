@@ -48,7 +48,7 @@ func eachServer(t *testing.T, servers []*testdb.Server, fn func(t *testing.T, s 
 var targetSeq atomic.Int64
 
 // newTarget returns a target ID no other test uses.
-func newTarget(t *testing.T) string {
+func newTarget(t testing.TB) string {
 	return fmt.Sprintf("%s#%d-%s", t.Name(), targetSeq.Add(1), uuid.NewString()[:8])
 }
 
@@ -158,16 +158,38 @@ type runResult[T any] struct {
 	err   error
 }
 
-// goRun calls r.Run on a goroutine and sends its result.
-func goRun[T any](ctx context.Context, r *gormlease.Runner[T], target string,
+// goRun calls r.Run on a goroutine and sends its result. The Run ends
+// before t does (see endsWithTest).
+func goRun[T any](t testing.TB, ctx context.Context, r *gormlease.Runner[T], target string,
 	work func(context.Context) (T, error), save func(*gorm.DB, T) error,
 ) <-chan runResult[T] {
-	ch := make(chan runResult[T], 1)
+	ctx, cancel := context.WithCancel(ctx)
+	ch, done := make(chan runResult[T], 1), make(chan struct{})
 	go func() {
+		defer close(done)
 		v, err := r.Run(ctx, target, work, save)
 		ch <- runResult[T]{v, err}
 	}()
+	endsWithTest(t, "Run "+target, cancel, done)
 	return ch
+}
+
+// endsWithTest has the goroutine that closes done end before t does,
+// however t ends: t's cleanup cancels the goroutine's context (cancel) and
+// waits for done, so that nothing the goroutine reports to t comes after
+// t has ended, and nothing it does outlives the servers that t's earlier
+// cleanups stop. A goroutine that waits on something other than its
+// context must be let go by the test before; one still running 30 s
+// later fails t, and is left behind.
+func endsWithTest(t testing.TB, what string, cancel context.CancelFunc, done <-chan struct{}) {
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Errorf("%s still running 30s after the test ended", what)
+		}
+	})
 }
 
 // newRunner makes a Runner[string] on db, failing t on error.
@@ -197,7 +219,7 @@ func noSave(t *testing.T) func(*gorm.DB, string) error {
 
 // acquireNew acquires, on repo, a lease on a target no other test uses,
 // failing t on error.
-func acquireNew(t *testing.T, repo *gormlease.Repository, timeout time.Duration) (string, gormlease.Lease) {
+func acquireNew(t testing.TB, repo *gormlease.Repository, timeout time.Duration) (string, gormlease.Lease) {
 	t.Helper()
 	target := newTarget(t)
 	l, err := repo.Acquire(context.Background(), target, timeout)

@@ -19,7 +19,9 @@ const (
 	// before the timeout_ms column existed has no timeout, and counts as
 	// expired since its last heartbeat.
 	StateExpired LeaseState = "expired"
-	// StateReleased is a lease released by its holder, or by force.
+	// StateReleased is a lease released by its holder, or by force; or
+	// one whose holder ended its work and kept the target for a minimum
+	// hold (WithMinHold, Repository.Hold) that has passed since.
 	StateReleased LeaseState = "released"
 )
 
@@ -39,8 +41,8 @@ type ListOptions struct {
 	Prefix string
 	// State keeps the rows in this state; "" keeps all.
 	State LeaseState
-	// After is the last target ID of the previous page: List returns the
-	// rows after it, in the order of the target IDs. "" starts at the
+	// After is the Key of the last row of the previous page: List returns
+	// the rows after it, in the order of their keys. "" starts at the
 	// first.
 	After string
 	// Limit is the most rows returned, up to 10,000; 0 means 100.
@@ -51,12 +53,16 @@ type ListOptions struct {
 // the database's clock.
 type LeaseInfo struct {
 	JobLease
-	// Target is the target that the row leases: TargetID, or for the row
-	// of a slot of a semaphore (WithSlots), the semaphore's target, whose
-	// holders are its slot rows. A slot row's own TargetID is its key, the
+	// TargetID is the target that the row leases, as the caller of Run,
+	// Acquire or Get names it; for the row of a slot of a semaphore
+	// (WithSlots), the semaphore's target. It hides the embedded
+	// JobLease.TargetID, which is the row's Key.
+	TargetID string
+	// Key is the row's primary key: TargetID, or for the row of a slot the
 	// target ID, the byte 0x1f and the slot's number, which sorts right
-	// after the target's: List with the target as Prefix lists its slots.
-	Target string
+	// after the target's (List with the target as Prefix lists its slots).
+	// Give the last row's Key as ListOptions.After to read the next page.
+	Key string
 	// Slot is the slot of the row's semaphore, from 1; 0 for an ordinary
 	// lease row.
 	Slot int
@@ -68,9 +74,28 @@ type LeaseInfo struct {
 	// does not record it (see JobLease.TimeoutMS).
 	Timeout time.Duration
 	// ExpiresIn is, for a row not released, Timeout - Age: how long the
-	// lease lives without another heartbeat, negative once it has expired.
-	// It is 0 for a released row.
+	// lease lives without another heartbeat, negative once it has expired;
+	// under a minimum hold, how long the hold lasts. It is 0 for a released
+	// row, including one whose minimum hold has passed.
 	ExpiresIn time.Duration
+	// MinHold reports that the holder has ended its work and the row is
+	// held, unrenewed, for the rest of its minimum hold (WithMinHold,
+	// Repository.Hold): State is StateLive until ExpiresIn, and
+	// StateReleased after it, never StateExpired.
+	MinHold bool
+	// Paused reports that the target is paused (Repository.Pause): no
+	// acquisition takes the row until Resume. State still says whether a
+	// lease is held: one held when Pause was called runs to its end.
+	// PauseReason is the reason that Pause recorded; it hides the
+	// embedded JobLease.PauseReason, as StopReason hides
+	// JobLease.StopReason.
+	Paused      bool
+	PauseReason string
+	// StopRequested reports that an operator asked the row's current
+	// holder to stop (Repository.RequestStop), and the holder has not
+	// released the lease yet; StopReason is the request's reason.
+	StopRequested bool
+	StopReason    string
 }
 
 // check returns an error wrapping ErrInvalidArgument when o cannot be
@@ -121,9 +146,9 @@ func (r *Repository) List(ctx context.Context, o ListOptions) ([]LeaseInfo, erro
 	out := make([]LeaseInfo, len(rows))
 	for i, row := range rows {
 		out[i].JobLease = JobLease(row.Row)
-		out[i].Target = row.Row.TargetID
+		out[i].TargetID, out[i].Key = row.Row.TargetID, row.Row.TargetID
 		if target, slot, ok := backend.ParseSlotKey(row.Row.TargetID); ok {
-			out[i].Target, out[i].Slot = target, slot
+			out[i].TargetID, out[i].Slot = target, slot
 		}
 		out[i].fill(LeaseState(row.State), row.Age)
 	}
@@ -136,7 +161,21 @@ func (li *LeaseInfo) fill(state LeaseState, age time.Duration) {
 	if li.TimeoutMS != nil {
 		li.Timeout = time.Duration(*li.TimeoutMS) * time.Millisecond
 	}
-	if li.ReleasedAt == nil {
+	held := li.ReleasedAt == nil && li.HoldGeneration != nil && *li.HoldGeneration == li.Generation
+	switch {
+	case state == StateReleased:
+	case li.ReleasedAt == nil:
 		li.ExpiresIn = li.Timeout - age
+	}
+	li.MinHold = held && state == StateLive
+	li.Paused = li.PausedAt != nil
+	if li.JobLease.PauseReason != nil {
+		li.PauseReason = *li.JobLease.PauseReason
+	}
+	if li.ReleasedAt == nil && li.StopGeneration != nil && *li.StopGeneration == li.Generation {
+		li.StopRequested = true
+		if li.JobLease.StopReason != nil {
+			li.StopReason = *li.JobLease.StopReason
+		}
 	}
 }

@@ -45,6 +45,7 @@ func TestList_StatesPrefixAndPages(t *testing.T) {
 		byTarget := map[string]gormlease.LeaseInfo{}
 		for _, li := range all {
 			byTarget[li.TargetID] = li
+			assert.Equal(t, li.TargetID, li.Key, "an ordinary row's key is its target")
 		}
 		assert.Equal(t, []string{live, expired, released}, []string{all[0].TargetID, all[1].TargetID, all[2].TargetID})
 		if li := byTarget[live]; assert.Equal(t, gormlease.StateLive, li.State) {

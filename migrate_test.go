@@ -66,9 +66,9 @@ var previousDDL = map[string][]string{
 // addedColumns are the lease table's columns that the upgrade adds, by
 // database.
 var addedColumns = map[string][]string{
-	"postgres": {"saved_generation", "saved_at", "failure", "waiting", "slots"},
-	"mysql":    {"saved_generation", "saved_at", "failure", "slots"},
-	"sqlite":   {"saved_generation", "saved_at", "failure", "slots"},
+	"postgres": {"saved_generation", "saved_at", "failure", "waiting", "slots", "hold_generation", "paused_at", "stop_generation"},
+	"mysql":    {"saved_generation", "saved_at", "failure", "slots", "hold_generation", "paused_at", "stop_generation"},
+	"sqlite":   {"saved_generation", "saved_at", "failure", "slots", "hold_generation", "paused_at", "stop_generation"},
 }
 
 // heldTarget and releasedTarget are the targets of the rows that
@@ -176,13 +176,13 @@ func checkUpgraded(t *testing.T, s *testdb.Server, db *gorm.DB, leases []oldLeas
 	// A waiter on the upgraded table gets the holder's result.
 	fresh := newTarget(t)
 	started, release := make(chan struct{}), make(chan struct{})
-	holder := goDo(context.Background(), r, fresh, func(context.Context) (string, error) {
+	holder := goDo(t, context.Background(), r, fresh, func(context.Context) (string, error) {
 		close(started)
 		<-release
 		return "fresh report", nil
 	})
 	recv(t, started, 20*time.Second, "the holder's work to start")
-	waiter := goDo(context.Background(), newRunner(t, db, opts...), fresh, work)
+	waiter := goDo(t, context.Background(), newRunner(t, db, opts...), fresh, work)
 	waitWatched(t, fresh)
 	close(release)
 	for _, ch := range []<-chan doResult{holder, waiter} {

@@ -67,6 +67,29 @@ type JobLease struct {
 	// written since AutoMigrate added the column; such a row counts as
 	// expired since UpdatedAt (see Repository.List).
 	TimeoutMS *int64 `gorm:"column:timeout_ms"`
+	// HoldGeneration is the generation whose holder ended its work and
+	// left the row held, unrenewed, for the rest of its minimum hold
+	// (WithMinHold, Repository.Hold), or nil. While it equals Generation
+	// and the row is not released, the row is held by that hold alone, and
+	// List reads it as released once the hold has passed (UpdatedAt plus
+	// the TimeoutMS that Hold recorded). A later acquisition raises the
+	// generation, which ends its meaning without a write.
+	HoldGeneration *int64 `gorm:"column:hold_generation"`
+	// PausedAt is the database time at which an operator paused the
+	// target (Repository.Pause), or nil when it is not paused. While it is
+	// set, no acquisition takes the row: Run and Acquire are refused with
+	// ErrPaused, and RunWait, Do and Elector.Lead wait. Resume clears it.
+	PausedAt *time.Time `gorm:"column:paused_at"`
+	// PauseReason is the reason that Pause recorded, or nil.
+	PauseReason *string `gorm:"column:pause_reason"`
+	// StopGeneration is the generation whose holder an operator asked to
+	// stop (Repository.RequestStop), or nil. The request applies while it
+	// equals Generation and the row is not released: the holder's next
+	// heartbeat finds it, and the holder stops. A later acquisition raises
+	// the generation, which ends the request without a write.
+	StopGeneration *int64 `gorm:"column:stop_generation"`
+	// StopReason is the reason that RequestStop recorded, or nil.
+	StopReason *string `gorm:"column:stop_reason"`
 }
 
 // TableName returns "job_lease".
@@ -89,8 +112,13 @@ type JobResult struct {
 // TableName returns "job_result".
 func (JobResult) TableName() string { return "job_result" }
 
-// AutoMigrate creates the job_lease and job_result tables, and does nothing
-// for a table that exists; ctx bounds the whole migration. It runs the
+// AutoMigrate creates the tables gormlease needs, or brings them up to
+// date: the lease table (job_lease), its one-row generation floor, named
+// after it with "_floor" (job_lease_floor, which Prune raises; see
+// docs/design.md), and the result table (job_result). A table that exists
+// keeps its rows: AutoMigrate only adds the columns that later versions of
+// gormlease use and that it lacks (it never drops or changes one), and the
+// floor's row when missing. ctx bounds the whole migration. It runs the
 // database's own DDL (the same as in docs/schema.sql, or
 // docs/schema-mysql.sql) rather than gorm's AutoMigrate, so that the columns
 // get the types the lease statements rely on. It is safe to call from
@@ -118,7 +146,7 @@ func AutoMigrate(ctx context.Context, db *gorm.DB, opts ...TableOption) error {
 	if err := checkSettings(ctx, b, db.WithContext(ctx)); err != nil {
 		return err
 	}
-	if err := b.Migrate(ctx, db.WithContext(ctx)); err != nil {
+	if err := b.Migrate(ctx, backend.Quiet(db.WithContext(ctx))); err != nil {
 		var bad *backend.SettingsError
 		if errors.As(err, &bad) {
 			return invalidf("%s", bad.Problem)

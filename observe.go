@@ -26,7 +26,8 @@ func lossName(kind observe.EventKind) string {
 // slowHeartbeatFraction defines a slow heartbeat: one whose statement took
 // longer than the heartbeat interval divided by it (half the interval). A
 // heartbeat that slow leaves the lease less time before self-fencing than
-// the settings meant; it is logged at Warn.
+// the settings meant; it is logged at Warn, and so is any other lease
+// statement that slow.
 const slowHeartbeatFraction = 2
 
 // monitor is what a Runner tells of itself, and to whom: its logger (nil
@@ -37,6 +38,7 @@ type monitor struct {
 	obs    observe.Observer
 	holder string
 	table  string
+	slow   time.Duration // a lease statement that took longer is logged at Warn
 }
 
 // logs reports whether m logs at level.
@@ -80,25 +82,56 @@ func (m *monitor) start(ctx context.Context, s observe.Span) (context.Context, f
 }
 
 // withStatements returns ctx, whose lease statements are reported to m's
-// observer; with a nil m, to none (a Run without an observer inside the
-// work of a Run with one).
+// logger and observer; with a nil m, or one with neither, to none (a Run
+// without them inside the work of a Run with them).
 func withStatements(ctx context.Context, m *monitor) context.Context {
-	if m == nil || m.obs == nil {
+	if m == nil || (m.obs == nil && m.log == nil) {
+		if !backend.HasStatementHook(ctx) {
+			return ctx
+		}
 		return backend.WithStatementHook(ctx, nil)
 	}
 	return backend.WithStatementHook(ctx, m.startStatement)
 }
 
-// statementsObserved reports whether ctx's statements are reported to an
-// observer.
-func statementsObserved(ctx context.Context) bool { return backend.HasStatementHook(ctx) }
-
-// startStatement starts query's span, on the database dialector names.
+// startStatement starts query's span, on the database dialector names; its
+// end logs the statement when it was slow or failed (see statementEnded).
 func (m *monitor) startStatement(ctx context.Context, dialector, query string) (context.Context, func(error)) {
-	return m.start(ctx, observe.Span{
+	ctx, end := m.start(ctx, observe.Span{
 		Kind: observe.SpanStatement, Operation: sqlOperation(query), Query: query,
 		System: dbSystem(dialector), Table: m.table,
 	})
+	if !m.logs(ctx, slog.LevelWarn) {
+		return ctx, end
+	}
+	begin := time.Now()
+	return ctx, func(err error) {
+		m.statementEnded(ctx, query, time.Since(begin), err)
+		if end != nil {
+			end(err)
+		}
+	}
+}
+
+// statementEnded logs a lease statement, query, that ran for d and ended
+// with err, on ctx: at Warn when it took longer than m.slow, and at Debug
+// when it failed other than as a normal outcome (the step that sent it logs
+// what the failure meant). These are what gorm's logger is not told of the
+// library's statements (see backend.QuietLogger).
+func (m *monitor) statementEnded(ctx context.Context, query string, d time.Duration, err error) {
+	failed := err != nil && !backend.ExpectedFailure(ctx, err)
+	attrs := []slog.Attr{slog.String("operation", sqlOperation(query)), slog.String("sql", query),
+		slog.Duration("duration", d)}
+	if failed {
+		attrs = append(attrs, slog.Any("error", err))
+	}
+	switch {
+	case m.slow > 0 && d > m.slow:
+		m.log.LogAttrs(ctx, slog.LevelWarn, "gormlease: slow lease statement",
+			append(attrs, slog.Duration("threshold", m.slow))...)
+	case failed && m.logs(ctx, slog.LevelDebug):
+		m.log.LogAttrs(ctx, slog.LevelDebug, "gormlease: lease statement failed", attrs...)
+	}
 }
 
 // sqlOperation returns the first keyword of query, in upper case.
@@ -144,17 +177,20 @@ func lossKind(err error) observe.EventKind {
 	return 0
 }
 
-// acquired reports the acquire that began at sent: its log line, event and
+// acquired reports the acquire that began at began: its log line, event and
 // span.
-func (r *Runner[T]) acquired(ctx context.Context, targetID string, lease Lease, sent time.Time,
+func (r *Runner[T]) acquired(ctx context.Context, targetID string, lease Lease, began time.Time,
 	err error, end func(error),
 ) {
 	m := &r.mon
 	if m.obs == nil && m.log == nil {
 		return
 	}
-	d := time.Since(sent)
+	d := time.Since(began)
 	switch {
+	case errors.Is(err, ErrPaused):
+		m.logLease(ctx, slog.LevelDebug, "gormlease: target paused, not acquired", Lease{TargetID: targetID},
+			slog.Duration("duration", d), slog.Any("reason", err))
 	case errors.Is(err, ErrLeaseHeld):
 		m.logLease(ctx, slog.LevelDebug, "gormlease: lease held by another holder", Lease{TargetID: targetID},
 			slog.Duration("duration", d))
@@ -168,9 +204,6 @@ func (r *Runner[T]) acquired(ctx context.Context, targetID string, lease Lease, 
 		end(err)
 	}
 	m.record(ctx, observe.Event{Kind: observe.EventAcquire, TargetID: targetID, Generation: lease.Generation, Duration: d, Err: err})
-	if err == nil {
-		m.record(ctx, observe.Event{Kind: observe.EventLeaseStart, TargetID: targetID, Generation: lease.Generation})
-	}
 }
 
 // leaseEnded reports that the Run no longer holds lease, acquired at sent.
@@ -180,6 +213,17 @@ func (r *Runner[T]) leaseEnded(ctx context.Context, lease Lease, sent time.Time)
 	}
 	r.mon.record(ctx, observe.Event{Kind: observe.EventLeaseEnd, TargetID: lease.TargetID, Generation: lease.Generation,
 		Duration: time.Since(sent)})
+}
+
+// stopped reports a Run of lease, acquired at sent, whose work was
+// cancelled because an operator asked the holder to stop, with cause: an
+// Info line (the library did as asked) and an EventStopRequested.
+func (r *Runner[T]) stopped(ctx context.Context, lease Lease, sent time.Time, cause error) {
+	held := time.Since(sent)
+	r.mon.logLease(ctx, slog.LevelInfo, "gormlease: an operator asked the holder to stop; work cancelled, nothing saved", lease,
+		slog.Duration("held", held), slog.Any("reason", cause))
+	r.mon.record(ctx, observe.Event{Kind: observe.EventStopRequested, TargetID: lease.TargetID, Generation: lease.Generation,
+		Duration: held, Err: cause})
 }
 
 // lost reports the loss of lease, acquired at sent, with cause.

@@ -14,17 +14,22 @@ import (
 
 const (
 	// DefaultHeartbeatInterval is how often a Runner renews its lease while
-	// the work runs. WithHeartbeatInterval overrides it.
+	// the work runs, when neither WithHeartbeatInterval nor WithLeaseTimeout
+	// is given. With WithLeaseTimeout alone, the interval is a quarter of
+	// that timeout instead.
 	DefaultHeartbeatInterval = 30 * time.Second
 
-	// DefaultLeaseTimeout is how long a lease stays live without a heartbeat;
-	// after that another Run may take the target over. WithLeaseTimeout
-	// overrides it.
+	// DefaultLeaseTimeout is how long a lease stays live without a heartbeat,
+	// when neither WithLeaseTimeout nor WithHeartbeatInterval is given;
+	// after that another Run may take the target over. With
+	// WithHeartbeatInterval alone, the timeout is four times that interval
+	// instead.
 	DefaultLeaseTimeout = 2 * time.Minute
 
 	// DefaultOperationTimeout bounds each database call that a Runner makes
 	// for the lease: the acquire, each heartbeat, the fenced commit with the
-	// saver inside it, and the release. WithOperationTimeout overrides it.
+	// saver inside it, and the release. WithOperationTimeout overrides it;
+	// without it, a lease timeout shorter than this is the bound instead.
 	DefaultOperationTimeout = 10 * time.Second
 
 	// MaxSlots is the largest count that WithSlots and
@@ -34,14 +39,20 @@ const (
 	// defaultSafetyMarginDivisor sets the default safety margin to the lease
 	// timeout divided by this number (12 s for the default 2 min timeout).
 	defaultSafetyMarginDivisor = 10
+
+	// defaultTimeoutPerInterval is the ratio of the default lease timeout
+	// to the default heartbeat interval: when only one of the two is
+	// given, the other is derived from it at this ratio.
+	defaultTimeoutPerInterval = DefaultLeaseTimeout / DefaultHeartbeatInterval
 )
 
 // An Option configures a Runner: NewRunner takes every option of this
-// package but those of Repository.Prune (see PruneOption). Options are validated together by
-// NewRunner, which names the option at fault.
+// package. Options are validated together by NewRunner, which names the
+// option at fault.
 //
 // Some options are also of a narrower type, for the functions that can use
-// them: WithHolder and WithTableNames are RepositoryOptions, which
+// them: WithHolder, WithTableNames and WithStatementAttempts are
+// RepositoryOptions, which
 // NewRepository takes, and WithTableNames is a TableOption, which
 // AutoMigrate and LoadJSON take. Passing an option to a function that
 // cannot use it does not compile.
@@ -50,7 +61,7 @@ type Option interface {
 }
 
 // A RepositoryOption configures a Repository: NewRepository takes
-// WithHolder and WithTableNames. Every RepositoryOption is an Option too,
+// WithHolder, WithTableNames and WithStatementAttempts. Every RepositoryOption is an Option too,
 // so NewRunner takes the same values.
 type RepositoryOption interface {
 	Option
@@ -94,17 +105,25 @@ func options[O Option](opts []O) []Option {
 
 // WithHeartbeatInterval sets how often the Runner renews the lease while the
 // work runs. It must be greater than zero, and the lease timeout must be at
-// least twice as long. The default is DefaultHeartbeatInterval.
+// least twice as long. Given without WithLeaseTimeout, it sets the lease
+// timeout too, to four times d (the ratio of the defaults), so that one
+// option is enough. The default is DefaultHeartbeatInterval, or a quarter
+// of the lease timeout when only WithLeaseTimeout is given.
 func WithHeartbeatInterval(d time.Duration) Option {
-	return option(func(c *config) { c.heartbeatInterval = d })
+	return option(func(c *config) { c.heartbeatInterval = d; c.heartbeatIntervalSet = true })
 }
 
 // WithLeaseTimeout sets how long a lease stays live without a heartbeat,
 // judged on the database's clock. A Run that finds the last heartbeat older
 // than this takes the target over. It must be at least twice the heartbeat
-// interval. The default is DefaultLeaseTimeout.
+// interval. Given without WithHeartbeatInterval, it sets the interval too,
+// to a quarter of d (the ratio of the defaults): WithLeaseTimeout(10 *
+// time.Second) alone renews every 2.5 s. The default is DefaultLeaseTimeout,
+// or four times the heartbeat interval when only WithHeartbeatInterval is
+// given. The defaults of the safety margin, the operation timeout and the
+// reconnect window follow the lease timeout (see those options).
 func WithLeaseTimeout(d time.Duration) Option {
-	return option(func(c *config) { c.leaseTimeout = d })
+	return option(func(c *config) { c.leaseTimeout = d; c.leaseTimeoutSet = true })
 }
 
 // WithSafetyMargin sets how long before the lease timeout the Runner stops
@@ -138,22 +157,29 @@ func WithClockSkew(d time.Duration) Option {
 // self-fencing deadline), each fenced commit with the saver inside it, and
 // the release. While the database cannot be reached, Run tries the acquire
 // and the fenced commit again within WithReconnectWindow, which defaults to
-// it. It must be greater than zero. The default is
-// DefaultOperationTimeout.
+// it. A saver that runs past it finds its context done and its transaction
+// rolled back, and Run commits again as after a failover (see Runner.Run).
+// It must be greater than zero. The default is DefaultOperationTimeout, or
+// the lease timeout when that is shorter: a Runner with a 1 s lease bounds
+// each call by 1 s.
 func WithOperationTimeout(d time.Duration) Option {
-	return option(func(c *config) { c.operationTimeout = d })
+	return option(func(c *config) { c.operationTimeout = d; c.operationTimeoutSet = true })
 }
 
-// WithReconnectWindow bounds how long a Run keeps trying while the
-// database cannot be reached (a failover, a switchover, a restart): the
-// acquire is tried again, each attempt within the operation timeout, until
-// d has passed since the Run began; a fenced commit whose transaction the
-// server ended before its COMMIT, or whose COMMIT got no answer, is
-// settled and committed again until d has passed since the commit began.
-// Set it to the longest failover that Runs should ride through without an
-// error; the lease timeout should outlast it too, so that the leases of
-// the Runs at work survive it. It must be > 0 and at most the lease
-// timeout. The default is the operation timeout.
+// WithReconnectWindow bounds how long a Run keeps trying while the database
+// cannot be reached (a failover, a switchover, a restart): the acquire (of a
+// slot too, with WithSlots) is tried again, each attempt within the
+// operation timeout, until d has passed since the Run began; a fenced commit
+// whose transaction ended before its COMMIT (the server ended it, or the
+// saver ran past the operation timeout), or whose COMMIT got no answer, is
+// settled and committed again until d has passed since the commit failed,
+// however long the saver ran before that. Only errors that say that the
+// database cannot be reached are tried again: any other error returns at
+// once. Set it to the longest failover that Runs should ride through
+// without an error; the lease timeout should outlast it too, so that the
+// leases of the Runs at work survive it. It must be > 0 and at most the
+// lease timeout. The default is the operation timeout, which itself
+// defaults to no more than the lease timeout.
 func WithReconnectWindow(d time.Duration) Option {
 	return option(func(c *config) { c.reconnectWindow = d; c.reconnectWindowSet = true })
 }
@@ -196,8 +222,11 @@ func WithReuseFor(d time.Duration) Option {
 // protected the caller (a lease lost to a takeover, self-fencing, work
 // cancelled past WithMaxHold, a heartbeat that failed or took more than half
 // the heartbeat interval); Error where a person must look (a commit whose
-// outcome is unknown, a release that failed). The default, like a nil
-// logger, logs nothing; gorm's logger still shows the lease's statements.
+// outcome is unknown, a release that failed). It also gets what gorm's
+// logger is not told of the lease's own statements, which gorm's logger
+// writes only at logger.Info and never as slow nor as errors: a statement
+// that took more than half the heartbeat interval, at Warn, and one that
+// failed, at Debug. The default, like a nil logger, logs nothing.
 func WithLogger(logger *slog.Logger) Option {
 	return option(func(c *config) { c.logger = logger })
 }
@@ -229,7 +258,10 @@ func WithMaxHold(d time.Duration) Option {
 // later is refused rather than running the job again. It is ShedLock's
 // lockAtLeastFor. The hold applies after a failed work too: the target
 // stays held for the rest of d either way, and nothing is saved for a work
-// that failed. Run and RunWait honour it; Do refuses a Runner that has it
+// that failed. The row records the hold: Repository.List (and the
+// gormlease command) shows it as a minimum hold while it lasts
+// (LeaseInfo.MinHold), and as released, not expired, once it has passed.
+// Run and RunWait honour it; Do refuses a Runner that has it
 // (its waiters wait for a released or saved generation, which a held one
 // is not). It must be greater than zero. By default the lease is released
 // as soon as the work and its save end.
@@ -241,7 +273,8 @@ func WithMinHold(d time.Duration) Option {
 // n Runs (of any process) hold the target at once, each under a lease of
 // its own, with its own token, generation (Lease.Slot says which slot),
 // heartbeat and fenced save. Run returns ErrLeaseHeld only when all n
-// slots are held; RunWait waits for a free slot; Do refuses a Runner with
+// slots are held, with a *HeldError that describes the slot that frees
+// first; RunWait waits for a free slot; Do refuses a Runner with
 // slots (ErrInvalidArgument), since one shared result among n holders
 // means nothing. n must be between 1 and MaxSlots; 1, the default, is an
 // ordinary lease.
@@ -257,29 +290,56 @@ func WithSlots(n int) Option {
 	return option(func(c *config) { c.slots = n; c.slotsSet = true })
 }
 
+// DefaultStatementAttempts is how often a statement of the lease that fails
+// with a serialization failure or a deadlock is tried in all, unless
+// WithStatementAttempts says otherwise.
+const DefaultStatementAttempts = backend.StatementAttempts
+
+// MaxStatementAttempts bounds WithStatementAttempts.
+const MaxStatementAttempts = 100
+
+// WithStatementAttempts sets how often a statement of the lease (an
+// acquire, a heartbeat, a release, the making of slot rows) is tried in
+// all when it fails with a serialization failure or a deadlock: a session
+// default of REPEATABLE READ or SERIALIZABLE on PostgreSQL, InnoDB's
+// deadlock detection, a Galera certification conflict. Each failure rolls
+// the statement back, having changed nothing; after the last, the step
+// reports what the row says (an acquire is refused with ErrLeaseHeld; a
+// heartbeat whose row still holds the lease returns an error that wraps
+// the failure: not renewed, nor lost). n must be between 1 and
+// MaxStatementAttempts; the default is DefaultStatementAttempts. It is a
+// RepositoryOption.
+func WithStatementAttempts(n int) RepositoryOption {
+	return repositoryOption(func(c *config) { c.attempts = n })
+}
+
 // config holds a Runner's settings after validation.
 type config struct {
-	heartbeatInterval  time.Duration
-	leaseTimeout       time.Duration
-	safetyMargin       time.Duration
-	safetyMarginSet    bool
-	clockSkew          time.Duration
-	operationTimeout   time.Duration
-	reconnectWindow    time.Duration
-	reconnectWindowSet bool
-	holder             string
-	heartbeatDB        *gorm.DB
-	heartbeatDBSet     bool
-	tables             tableNames
-	reuseFor           time.Duration
-	logger             *slog.Logger
-	observer           observe.Observer
-	maxHold            time.Duration
-	maxHoldSet         bool
-	minHold            time.Duration
-	minHoldSet         bool
-	slots              int
-	slotsSet           bool
+	heartbeatInterval    time.Duration
+	heartbeatIntervalSet bool
+	leaseTimeout         time.Duration
+	leaseTimeoutSet      bool
+	safetyMargin         time.Duration
+	safetyMarginSet      bool
+	clockSkew            time.Duration
+	operationTimeout     time.Duration
+	operationTimeoutSet  bool
+	reconnectWindow      time.Duration
+	reconnectWindowSet   bool
+	holder               string
+	heartbeatDB          *gorm.DB
+	heartbeatDBSet       bool
+	tables               tableNames
+	reuseFor             time.Duration
+	logger               *slog.Logger
+	observer             observe.Observer
+	maxHold              time.Duration
+	maxHoldSet           bool
+	minHold              time.Duration
+	minHoldSet           bool
+	slots                int
+	slotsSet             bool
+	attempts             int
 }
 
 // newConfig applies opts over the defaults and validates the result.
@@ -290,6 +350,7 @@ func newConfig(opts []Option) (config, error) {
 		operationTimeout:  DefaultOperationTimeout,
 		holder:            defaultHolder(),
 		tables:            defaultTables,
+		attempts:          DefaultStatementAttempts,
 	}
 	for i, o := range opts {
 		if o == nil {
@@ -297,18 +358,42 @@ func newConfig(opts []Option) (config, error) {
 		}
 		o.apply(&c)
 	}
+	c.deriveDefaults()
+	return c, c.validate()
+}
+
+// deriveDefaults fills in the timings not given from those given, so that
+// one timing option is always enough: the heartbeat interval and the lease
+// timeout from each other, at the ratio of their defaults; the safety
+// margin from the lease timeout; and the operation timeout, and with it
+// the reconnect window, never longer than the lease timeout. A value given
+// is never changed, so that validate judges the settings as given; a value
+// that cannot be derived from (one not > 0) is left to validate, which
+// names the option given.
+func (c *config) deriveDefaults() {
+	switch {
+	case c.leaseTimeoutSet && !c.heartbeatIntervalSet && c.leaseTimeout > 0:
+		c.heartbeatInterval = c.leaseTimeout / defaultTimeoutPerInterval
+	case c.heartbeatIntervalSet && !c.leaseTimeoutSet && c.heartbeatInterval > 0:
+		c.leaseTimeout = c.heartbeatInterval * defaultTimeoutPerInterval
+	}
 	if !c.safetyMarginSet {
 		c.safetyMargin = c.leaseTimeout / defaultSafetyMarginDivisor
 	}
-	return c, c.validate()
+	if !c.operationTimeoutSet && c.leaseTimeout > 0 {
+		c.operationTimeout = min(c.operationTimeout, c.leaseTimeout)
+	}
 }
 
 func (c config) validate() error {
 	switch {
-	case c.heartbeatInterval <= 0:
-		return invalidf("WithHeartbeatInterval: interval must be > 0, got %v", c.heartbeatInterval)
 	case c.leaseTimeout <= 0:
 		return invalidf("WithLeaseTimeout: timeout must be > 0, got %v", c.leaseTimeout)
+	case c.heartbeatInterval <= 0 && !c.heartbeatIntervalSet:
+		return invalidf("WithLeaseTimeout: timeout %v is too short to derive a heartbeat interval from; give WithHeartbeatInterval too",
+			c.leaseTimeout)
+	case c.heartbeatInterval <= 0:
+		return invalidf("WithHeartbeatInterval: interval must be > 0, got %v", c.heartbeatInterval)
 	case c.leaseTimeout < 2*c.heartbeatInterval:
 		return invalidf("WithLeaseTimeout: timeout %v must be at least twice the heartbeat interval %v",
 			c.leaseTimeout, c.heartbeatInterval)
@@ -337,6 +422,8 @@ func (c config) validate() error {
 		return invalidf("WithMinHold: min hold must be > 0, got %v", c.minHold)
 	case c.slotsSet && (c.slots < 1 || c.slots > MaxSlots):
 		return invalidf("WithSlots: n must be between 1 and %d, got %d", MaxSlots, c.slots)
+	case c.attempts < 1 || c.attempts > MaxStatementAttempts:
+		return invalidf("WithStatementAttempts: n must be between 1 and %d, got %d", MaxStatementAttempts, c.attempts)
 	}
 	if c.heartbeatDBSet && c.heartbeatDB == nil {
 		return invalidf("WithHeartbeatDB: db is nil")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
@@ -49,6 +50,10 @@ func TestNewRunner_RejectsBadOptions(t *testing.T) {
 		{"EmptyHolder", []gormlease.Option{gormlease.WithHolder("")}, "WithHolder: holder is empty"},
 		{"LongHolder", []gormlease.Option{gormlease.WithHolder(strings.Repeat("h", 300))}, "300 bytes long"},
 		{"NilOption", []gormlease.Option{nil}, "option 0 is nil"},
+		{"ZeroStatementAttempts", []gormlease.Option{gormlease.WithStatementAttempts(0)},
+			"WithStatementAttempts: n must be between 1 and 100, got 0"},
+		{"TooManyStatementAttempts", []gormlease.Option{gormlease.WithStatementAttempts(101)},
+			"WithStatementAttempts: n must be between 1 and 100, got 101"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -136,4 +141,109 @@ func main() {
 			assert.Contains(t, out, tc.want)
 		})
 	}
+}
+
+// One timing option is enough: the lease timeout alone sets the heartbeat
+// interval to a quarter of it, the interval alone the timeout to four
+// times it, and the safety margin, operation timeout and reconnect window
+// follow the lease timeout. Both given and inconsistent are still refused,
+// naming the option.
+func TestNewRunner_OneTimingOptionIsEnough(t *testing.T) {
+	t.Parallel()
+	db := testdb.SQLite(t).DB(t)
+	type timings = gormlease.Timings
+	cases := []struct {
+		name string
+		opts []gormlease.Option
+		want timings
+	}{
+		{"Defaults", nil, timings{30 * time.Second, 2 * time.Minute, 12 * time.Second, 10 * time.Second, 10 * time.Second}},
+		{"TimeoutAlone", []gormlease.Option{gormlease.WithLeaseTimeout(10 * time.Second)},
+			timings{2500 * time.Millisecond, 10 * time.Second, time.Second, 10 * time.Second, 10 * time.Second}},
+		{"ShortTimeoutAlone", []gormlease.Option{gormlease.WithLeaseTimeout(time.Second)},
+			timings{250 * time.Millisecond, time.Second, 100 * time.Millisecond, time.Second, time.Second}},
+		{"IntervalAlone", []gormlease.Option{gormlease.WithHeartbeatInterval(time.Second)},
+			timings{time.Second, 4 * time.Second, 400 * time.Millisecond, 4 * time.Second, 4 * time.Second}},
+		{"LongIntervalAlone", []gormlease.Option{gormlease.WithHeartbeatInterval(time.Minute)},
+			timings{time.Minute, 4 * time.Minute, 24 * time.Second, 10 * time.Second, 10 * time.Second}},
+		{"OperationTimeoutAlone", []gormlease.Option{gormlease.WithOperationTimeout(5 * time.Minute)},
+			timings{30 * time.Second, 2 * time.Minute, 12 * time.Second, 5 * time.Minute, 5 * time.Minute}},
+		{"OperationTimeoutGivenWithShortLease", []gormlease.Option{
+			gormlease.WithLeaseTimeout(time.Second), gormlease.WithOperationTimeout(3 * time.Second)},
+			timings{250 * time.Millisecond, time.Second, 100 * time.Millisecond, 3 * time.Second, 3 * time.Second}},
+		{"SafetyMarginAlone", []gormlease.Option{gormlease.WithSafetyMargin(time.Minute)},
+			timings{30 * time.Second, 2 * time.Minute, time.Minute, 10 * time.Second, 10 * time.Second}},
+		{"ReconnectWindowWithTimeout", []gormlease.Option{
+			gormlease.WithLeaseTimeout(5 * time.Second), gormlease.WithReconnectWindow(5 * time.Second)},
+			timings{1250 * time.Millisecond, 5 * time.Second, 500 * time.Millisecond, 5 * time.Second, 5 * time.Second}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := gormlease.NewRunner[string](db, tc.opts...)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, gormlease.RunnerTimings(r))
+			e, err := gormlease.NewElector(db, "role", tc.opts...)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, gormlease.ElectorTimings(e))
+		})
+	}
+
+	refused := []struct {
+		name string
+		opts []gormlease.Option
+		want string
+	}{
+		{"BothInconsistent", []gormlease.Option{
+			gormlease.WithLeaseTimeout(10 * time.Second), gormlease.WithHeartbeatInterval(30 * time.Second)},
+			"WithLeaseTimeout: timeout 10s must be at least twice the heartbeat interval 30s"},
+		{"TimeoutTooShortToDerive", []gormlease.Option{gormlease.WithLeaseTimeout(3)},
+			"WithLeaseTimeout: timeout 3ns is too short to derive a heartbeat interval from"},
+		{"MarginPastDerivedTimeout", []gormlease.Option{
+			gormlease.WithHeartbeatInterval(time.Second), gormlease.WithSafetyMargin(3 * time.Second)},
+			"WithSafetyMargin: heartbeat interval 1s + margin 3s must be less than the lease timeout 4s"},
+		{"ReconnectWindowPastDerivedTimeout", []gormlease.Option{
+			gormlease.WithHeartbeatInterval(time.Second), gormlease.WithReconnectWindow(5 * time.Second)},
+			"WithReconnectWindow: window 5s must be at most the lease timeout 4s"},
+	}
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := gormlease.NewRunner[string](db, tc.opts...)
+			require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+			assert.Contains(t, err.Error(), tc.want)
+			_, err = gormlease.NewElector(db, "role", tc.opts...)
+			require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// A Runner given only WithLeaseTimeout, or only WithHeartbeatInterval,
+// records the lease timeout it derived in the row of each lease it takes,
+// on every database.
+func TestRun_OneTimingOptionRecordsDerivedTimeout(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx := context.Background()
+		for _, tc := range []struct {
+			name string
+			opt  gormlease.Option
+			want int64
+		}{
+			{"TimeoutAlone", gormlease.WithLeaseTimeout(10 * time.Second), 10_000},
+			{"IntervalAlone", gormlease.WithHeartbeatInterval(500 * time.Millisecond), 2_000},
+		} {
+			r := newRunner(t, db, tc.opt)
+			target := "one-option/" + tc.name
+			_, err := r.Run(ctx, target, func(ctx context.Context) (string, error) {
+				row, found, err := r.Repository().Get(ctx, target)
+				require.NoError(t, err)
+				require.True(t, found)
+				if assert.NotNil(t, row.TimeoutMS, tc.name) {
+					assert.Equal(t, tc.want, *row.TimeoutMS, tc.name)
+				}
+				return "", nil
+			}, func(*gorm.DB, string) error { return nil })
+			require.NoError(t, err, tc.name)
+		}
+	})
 }

@@ -68,14 +68,14 @@ func doThroughPgBouncer(t *testing.T, s *testdb.Server, b *testdb.PgBouncer, hol
 		}
 		return "report on " + target, jobErr
 	}
-	first := goDo(context.Background(), holder, target, work)
+	first := goDo(t, context.Background(), holder, target, work)
 	waitFor(t, 20*time.Second, "the work to start", func() bool { return runs.Load() == 1 })
 	var others []<-chan doResult
 	for range callers - 1 {
-		others = append(others, goDo(context.Background(), holder, target, work))
+		others = append(others, goDo(t, context.Background(), holder, target, work))
 	}
 	for range callers {
-		others = append(others, goDo(context.Background(), waiter, target, work))
+		others = append(others, goDo(t, context.Background(), waiter, target, work))
 	}
 	waitFor(t, 20*time.Second, "every caller waiting", func() bool {
 		return gormlease.DoCallers(holder, target) == callers && gormlease.DoCallers(waiter, target) == callers &&

@@ -27,9 +27,9 @@ import (
 
 const (
 	// defaultPruneBatchSize is the number of rows that Prune deletes in
-	// one transaction without WithBatchSize.
+	// one transaction when PruneOptions.BatchSize is 0.
 	defaultPruneBatchSize = 1000
-	// maxPruneBatchSize is the largest batch size WithBatchSize accepts.
+	// maxPruneBatchSize is the largest PruneOptions.BatchSize.
 	maxPruneBatchSize = 10000
 	// minPruneAge is the shortest olderThan that Prune accepts: a row is
 	// deleted only when it was released, or expired, at least this long
@@ -38,74 +38,54 @@ const (
 	minPruneAge = time.Minute
 )
 
-// A PruneOption changes how Repository.Prune deletes: WithBatchSize,
-// WithKeepResults and WithProgress. Prune validates them together with
-// olderThan and names the option at fault.
-type PruneOption interface {
-	applyPrune(*pruneConfig)
-}
-
-// pruneOption is a PruneOption.
-type pruneOption func(*pruneConfig)
-
-func (o pruneOption) applyPrune(c *pruneConfig) { o(c) }
-
-// pruneConfig holds the settings of one Prune.
-type pruneConfig struct {
-	olderThan   time.Duration
-	keepResults bool
-	batchSize   int
-	progress    func(deleted int64)
-}
-
-// WithBatchSize sets the most rows that Prune deletes in one transaction,
-// from 1 to 10,000. The default is 1,000.
-func WithBatchSize(n int) PruneOption {
-	return pruneOption(func(c *pruneConfig) { c.batchSize = n })
-}
-
-// WithKeepResults makes Prune keep the result table's rows (SaveJSON's) of
-// the targets whose lease rows it deletes. By default they are deleted with
-// them, in the same transaction.
-func WithKeepResults() PruneOption {
-	return pruneOption(func(c *pruneConfig) { c.keepResults = true })
-}
-
-// WithProgress makes Prune call fn after each batch that deleted rows, on
-// Prune's goroutine, with the number of lease rows deleted so far. By
-// default Prune reports only its total, when it returns.
-func WithProgress(fn func(deleted int64)) PruneOption {
-	return pruneOption(func(c *pruneConfig) { c.progress = fn })
+// PruneOptions says what Repository.Prune deletes, and how, as ListOptions
+// says what List reads. Prune validates them together and names the field
+// at fault.
+type PruneOptions struct {
+	// OlderThan is the age, on the database's clock, past which a row that
+	// was released, or whose lease expired, is deleted: at least a minute.
+	// It has no default: Prune refuses 0.
+	OlderThan time.Duration
+	// BatchSize is the most rows that Prune deletes in one transaction,
+	// from 1 to 10,000; 0 means 1,000.
+	BatchSize int
+	// KeepResults keeps the result table's rows (SaveJSON's) of the
+	// targets whose lease rows Prune deletes. By default they are deleted
+	// with them, in the same transaction.
+	KeepResults bool
+	// Progress, when set, is called after each batch that deleted rows, on
+	// Prune's goroutine, with the number of lease rows deleted so far. By
+	// default Prune reports only its total, when it returns.
+	Progress func(deleted int64)
 }
 
 // Prune deletes the lease rows that were released, or whose lease expired
 // (by the timeout its acquisition recorded; a row without one counts as
-// expired since its last heartbeat), more than olderThan ago on the
+// expired since its last heartbeat), more than opts.OlderThan ago on the
 // database's clock, with the result rows of their targets (unless
-// WithKeepResults). olderThan must be at least a minute. It never deletes a
-// live lease. It works in batches (see WithBatchSize), each a short
-// transaction of its own that also raises the generation floor, so that a
-// target acquired again later gets a generation above every one it had. It
-// returns the number of lease rows deleted, also when it stops early: when
-// ctx is done, with an error wrapping ctx.Err(), or on a database error.
+// opts.KeepResults). It never deletes a live lease. It works in batches
+// (see opts.BatchSize), each a short transaction of its own that also
+// raises the generation floor, so that a target acquired again later gets
+// a generation above every one it had. It returns the number of lease rows deleted, also when it stops
+// early: when ctx is done, with an error wrapping ctx.Err(), or on a
+// database error.
 //
 // It is safe to run at any time, from several processes at once, with
 // leases being acquired, renewed and released: each batch locks the rows
 // it deletes (skipping those that others hold locked) and checks them
 // again under the lock, so a row acquired meanwhile stays.
-func (r *Repository) Prune(ctx context.Context, olderThan time.Duration, opts ...PruneOption) (deleted int64, err error) {
-	o := pruneConfig{olderThan: olderThan, batchSize: defaultPruneBatchSize}
-	for i, opt := range opts {
-		if opt == nil {
-			return 0, invalidf("prune: option %d is nil", i)
-		}
-		opt.applyPrune(&o)
+func (r *Repository) Prune(ctx context.Context, opts PruneOptions) (deleted int64, err error) {
+	batchSize := opts.BatchSize
+	if batchSize == 0 {
+		batchSize = defaultPruneBatchSize
 	}
 	switch {
-	case o.olderThan < minPruneAge:
-		return 0, invalidf("prune: older than %v is less than the minimum, %v", o.olderThan, minPruneAge)
-	case o.batchSize < 1 || o.batchSize > maxPruneBatchSize:
-		return 0, invalidf("WithBatchSize: batch size %d is not between 1 and %d", o.batchSize, maxPruneBatchSize)
+	case opts.OlderThan <= 0:
+		return 0, invalidf("prune: PruneOptions.OlderThan is %v: give the age past which released and expired rows go, at least %v", opts.OlderThan, minPruneAge)
+	case opts.OlderThan < minPruneAge:
+		return 0, invalidf("prune: PruneOptions.OlderThan %v is less than the minimum, %v", opts.OlderThan, minPruneAge)
+	case batchSize < 1 || batchSize > maxPruneBatchSize:
+		return 0, invalidf("prune: PruneOptions.BatchSize %d is not between 1 and %d", batchSize, maxPruneBatchSize)
 	}
 	after := ""
 	for {
@@ -116,7 +96,7 @@ func (r *Repository) Prune(ctx context.Context, olderThan time.Duration, opts ..
 		more := false
 		err := r.retry(ctx, func(ctx context.Context) (err error) {
 			batch, more, err = r.backend.PruneBatch(ctx, r.db, backend.PruneQuery{
-				OlderThan: o.olderThan, BatchSize: o.batchSize, After: after, KeepResults: o.keepResults,
+				OlderThan: opts.OlderThan, BatchSize: batchSize, After: after, KeepResults: opts.KeepResults,
 			})
 			return err
 		})
@@ -124,8 +104,8 @@ func (r *Repository) Prune(ctx context.Context, olderThan time.Duration, opts ..
 		if err != nil {
 			return deleted, wrapf(err, "prune")
 		}
-		if len(batch) > 0 && o.progress != nil {
-			o.progress(deleted)
+		if len(batch) > 0 && opts.Progress != nil {
+			opts.Progress(deleted)
 		}
 		if !more || len(batch) == 0 {
 			return deleted, nil

@@ -67,7 +67,7 @@ func TestPrune_DeletesOnlyRowsEndedLongAgo(t *testing.T) {
 		require.NoError(t, err)
 		age(t, s, db, "long-timeout", 2*time.Hour) // live: its own timeout is 3 h
 
-		deleted, err := repo.Prune(ctx, time.Hour)
+		deleted, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour})
 		require.NoError(t, err)
 		assert.EqualValues(t, 2, deleted)
 		rest, err := repo.List(ctx, gormlease.ListOptions{})
@@ -80,7 +80,7 @@ func TestPrune_DeletesOnlyRowsEndedLongAgo(t *testing.T) {
 		_, _, err = gormlease.LoadJSON[string](ctx, db, "old-released")
 		require.ErrorIs(t, err, gormlease.ErrNoResult, "the pruned target's result")
 
-		deleted, err = repo.Prune(ctx, time.Hour)
+		deleted, err = repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour})
 		require.NoError(t, err)
 		assert.Zero(t, deleted, "a second Prune")
 	})
@@ -101,11 +101,11 @@ func TestPrune_GenerationKeepsIncreasing(t *testing.T) {
 			require.NoError(t, err)
 		}
 		ageRelease(t, s, db, "t", 2*time.Hour)
-		deleted, err := repo.Prune(ctx, time.Hour, gormlease.WithKeepResults())
+		deleted, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour, KeepResults: true})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, deleted)
 		_, _, err = gormlease.LoadJSON[string](ctx, db, "t")
-		require.NoError(t, err, "WithKeepResults kept the result")
+		require.NoError(t, err, "KeepResults kept the result")
 
 		l, err := repo.Acquire(ctx, "t", time.Minute)
 		require.NoError(t, err)
@@ -130,35 +130,35 @@ func TestPrune_StopsOnContextDone(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var progress []int64
-		deleted, err := repo.Prune(ctx, time.Hour, gormlease.WithBatchSize(2),
-			gormlease.WithProgress(func(n int64) { progress = append(progress, n); cancel() }))
+		deleted, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour, BatchSize: 2,
+			Progress: func(n int64) { progress = append(progress, n); cancel() }})
 		require.ErrorIs(t, err, context.Canceled)
 		assert.EqualValues(t, 2, deleted)
 		assert.Equal(t, []int64{2}, progress)
-		deleted, err = repo.Prune(context.Background(), time.Hour, gormlease.WithBatchSize(2),
-			gormlease.WithProgress(func(n int64) { progress = append(progress, n) }))
+		deleted, err = repo.Prune(context.Background(), gormlease.PruneOptions{OlderThan: time.Hour, BatchSize: 2,
+			Progress: func(n int64) { progress = append(progress, n) }})
 		require.NoError(t, err)
 		assert.EqualValues(t, 3, deleted)
 		assert.Equal(t, []int64{2, 2, 3}, progress)
 	})
 }
 
-// Prune refuses an olderThan under a minute, a bad batch size and a nil
-// option, naming the setting at fault.
+// Prune refuses an age of zero or under a minute and a bad batch size,
+// naming the field at fault.
 func TestPrune_RejectsBadOptions(t *testing.T) {
 	t.Parallel()
 	repo := newRepository(t, testdb.SQLite(t).DB(t))
-	_, err := repo.Prune(context.Background(), time.Second)
+	_, err := repo.Prune(context.Background(), gormlease.PruneOptions{})
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
-	assert.Contains(t, err.Error(), "older than 1s is less than the minimum, 1m0s")
-	for _, n := range []int{-1, 0, 10001} {
-		_, err = repo.Prune(context.Background(), time.Hour, gormlease.WithBatchSize(n))
+	assert.Contains(t, err.Error(), "PruneOptions.OlderThan is 0s: give the age")
+	_, err = repo.Prune(context.Background(), gormlease.PruneOptions{OlderThan: time.Second})
+	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "PruneOptions.OlderThan 1s is less than the minimum, 1m0s")
+	for _, n := range []int{-1, 10001} {
+		_, err = repo.Prune(context.Background(), gormlease.PruneOptions{OlderThan: time.Hour, BatchSize: n})
 		require.ErrorIs(t, err, gormlease.ErrInvalidArgument, "batch size %d", n)
-		assert.Contains(t, err.Error(), "WithBatchSize")
+		assert.Contains(t, err.Error(), "PruneOptions.BatchSize")
 	}
-	_, err = repo.Prune(context.Background(), time.Hour, nil)
-	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
-	assert.Contains(t, err.Error(), "option 0 is nil")
 }
 
 // Prunes, acquires and releases racing on the same rows: a row acquired
@@ -186,7 +186,7 @@ func TestPrune_RacesWithAcquireAndAnotherPrune(t *testing.T) {
 		pruned := make(chan int64, 2)
 		for range 2 {
 			wg.Go(func() {
-				d, err := repo.Prune(ctx, time.Hour, gormlease.WithBatchSize(7))
+				d, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour, BatchSize: 7})
 				assert.NoError(t, err)
 				pruned <- d
 			})
@@ -262,7 +262,7 @@ func TestPrune_DoWaiterRunsWorkWhenRowIsPruned(t *testing.T) {
 		}()
 		waitFor(t, 10*time.Second, "the caller to wait for the dead holder", func() bool { return gormlease.Watched(target) })
 		age(t, s, db, target, time.Hour) // expired 59 min ago by its own timeout
-		deleted, err := repo.Prune(ctx, 30*time.Minute)
+		deleted, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: 30 * time.Minute})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, deleted)
 		got := recv(t, done, 30*time.Second, "Do")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -17,8 +16,10 @@ import (
 
 // Repository runs the steps of the lease protocol, one method a step, each
 // one or two statements on the database (their SQL is the backend's, in
-// internal/backend). Runner composes them, and nothing but them: use the
-// Repository directly to drive the steps yourself. A Repository is safe for
+// internal/backend). Runner composes them, and nothing but them (with two
+// reads of the row that the Repository keeps to itself: a waiter's, and the
+// one that settles a COMMIT that got no answer): use the Repository
+// directly to drive the steps yourself. A Repository is safe for
 // concurrent use and holds no connection between calls. The heartbeats of
 // the Runs that hold leases through it share its statements (see
 // internal/heartbeat); it runs no goroutine while none does, and needs no
@@ -28,11 +29,8 @@ type Repository struct {
 	backend backend.Backend
 	holder  string
 	tables  tableNames
-	// oneTripRefused is set once the driver refused to begin the fenced
-	// transaction and lock the row in one query (see beginOneTrip).
-	oneTripRefused atomic.Bool
-	// attempts is how often a statement is tried after serialization
-	// failures: backend.StatementAttempts, but in tests.
+	// attempts is how often a statement is tried in all while it fails
+	// with serialization failures (see retry).
 	attempts int
 	// beats renews the leases that Runs hold through this Repository.
 	beats heartbeat.Set
@@ -46,21 +44,22 @@ type Repository struct {
 // reads the connection's busy timeout, and refuses one under a second, which
 // would make concurrent steps fail with "database is locked": set it in the
 // DSN, before any other PRAGMA, as _pragma=busy_timeout(10000).
-// It takes WithTableNames and WithHolder, the RepositoryOptions; the other
-// options only a Runner uses.
+// It takes WithTableNames, WithHolder and WithStatementAttempts, the
+// RepositoryOptions; the other options only a Runner uses.
 func NewRepository(db *gorm.DB, opts ...RepositoryOption) (*Repository, error) {
 	cfg, err := newConfig(options(opts))
 	if err != nil {
 		return nil, err
 	}
-	return newRepository(db, cfg.holder, cfg.tables)
+	return newRepository(db, cfg)
 }
 
 // settingsCheckTimeout bounds the settings check of NewRepository, which
 // takes no context.
 const settingsCheckTimeout = 10 * time.Second
 
-func newRepository(db *gorm.DB, holder string, tables tableNames) (*Repository, error) {
+func newRepository(db *gorm.DB, cfg config) (*Repository, error) {
+	holder, tables := cfg.holder, cfg.tables
 	if db == nil {
 		return nil, invalidf("db is nil")
 	}
@@ -81,31 +80,69 @@ func newRepository(db *gorm.DB, holder string, tables tableNames) (*Repository, 
 	if err := checkSettings(ctx, b, db); err != nil {
 		return nil, err
 	}
-	r := &Repository{db: db, backend: b, holder: holder, tables: tables, attempts: backend.StatementAttempts}
+	r := &Repository{db: db, backend: b, holder: holder, tables: tables, attempts: cfg.attempts}
 	r.waitKey = r.newWaitKey()
-	r.beats.Renew = func(ctx context.Context, leases []backend.Lease) (map[backend.Lease]bool, error) {
+	r.beats.Renew = func(ctx context.Context, leases []backend.Lease) (map[backend.Lease]backend.Ended, error) {
 		return r.heartbeatMany(ctx, leases)
 	}
 	return r, nil
 }
 
-// Acquire takes the lease on targetID in one statement (on MySQL, two for a
-// target never acquired before), when no one holds it: there is no row for
-// the target, the row was released, or its last heartbeat is older than
-// the lease timeout that its holder recorded in it, on the database's clock
-// (for a row that records none, written before the column existed, timeout
-// is used). It records timeout in the row, for whoever looks at the new
-// lease next, mints a fresh token and returns the new Lease. When another
-// holder's lease is live it returns an error wrapping ErrLeaseHeld, at once
-// and without writing. (On MySQL, InnoDB locks the row before it checks it,
-// so while the holder's fenced commit runs, a refused acquire waits for
-// that commit to end.) When the connection fails before the answer comes
-// back, Acquire releases, by its new token, the lease that the statement
-// may have taken, so that the target is not left held until the timeout.
-// While the database cannot be reached (a failover, a switchover, a
-// restart: no connection, or none to a server that accepts writes), it
-// tries again, under a new token each time, until ctx ends, and then
-// returns the last error.
+// Acquire takes the lease on targetID when no one holds it: there is no
+// row for the target, the row was released, or its last heartbeat is older
+// than the lease timeout that its holder recorded in it, on the database's
+// clock (for a row that records none, written before the column existed,
+// timeout is used). It records timeout in the row, for whoever looks at the
+// new lease next, mints a fresh token and returns the new Lease. When
+// another holder's lease is live it returns a *HeldError, which matches
+// ErrLeaseHeld and says who holds the lease, at which generation, and how
+// long it lives without another heartbeat, at once and without writing.
+//
+// Its statements, by database and outcome:
+//   - PostgreSQL: one statement whatever the outcome, a data-modifying CTE
+//     on one snapshot of the row: an UPDATE that takes a free row over in
+//     place, an INSERT that runs only where there is no row (a target never
+//     acquired, or pruned), and the row as read, which answers the live
+//     lease that refused it. For a target whose row the Repository has seen
+//     (it remembers the last few thousand), the same statement without the
+//     INSERT, which is cheaper to run; and for one whose last acquire took
+//     it, the UPDATE alone, followed by that statement only when it took
+//     nothing (a refusal of a target taken last time is two). When another
+//     statement changed the row while it ran (a concurrent takeover, a
+//     Prune), it is sent again, a few times at most.
+//   - MariaDB (10.5 or later): one statement whatever the outcome, an
+//     INSERT of the target's row whose ON DUPLICATE KEY UPDATE takes a free
+//     row over, in one row update, and changes nothing in a live or paused
+//     one, and whose RETURNING answers the row: the lease taken, or the
+//     live lease (or the pause) that refused it. A Repository asks the
+//     server what it is once, with a statement of its own, at its first
+//     acquire. An AcquireFrom a generation above 0 runs MySQL's statements.
+//   - MySQL: a free row is taken by one UPDATE, which, when it refuses,
+//     reports whether the row is live. A target without a row takes a
+//     second statement, an INSERT; a refusal too, a read of the live lease
+//     (MySQL has no RETURNING, and answers a string only in rows).
+//   - On both, a target whose last acquire the Repository saw refused is
+//     read first, without a lock: while its lease is live, that read is the
+//     refusal, one statement, and a takeover is the read and the acquire.
+//     InnoDB locks the row before the acquire's statement checks it, so
+//     while the holder's fenced commit runs, an acquire that is refused
+//     waits for that commit to end.
+//   - SQLite: one statement takes the lease, or refuses; a refusal then
+//     reads the live lease, a second statement but no round trip over a
+//     network, since the database is in the process.
+//
+// When the connection fails before the answer comes back, Acquire releases,
+// by its new token, the lease that the statement may have taken, so that
+// the target is not left held until the timeout. While the database cannot
+// be reached (a failover, a switchover, a restart: no connection, or none to
+// a server that accepts writes), it tries again, under a new token each
+// time, and then returns the last error. It is bounded as a Run with the
+// default settings is, even under a context without a deadline: its
+// attempts end within DefaultOperationTimeout of its call, or when ctx
+// ends, whichever is first, and the release of a lease that its last
+// attempt may have taken within as long again. Any other error, which
+// waiting cannot cure (a closed pool, a missing table, bad SQL, a
+// permission), it returns at once.
 func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.Duration) (Lease, error) {
 	return r.acquire(ctx, targetID, timeout, backend.AnyGeneration)
 }
@@ -115,7 +152,12 @@ func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.
 // has it, and it is released or expired), or, for generation 0, only when
 // the target has no row. A generation that began, and maybe ended, since
 // the caller looked is never taken over: the caller looks again instead.
-// Runner.Do and RunWait acquire so.
+// Runner.Do and RunWait acquire so. Refused by a live lease, it returns a
+// *HeldError, as Acquire does; refused by a row that is not live but at
+// another generation, an error that wraps ErrLeaseHeld alone. Its
+// statements are Acquire's, which never make a row for a generation above
+// 0. It is bounded as Acquire is, whatever ctx,
+// and returns an error that waiting cannot cure at once.
 func (r *Repository) AcquireFrom(ctx context.Context, targetID string, timeout time.Duration, generation int64) (Lease, error) {
 	if generation < 0 {
 		return Lease{}, invalidf("generation must be >= 0, got %d", generation)
@@ -127,6 +169,13 @@ func (r *Repository) AcquireFrom(ctx context.Context, targetID string, timeout t
 // have taken without hearing so.
 const acquireCleanupTimeout = 10 * time.Second
 
+// acquireBound bounds the attempts of the Repository's own acquires
+// (Acquire, AcquireFrom, AcquireSlot), whatever their context, as a Run's
+// are bounded by its reconnect window, which is DefaultOperationTimeout
+// unless set: a caller without a deadline does not wait for ever on a
+// database that is gone.
+const acquireBound = DefaultOperationTimeout
+
 // acquire is Acquire, taking over only from generation from unless it is
 // backend.AnyGeneration. When the statement fails without an answer from
 // the database (a lost connection, a timeout), it may still have taken the
@@ -137,27 +186,49 @@ const acquireCleanupTimeout = 10 * time.Second
 // is best effort: a statement still in flight after the release leaves the
 // lease to time out. While the database cannot be reached (a failover, a
 // switchover, a restart), the acquire is tried again, each time under a
-// token of its own, until ctx ends.
+// token of its own, until ctx ends or acquireBound has passed.
 func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.Duration, from int64) (Lease, error) {
-	return r.acquireEach(ctx, targetID, timeout, from, 0)
+	ctx, cancel := context.WithTimeout(ctx, acquireBound)
+	defer cancel()
+	l, _, err := r.acquireEach(ctx, targetID, timeout, from, 0)
+	return l, err
 }
 
 // acquireEach is acquire with each attempt bounded by attempt as well as
-// ctx (0: by ctx alone). When an attempt is refused after an earlier one
-// failed without an answer, the earlier one may be what holds the target:
-// its statement took the lease, and the answer was lost. The lease is then
-// the caller's, under that attempt's token, which no one else knows, and
-// acquireEach returns it rather than the refusal; its trust counts from
-// that attempt's sending.
+// ctx (0: by ctx alone), and no bound of its own (see tryAcquire). With the
+// lease it returns when the statement that took it was sent, from which
+// its holder counts its trust.
 func (r *Repository) acquireEach(ctx context.Context, targetID string, timeout time.Duration, from int64,
 	attempt time.Duration,
-) (Lease, error) {
+) (Lease, time.Time, error) {
 	if err := checkTargetID(targetID); err != nil {
-		return Lease{}, err
+		return Lease{}, time.Time{}, err
 	}
 	if timeout <= 0 {
-		return Lease{}, invalidf("lease timeout must be > 0, got %v", timeout)
+		return Lease{}, time.Time{}, invalidf("lease timeout must be > 0, got %v", timeout)
 	}
+	return tryAcquire(ctx, attempt, func(ctx context.Context, _ []sentAcquire) (Lease, sentAcquire, error) {
+		return r.acquireOnce(ctx, targetID, timeout, from)
+	}, func(ctx context.Context, unanswered []sentAcquire) (Lease, time.Time, bool) {
+		return r.adopt(ctx, targetID, unanswered)
+	})
+}
+
+// tryAcquire runs once, an attempt of an acquire under a token of its own
+// (given the attempts so far that failed without an answer), each bounded
+// by attempt as well as ctx (0: by ctx alone), and runs it again, after a
+// pause, while an attempt fails because the database cannot be reached
+// (backend.Unreachable), until ctx ends; any other outcome it returns at
+// once. When an attempt is refused after an earlier one failed without an
+// answer, the earlier one may be what holds the target: its statement took
+// the lease, and the answer was lost. The lease is then the caller's, under
+// that attempt's token, which no one else knows, and adopt finds it;
+// tryAcquire returns it rather than the refusal. With the lease it returns
+// when the attempt that took it sent its statement.
+func tryAcquire(ctx context.Context, attempt time.Duration,
+	once func(ctx context.Context, unanswered []sentAcquire) (Lease, sentAcquire, error),
+	adopt func(ctx context.Context, unanswered []sentAcquire) (Lease, time.Time, bool),
+) (Lease, time.Time, error) {
 	wait := backend.ReconnectBackoff()
 	var unanswered []sentAcquire
 	for {
@@ -165,27 +236,29 @@ func (r *Repository) acquireEach(ctx context.Context, targetID string, timeout t
 		if attempt > 0 {
 			actx, cancel = context.WithTimeout(ctx, attempt)
 		}
-		l, a, err := r.acquireOnce(actx, targetID, timeout, from)
+		l, a, err := once(actx, unanswered)
 		cancel()
 		if errors.Is(err, ErrLeaseHeld) && len(unanswered) > 0 {
-			if l, ok := r.adopt(ctx, targetID, unanswered); ok {
-				return l, nil
+			if l, sent, ok := adopt(ctx, unanswered); ok {
+				return l, sent, nil
 			}
 		}
 		if a.unreachable {
 			unanswered = append(unanswered, a)
 		}
 		if !a.unreachable || !wait.Wait(ctx) {
-			return l, err
+			return l, a.sent, err
 		}
 	}
 }
 
-// sentAcquire is one attempt of an acquire, as acquireEach remembers it.
+// sentAcquire is one attempt of an acquire, as tryAcquire remembers it.
 type sentAcquire struct {
 	token uuid.UUID
-	// sent is when its statement was sent, when ctx carried the time to
-	// move (withAcquireSent).
+	// sent is a time before the attempt's statements that could take the
+	// lease were sent (just before the backend's acquire, which may send
+	// a few): the database stamps the lease after it, so the caller's trust
+	// and a minimum hold counted from it end early, never late.
 	sent time.Time
 	// unreachable reports that its statement failed because the database
 	// could not be reached: it may have taken the lease.
@@ -193,24 +266,55 @@ type sentAcquire struct {
 }
 
 // adopt returns the lease on targetID that one of the attempts in
-// unanswered took without hearing so, and reports whether one had: the row
-// holds that attempt's token, unreleased. It moves the time that ctx
-// carries back to that attempt's sending.
-func (r *Repository) adopt(ctx context.Context, targetID string, unanswered []sentAcquire) (Lease, bool) {
+// unanswered took without hearing so, with when that attempt was sent, and
+// reports whether one had: the row holds that attempt's token, unreleased.
+func (r *Repository) adopt(ctx context.Context, targetID string, unanswered []sentAcquire) (Lease, time.Time, bool) {
 	row, found, err := r.backend.Get(ctx, r.db, targetID)
-	if err != nil || !found || row.ReleasedAt != nil {
-		return Lease{}, false
+	if err != nil || !found {
+		return Lease{}, time.Time{}, false
 	}
-	for _, a := range unanswered {
-		if row.LeaseToken != a.token {
+	a, ok := adopted(row, unanswered)
+	if !ok {
+		return Lease{}, time.Time{}, false
+	}
+	return Lease{TargetID: targetID, Token: row.LeaseToken, Generation: row.Generation}, a.sent, true
+}
+
+// adoptSlot is adopt for an acquire of one of targetID's n slots: the
+// lease is the slot's whose row holds one of the attempts' tokens. It
+// returns the error of its read of the slots when that failed.
+func (r *Repository) adoptSlot(ctx context.Context, targetID string, n int, unanswered []sentAcquire) (Lease, sentAcquire, bool, error) {
+	if len(unanswered) == 0 {
+		return Lease{}, sentAcquire{}, false, nil
+	}
+	rows, err := r.backend.List(ctx, r.db, backend.ListQuery{Prefix: targetID + backend.SlotSeparator, Limit: MaxSlots})
+	if err != nil {
+		return Lease{}, sentAcquire{}, false, wrapf(err, "acquire %q: read the slots", targetID)
+	}
+	for _, row := range rows {
+		target, slot, ok := backend.ParseSlotKey(row.Row.TargetID)
+		if !ok || target != targetID || slot > n {
 			continue
 		}
-		if sent := acquireSent(ctx); sent != nil {
-			*sent = a.sent
+		if a, ok := adopted(row.Row, unanswered); ok {
+			return Lease{TargetID: targetID, Token: row.Row.LeaseToken, Generation: row.Row.Generation, Slot: slot}, a, true, nil
 		}
-		return Lease{TargetID: targetID, Token: a.token, Generation: row.Generation}, true
 	}
-	return Lease{}, false
+	return Lease{}, sentAcquire{}, false, nil
+}
+
+// adopted returns the attempt of unanswered whose lease row holds,
+// unreleased, and reports whether there is one.
+func adopted(row backend.Row, unanswered []sentAcquire) (sentAcquire, bool) {
+	if row.ReleasedAt != nil {
+		return sentAcquire{}, false
+	}
+	for _, a := range unanswered {
+		if row.LeaseToken == a.token {
+			return a, true
+		}
+	}
+	return sentAcquire{}, false
 }
 
 // acquireOnce is one attempt of acquire, under a token of its own, which it
@@ -222,26 +326,26 @@ func (r *Repository) acquireOnce(ctx context.Context, targetID string, timeout t
 		return Lease{}, sentAcquire{}, wrapf(err, "acquire %q: mint token", targetID)
 	}
 	a := sentAcquire{token: token}
-	var gen int64
-	var ok bool
+	var got backend.Acquired
 	err = r.retry(ctx, func(ctx context.Context) (err error) {
-		gen, ok, err = r.backend.Acquire(ctx, r.db, backend.AcquireArgs{
+		a.sent = time.Now()
+		got, err = r.backend.Acquire(ctx, r.db, backend.AcquireArgs{
 			TargetID: targetID, Token: token, Holder: r.holder, Timeout: timeout, From: from,
-			Sending: sendingHook(ctx),
 		})
 		return err
 	})
-	if sent := acquireSent(ctx); sent != nil {
-		a.sent = *sent
-	}
 	switch {
 	case err != nil:
 		a.unreachable = backend.Unreachable(err) && !backend.IsSerializationFailure(err)
 		return Lease{}, a, r.acquireFailed(ctx, targetID, err, token, targetID)
-	case !ok:
+	case got.Paused:
+		return Lease{}, a, &PausedError{Target: targetID, Reason: got.PauseReason}
+	case got.Held != nil:
+		return Lease{}, a, newHeldError(targetID, got.Held)
+	case !got.Taken:
 		return Lease{}, a, wrapf(ErrLeaseHeld, "acquire %q", targetID)
 	}
-	return Lease{TargetID: targetID, Token: token, Generation: gen}, a, nil
+	return Lease{TargetID: targetID, Token: token, Generation: got.Generation}, a, nil
 }
 
 // acquireFailed returns the error of an acquire of targetID whose statement
@@ -279,7 +383,9 @@ const slotAttempts = 10
 // n: it takes one of the free slots (released, or expired by the timeout
 // its holder recorded) at random, and when all n are held it writes
 // nothing, and AcquireSlot reads the rows once to tell why and returns an
-// error wrapping ErrLeaseHeld. The first acquire of a target, or one after
+// error wrapping a *HeldError (ErrLeaseHeld) that describes the slot whose
+// lease has the least life left, the one that frees first unless renewed;
+// that read is all it takes. The first acquire of a target, or one after
 // its count changed or Prune deleted some of its rows, first makes the
 // rows, in one transaction. When a slot is held under another count, it
 // returns an error wrapping ErrSlotCountConflict, writing nothing. Every
@@ -287,45 +393,87 @@ const slotAttempts = 10
 // any other. n must be between 1 and MaxSlots (1 is a semaphore of one
 // slot, in a slot row: not the target's own lease, which Acquire takes),
 // and targetID at most 255 bytes with the slot's key: len(targetID) + 1 +
-// the digits of n.
+// the digits of n. While the database cannot be reached it does as
+// Acquire does, within the same bound: it tries again, under a new token
+// each time, and takes as its own a slot that an attempt whose answer was
+// lost took. It returns an error that waiting cannot cure at once.
 func (r *Repository) AcquireSlot(ctx context.Context, targetID string, n int, timeout time.Duration) (Lease, error) {
+	ctx, cancel := context.WithTimeout(ctx, acquireBound)
+	defer cancel()
+	l, _, err := r.acquireSlotEach(ctx, targetID, n, timeout, 0)
+	return l, err
+}
+
+// acquireSlotEach is AcquireSlot with each attempt bounded by attempt as
+// well as ctx (0: by ctx alone), and no bound of its own (see tryAcquire).
+func (r *Repository) acquireSlotEach(ctx context.Context, targetID string, n int, timeout, attempt time.Duration) (Lease, time.Time, error) {
 	if err := checkTargetID(targetID); err != nil {
-		return Lease{}, err
+		return Lease{}, time.Time{}, err
 	}
 	switch key := backend.SlotKey(targetID, n); {
 	case n < 1 || n > MaxSlots:
-		return Lease{}, invalidf("acquire %q: slot count must be between 1 and %d, got %d", targetID, MaxSlots, n)
+		return Lease{}, time.Time{}, invalidf("acquire %q: slot count must be between 1 and %d, got %d", targetID, MaxSlots, n)
 	case len(key) > maxTargetIDLength:
-		return Lease{}, invalidf("acquire %q: the key of its slot %d is %d bytes long, more than the %d the column holds",
+		return Lease{}, time.Time{}, invalidf("acquire %q: the key of its slot %d is %d bytes long, more than the %d the column holds",
 			truncateUTF8(targetID, 40), n, len(key), maxTargetIDLength)
 	case timeout <= 0:
-		return Lease{}, invalidf("lease timeout must be > 0, got %v", timeout)
+		return Lease{}, time.Time{}, invalidf("lease timeout must be > 0, got %v", timeout)
 	}
+	return tryAcquire(ctx, attempt, func(ctx context.Context, unanswered []sentAcquire) (Lease, sentAcquire, error) {
+		// A slot that an earlier attempt took without hearing so is the
+		// caller's: with other slots free, a new attempt would take a
+		// second one and leave that one held until it timed out.
+		// When the slots cannot be read, no new attempt is sent either:
+		// one sent the moment the database is back would take a second
+		// slot before the first could be found.
+		if l, a, ok, err := r.adoptSlot(ctx, targetID, n, unanswered); ok || err != nil {
+			a.unreachable = err != nil && backend.Unreachable(err)
+			return l, a, err
+		}
+		var a sentAcquire
+		l, err := r.acquireSlotOnce(ctx, targetID, n, timeout, &a)
+		return l, a, err
+	}, func(ctx context.Context, unanswered []sentAcquire) (Lease, time.Time, bool) {
+		l, a, ok, _ := r.adoptSlot(ctx, targetID, n, unanswered)
+		return l, a.sent, ok
+	})
+}
+
+// acquireSlotOnce is one attempt of AcquireSlot, under a token of its own,
+// which it records in sent with whether it failed because the database
+// could not be reached.
+func (r *Repository) acquireSlotOnce(ctx context.Context, targetID string, n int, timeout time.Duration, sent *sentAcquire) (Lease, error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
 		return Lease{}, wrapf(err, "acquire %q: mint token", targetID)
 	}
+	sent.token = token
 	a := backend.SlotArgs{TargetID: targetID, Slots: n, Token: token, Holder: r.holder, Timeout: timeout}
 	pause := backend.StatementBackoff()
 	for attempt := 1; ; attempt++ {
 		var slot int
 		var gen int64
 		var ok bool
+		sent.sent = time.Now()
 		err := r.retry(ctx, func(ctx context.Context) (err error) {
 			slot, gen, ok, err = r.backend.AcquireSlot(ctx, r.db, a)
 			return err
 		})
 		switch {
 		case err != nil:
+			sent.unreachable = backend.Unreachable(err) && !backend.IsSerializationFailure(err)
 			return Lease{}, r.acquireFailed(ctx, targetID, err, token, backend.SlotKeys(targetID, n)...)
 		case ok:
 			return Lease{TargetID: targetID, Token: token, Generation: gen, Slot: slot}, nil
 		}
-		again, err := r.slotsRefused(ctx, targetID, n)
+		again, first, err := r.slotsRefused(ctx, targetID, n)
 		if err != nil {
+			sent.unreachable = backend.Unreachable(err)
 			return Lease{}, wrapf(err, "acquire %q", targetID)
 		}
 		switch {
+		case !again && first != nil:
+			return Lease{}, wrapf(newHeldError(targetID, first), "acquire %q: all %d slots are held, the first to free", targetID, n)
 		case !again:
 			return Lease{}, wrapf(fmt.Errorf("%w: all %d slots are held", ErrLeaseHeld, n), "acquire %q", targetID)
 		case attempt >= slotAttempts || !pause.Wait(ctx):
@@ -339,40 +487,49 @@ func (r *Repository) AcquireSlot(ctx context.Context, targetID string, n int, ti
 // none, and reports whether to try again: when a slot shows free (another
 // acquire took the one this one wanted, or a holder released since), or
 // when the rows did not all exist under count n and SetSlots has made them
-// so. All n held under n is ErrLeaseHeld's case: again is false. A slot
-// held under another count is ErrSlotCountConflict. It only reads, but
-// for SetSlots, which runs only when the rows of 1..n are not all there
-// under count n, and no slot is seen held under another count.
-func (r *Repository) slotsRefused(ctx context.Context, targetID string, n int) (again bool, err error) {
+// so, or kept failing against other acquires making them at once. All n held under n is ErrLeaseHeld's case: again is false, and first
+// is the slot whose lease the read finds ending first. A slot held under
+// another count is ErrSlotCountConflict. It only reads, but for SetSlots,
+// which runs only when the rows of 1..n are not all there under count n,
+// and no slot is seen held under another count.
+func (r *Repository) slotsRefused(ctx context.Context, targetID string, n int) (again bool, first *backend.Held, err error) {
 	rows, err := r.backend.SlotRows(ctx, r.db, targetID, n)
 	if err != nil {
-		return false, fmt.Errorf("read the slots: %w", err)
+		return false, nil, fmt.Errorf("read the slots: %w", err)
 	}
 	ready := len(rows) == n
 	for _, row := range rows {
 		switch {
+		case row.Paused:
+			return false, nil, &PausedError{Target: targetID, Reason: row.PauseReason}
 		case row.Live && row.Slots != n:
-			return false, slotConflict(n, row.Slots)
+			return false, nil, slotConflict(n, row.Slots)
 		case row.Slots != n:
 			ready = false
 		case !row.Live:
 			again = true
+		default:
+			if h := backend.NewHeld(row.Holder, row.Generation, row.Timeout, row.Age); first == nil || h.ExpiresIn < first.ExpiresIn {
+				first = h
+			}
 		}
 	}
 	if ready {
-		return again, nil
+		return again, first, nil
 	}
 	// A slot held under another count may be one beyond n: look at all
 	// of them, without locking, before SetSlots locks them.
 	if rows, err = r.backend.SlotRows(ctx, r.db, targetID, MaxSlots); err != nil {
-		return false, fmt.Errorf("read the slots: %w", err)
+		return false, nil, fmt.Errorf("read the slots: %w", err)
 	}
 	ready = true
 	have := 0
 	for _, row := range rows {
 		switch {
+		case row.Paused:
+			return false, nil, &PausedError{Target: targetID, Reason: row.PauseReason}
 		case row.Live && row.Slots != n:
-			return false, slotConflict(n, row.Slots)
+			return false, nil, slotConflict(n, row.Slots)
 		case row.Slots != n:
 			ready = false
 		case row.Slot <= n:
@@ -380,7 +537,7 @@ func (r *Repository) slotsRefused(ctx context.Context, targetID string, n int) (
 		}
 	}
 	if ready && have == n {
-		return true, nil // another acquire made them meanwhile
+		return true, nil, nil // another acquire made them meanwhile
 	}
 	var conflict int
 	err = r.retry(ctx, func(ctx context.Context) (err error) {
@@ -388,12 +545,17 @@ func (r *Repository) slotsRefused(ctx context.Context, targetID string, n int) (
 		return err
 	})
 	switch {
+	case err != nil && backend.IsSerializationFailure(err):
+		// Other acquires were making the same rows (on Galera, through
+		// other nodes, whose writes fail certification against each
+		// other's): the next attempt reads what they made.
+		return true, nil, nil
 	case err != nil:
-		return false, fmt.Errorf("make the slot rows: %w", err)
+		return false, nil, fmt.Errorf("make the slot rows: %w", err)
 	case conflict != 0:
-		return false, slotConflict(n, conflict)
+		return false, nil, slotConflict(n, conflict)
 	}
-	return true, nil
+	return true, nil, nil
 }
 
 // slotConflict is the error of an acquire under count n of slots that are
@@ -428,7 +590,10 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 // SQLite, two on MySQL. It returns the leases that were not renewed because
 // they are no longer the caller's (taken over or released), as a set; stop
 // their work. An error means the outcome of some leases is unknown: nothing
-// is reported lost then, but some leases may have been renewed.
+// is reported lost then, but some leases may have been renewed. A lease
+// whose holder an operator asked to stop (RequestStop) is renewed, and not
+// reported: a Runner's heartbeat stops its work, and other holders read the
+// request from their row (Get).
 func (r *Repository) HeartbeatMany(ctx context.Context, leases []Lease) (lost map[Lease]bool, err error) {
 	bl := make([]backend.Lease, len(leases))
 	byRow := make(map[backend.Lease]Lease, len(leases))
@@ -444,31 +609,21 @@ func (r *Repository) HeartbeatMany(ctx context.Context, leases []Lease) (lost ma
 		return nil, err
 	}
 	lost = make(map[Lease]bool, len(lostB))
-	for l := range lostB {
-		lost[byRow[l]] = true
+	for l, e := range lostB {
+		if !e.Stop {
+			lost[byRow[l]] = true
+		}
 	}
 	return lost, nil
 }
 
 // heartbeatMany is HeartbeatMany on leases already checked.
-func (r *Repository) heartbeatMany(ctx context.Context, leases []backend.Lease) (map[backend.Lease]bool, error) {
-	lost := map[backend.Lease]bool{}
-	if !r.backend.Capabilities().BatchHeartbeat {
-		for _, l := range leases {
-			n, err := r.updateOwn(ctx, backend.Renew, l)
-			switch {
-			case err != nil:
-				return nil, wrapf(err, "heartbeat %q", l.TargetID)
-			case n == 0:
-				lost[l] = true
-			}
-		}
-		return lost, nil
-	}
+func (r *Repository) heartbeatMany(ctx context.Context, leases []backend.Lease) (map[backend.Lease]backend.Ended, error) {
+	var lost map[backend.Lease]backend.Ended // nil while none ended: a heartbeat round allocates none
 	for len(leases) > 0 {
 		chunk := leases[:min(len(leases), backend.MaxBatch)]
 		leases = leases[len(chunk):]
-		var gone map[backend.Lease]bool
+		var gone map[backend.Lease]backend.Ended
 		err := r.retry(ctx, func(ctx context.Context) (err error) {
 			gone, err = r.backend.HeartbeatBatch(ctx, r.db, chunk)
 			return err
@@ -476,15 +631,19 @@ func (r *Repository) heartbeatMany(ctx context.Context, leases []backend.Lease) 
 		if err != nil {
 			return nil, wrapf(err, "heartbeat %d leases", len(chunk))
 		}
-		for l := range gone {
-			lost[l] = true
+		if lost == nil {
+			lost = gone // the backend's own, or nil
+			continue
+		}
+		for l, e := range gone {
+			lost[l] = e
 		}
 	}
 	return lost, nil
 }
 
 // CommitIfOwner runs fn in a transaction that first locks the lease row,
-// with a locking read through the JobLease model (gorm's
+// with a locking read through a model of the lease row (gorm's
 // clause.Locking{Strength: "UPDATE"}: SELECT ... FOR UPDATE on PostgreSQL and
 // MySQL; on SQLite the transaction holds the database's write lock from its
 // start), and checks that the row still carries l's token, unreleased. When
@@ -501,7 +660,11 @@ func (r *Repository) heartbeatMany(ctx context.Context, leases []backend.Lease) 
 //
 // While the database cannot be reached (a failover, a restart), the
 // transaction's beginning and the lock are tried again, until ctx ends:
-// fn has not run then. When the connection fails while COMMIT is in flight,
+// fn has not run then. An error that waiting cannot cure (a closed pool, a
+// missing table) is returned at once. When ctx ends before COMMIT (fn ran
+// past it), the transaction is rolled back: nothing is saved, and the error
+// wraps ctx's cause (context.Cause). When the connection fails while COMMIT
+// is in flight,
 // CommitIfOwner returns an error wrapping ErrCommitUnknown: fn's writes may
 // or may not be saved. On a MariaDB Galera cluster the whole commit, fn
 // included, may run again after a certification failure while the lease is
@@ -564,6 +727,9 @@ func (r *Repository) release(ctx context.Context, l Lease, op backend.Own, args 
 // takes the target, as after any expiry. It is ShedLock's lockAtLeastFor:
 // a job that ended early keeps its target for the rest of its minimum hold
 // (see WithMinHold). Waiters (RunWait, Do) see the lease live until then.
+// The row records the hold (JobLease.HoldGeneration), so that List reads
+// it as a minimum hold (LeaseInfo.MinHold) while it lasts and as released,
+// not expired, once it has passed.
 // d must be greater than zero. When l is no longer the caller's, Hold
 // changes nothing and returns an error wrapping ErrLeaseLost.
 func (r *Repository) Hold(ctx context.Context, l Lease, d time.Duration) error {
@@ -614,6 +780,20 @@ func (r *Repository) retry(ctx context.Context, stmt func(ctx context.Context) e
 	return backend.Retry(ctx, r.attempts, stmt)
 }
 
+// readSaved reads what a fenced commit of l whose COMMIT got no answer left
+// in l's row, in a read that the database confirms as it confirms commits
+// (see backend.Backend.ReadSaved): the step by which Run settles such a
+// commit. found is false when the row is gone.
+func (r *Repository) readSaved(ctx context.Context, l Lease) (saved backend.Saved, found bool, err error) {
+	return r.backend.ReadSaved(ctx, r.db, l.row().TargetID)
+}
+
+// state reads targetID's row as a waiter (RunWait, Do, Elector.Lead)
+// needs it: the step by which they look at the lease they wait for.
+func (r *Repository) state(ctx context.Context, targetID string) (backend.State, error) {
+	return r.backend.State(ctx, r.db, targetID)
+}
+
 // Tables returns the names of the tables the Repository works on: the
 // lease table and the result table (see WithTableNames).
 func (r *Repository) Tables() (lease, result string) { return r.tables.lease, r.tables.result }
@@ -634,30 +814,4 @@ func (r *Repository) Get(ctx context.Context, targetID string) (JobLease, bool, 
 		return JobLease{}, false, wrapf(err, "get %q", targetID)
 	}
 	return JobLease(row), found, nil
-}
-
-// acquireSentKey keys the time that a Run counts its lease's trust from,
-// which the acquire moves to the sending of each statement that may take
-// the lease (see backend.AcquireArgs.Sending).
-type acquireSentKey struct{}
-
-// withAcquireSent returns ctx carrying sent, for the acquire to move.
-func withAcquireSent(ctx context.Context, sent *time.Time) context.Context {
-	return context.WithValue(ctx, acquireSentKey{}, sent)
-}
-
-// acquireSent returns the time that ctx carries for the acquire to move,
-// or nil.
-func acquireSent(ctx context.Context) *time.Time {
-	sent, _ := ctx.Value(acquireSentKey{}).(*time.Time)
-	return sent
-}
-
-// sendingHook returns the hook that moves the time ctx carries, or nil.
-func sendingHook(ctx context.Context) func() {
-	sent := acquireSent(ctx)
-	if sent == nil {
-		return nil
-	}
-	return func() { *sent = time.Now() }
 }

@@ -25,6 +25,7 @@ type Runner[T any] struct {
 	cfg    config
 	local  localCalls[T] // the calls of Do and RunWait in progress, by target
 	mon    monitor       // WithLogger's and WithObserver's
+	report any           // the Report of the heartbeats' settings, made once (see startHeartbeat)
 }
 
 // NewRunner returns a Runner on db, which must be a *gorm.DB from gorm.Open
@@ -37,13 +38,13 @@ func NewRunner[T any](db *gorm.DB, opts ...Option) (*Runner[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	repo, err := newRepository(db, cfg.holder, cfg.tables)
+	repo, err := newRepository(db, cfg)
 	if err != nil {
 		return nil, err
 	}
 	beater := repo
 	if cfg.heartbeatDB != nil {
-		beater, err = newRepository(cfg.heartbeatDB, cfg.holder, cfg.tables)
+		beater, err = newRepository(cfg.heartbeatDB, cfg)
 		if err != nil {
 			return nil, wrapf(err, "WithHeartbeatDB")
 		}
@@ -51,8 +52,11 @@ func NewRunner[T any](db *gorm.DB, opts ...Option) (*Runner[T], error) {
 			return nil, invalidf("WithHeartbeatDB: db is %s but the Runner's database is %s", got, want)
 		}
 	}
-	mon := monitor{log: cfg.logger, obs: cfg.observer, holder: cfg.holder, table: cfg.tables.lease}
-	return &Runner[T]{repo: repo, beater: beater, cfg: cfg, mon: mon}, nil
+	mon := monitor{log: cfg.logger, obs: cfg.observer, holder: cfg.holder, table: cfg.tables.lease,
+		slow: cfg.heartbeatInterval / slowHeartbeatFraction}
+	r := &Runner[T]{repo: repo, beater: beater, cfg: cfg, mon: mon}
+	r.report = reportKey{logger: r.mon.log, observer: observerKey(&r.mon)}
+	return r, nil
 }
 
 // Repository returns the Repository that the Runner runs its steps with.
@@ -61,16 +65,24 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 // Run runs work for targetID under a lease, then saves its result with save,
 // once, if the lease is still the caller's.
 //
-//  1. Acquire: when another holder's lease on targetID is live, Run returns an
-//     error wrapping ErrLeaseHeld at once and does not call work.
+//  1. Acquire: when another holder's lease on targetID is live, Run returns a
+//     *HeldError (which matches ErrLeaseHeld, and says who holds the lease
+//     and for how long) at once and does not call work.
 //  2. Work: work runs on the calling goroutine with a context that carries
 //     the lease (LeaseFromContext) and is cancelled when the caller's context
 //     is, or when the lease is lost; context.Cause then reports an error
 //     wrapping ErrLeaseLost. Meanwhile a heartbeat renews the lease every
-//     interval. No database connection is held while work runs.
+//     interval. No database connection is held while work runs. When an
+//     operator asks the holder to stop (Repository.RequestStop), the next
+//     heartbeat finds the request and the context is cancelled with a
+//     cause wrapping ErrStopRequested, which Run returns, with the
+//     request's reason: nothing is saved, and the lease is released at
+//     once (a minimum hold is not kept).
 //  3. Save: when work returns a nil error and the lease was never lost, save
-//     runs inside the fenced commit (see Repository.CommitIfOwner), in the
-//     same transaction that releases the lease. When the lease turns out to
+//     runs inside the fenced commit, in the same transaction that releases
+//     the lease (see Repository.CommitAndRelease; while a WithMinHold hold
+//     lasts, Repository.CommitIfOwner, and the lease stays held to the
+//     hold's end). When the lease turns out to
 //     have been taken over, nothing is saved and Run returns ErrLeaseLost.
 //  4. Release: on every other outcome the lease is released on a context
 //     that survives the caller's cancellation, bounded by the operation
@@ -88,30 +100,41 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 // is lost, Run returns ErrLeaseLost even if work returned a result.
 //
 // While the database cannot be reached (a failover, a switchover, a
-// restart), Run does not fail at once (see WithReconnectWindow). The
-// acquire is tried again, each attempt within the operation timeout, until
-// the reconnect window has passed. A fenced commit whose transaction the
-// server ended before its COMMIT (a shutdown, a broken connection) saved
-// nothing; Run commits again, with save, while the lease is still its own,
-// until the reconnect window has passed since the first commit began. When
-// the connection fails while COMMIT is in flight, Run settles whether the
+// restart), Run does not fail at once (see WithReconnectWindow). The acquire
+// is tried again, each attempt within the operation timeout, until the
+// reconnect window has passed; with WithSlots too. An error that waiting
+// cannot cure (a closed pool, a missing table, bad SQL, a permission) Run
+// returns at once, from every step. A fenced commit whose transaction ended
+// before its COMMIT saved nothing: the server ended it (a shutdown, a
+// broken connection), or save ran past the operation timeout, which bounds
+// each fenced commit with save inside it (save's context,
+// tx.Statement.Context, ends then; its statements fail from then on, and
+// its transaction is rolled back). Run cannot tell a slow save from a
+// statement that waited on a server that went away, so in each of these
+// cases it commits again, with save, each commit within a new operation
+// timeout, while the lease is still its own, until the reconnect window
+// has passed since the first commit failed (the time that save ran before
+// the failure does not count), and at most 4 commits in all. When the
+// last one ran past the timeout too, Run returns an error that wraps
+// context.DeadlineExceeded and names WithOperationTimeout. When the
+// connection fails while COMMIT is in flight, Run settles whether the
 // commit took effect, by reading the lease row under a lock, in a read that
 // the database confirms as it confirms commits (on PostgreSQL, by its
-// synchronous standbys): it returns the result and nil when the commit
-// took effect; when it did not and the lease is still the Run's, it
-// commits again; otherwise it returns an error saying that nothing was
-// saved, or an error wrapping ErrCommitUnknown when it cannot tell within
-// the reconnect window.
+// synchronous standbys): it returns the result and nil when the commit took
+// effect; when it did not and the lease is still the Run's, it commits
+// again; otherwise it returns an error saying that nothing was saved, or an
+// error wrapping ErrCommitUnknown when it cannot tell within the reconnect
+// window.
 //
 // Run never saves twice: at most one call of save has its writes
 // committed. save may be called again when its transaction ended without
 // committing while the lease was still the caller's: after the database
-// went away during the commit, as above, or, on a MariaDB Galera cluster,
-// when the fenced commit failed certification against another node's
-// write on the lease row (the holder's own heartbeat, sent through another
-// node). Each call but the last then ran in a transaction that was rolled
-// back, so effects of the saver outside the transaction may happen more
-// than once.
+// went away during the commit, or save ran past the operation timeout, as
+// above, or, on a MariaDB Galera cluster, when the fenced commit failed
+// certification against another node's write on the lease row (the
+// holder's own heartbeat, sent through another node). Each call but the
+// last then ran in a transaction that was rolled back, so effects of the
+// saver outside the transaction may happen more than once.
 //
 // When work or save calls runtime.Goexit, as t.FailNow does in a test, Run
 // does not return, since the goroutine ends; it still stops the heartbeat
@@ -141,28 +164,26 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 	if m.obs != nil {
 		var end func(error)
 		ctx, end = m.start(ctx, observe.Span{Kind: observe.SpanRun, TargetID: targetID})
-		ctx = withStatements(ctx, m)
 		defer func() { end(err) }()
-	} else if statementsObserved(ctx) {
-		ctx = withStatements(ctx, nil) // a Run inside the work of an observed one
 	}
+	ctx = withStatements(ctx, m)
 
 	acquireCtx, endAcquire := m.start(ctx, observe.Span{Kind: observe.SpanAcquire, TargetID: targetID})
-	sent := time.Now()
-	acquireCtx = withAcquireSent(acquireCtx, &sent)
-	var lease Lease
+	var (
+		lease Lease
+		began = time.Now()
+		sent  time.Time // when the statement that took the lease was sent
+	)
+	// Each attempt within the operation timeout; while the database cannot
+	// be reached, attempts within the reconnect window.
+	actx, cancel := context.WithTimeout(acquireCtx, r.cfg.reconnect())
 	if r.cfg.slots > 1 {
-		actx, cancel := context.WithTimeout(acquireCtx, r.cfg.operationTimeout)
-		lease, err = r.repo.AcquireSlot(actx, targetID, r.cfg.slots, r.cfg.leaseTimeout)
-		cancel()
+		lease, sent, err = r.repo.acquireSlotEach(actx, targetID, r.cfg.slots, r.cfg.leaseTimeout, r.cfg.operationTimeout)
 	} else {
-		// Each attempt within the operation timeout; while the database
-		// cannot be reached, attempts within the reconnect window.
-		actx, cancel := context.WithTimeout(acquireCtx, r.cfg.reconnect())
-		lease, err = r.repo.acquireEach(actx, targetID, r.cfg.leaseTimeout, from, r.cfg.operationTimeout)
-		cancel()
+		lease, sent, err = r.repo.acquireEach(actx, targetID, r.cfg.leaseTimeout, from, r.cfg.operationTimeout)
 	}
-	r.acquired(ctx, targetID, lease, sent, err, endAcquire)
+	cancel()
+	r.acquired(ctx, targetID, lease, began, err, endAcquire)
 	if err != nil {
 		return zero, err
 	}
@@ -212,6 +233,9 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 	case errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrMaxHoldExceeded):
 		r.lost(ctx, lease, sent, cause)
 		return zero, r.releaseAfter(ctx, lease, sent, cause)
+	case errors.Is(cause, ErrStopRequested):
+		r.stopped(ctx, lease, sent, cause)
+		return zero, r.releaseAfter(ctx, lease, sent, cause)
 	case cause != nil:
 		return zero, r.releaseAfter(ctx, lease, sent, wrapf(cause, "run %q", targetID))
 	case workErr != nil:
@@ -235,27 +259,38 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 // commit runs the fenced commit of a Run that holds lease, with save, and
 // returns its outcome and Run's error.
 func (r *Runner[T]) commit(ctx context.Context, lease Lease, sent time.Time, save func(tx *gorm.DB) error) (commitOutcome, error) {
-	begin := time.Now()
 	release, err := r.commitOnce(ctx, lease, sent, save)
 	if err == nil {
 		return r.saved(ctx, lease, sent), nil
 	}
-	return r.commitFailed(ctx, lease, sent, begin, save, release, err)
+	return r.commitFailed(ctx, lease, sent, failedSince(err), save, release, err)
 }
 
 // commitOnce is one fenced commit of lease, with save, under the operation
 // timeout: the save and the release, or, while a minimum hold lasts, the
-// save alone. release reports which.
+// save alone. release reports which. A saver that runs past the timeout
+// gets an error naming it (see Repository.saverEnded).
 func (r *Runner[T]) commitOnce(ctx context.Context, lease Lease, sent time.Time,
 	save func(tx *gorm.DB) error,
 ) (release bool, _ error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, r.cfg.operationTimeout, &commitTimeoutError{r.cfg.operationTimeout})
 	defer cancel()
 	if r.holdLeft(sent) > 0 {
 		return false, r.repo.CommitIfOwner(ctx, lease, save)
 	}
 	return true, r.repo.CommitAndRelease(ctx, lease, save)
 }
+
+// commitTimeoutError is the cause of a fenced commit's context that ended
+// at the operation timeout: it says which option to raise, and wraps
+// context.DeadlineExceeded.
+type commitTimeoutError struct{ timeout time.Duration }
+
+func (e *commitTimeoutError) Error() string {
+	return fmt.Sprintf("the fenced commit ran past the operation timeout of %v (WithOperationTimeout)", e.timeout)
+}
+
+func (e *commitTimeoutError) Unwrap() error { return context.DeadlineExceeded }
 
 // saved ends a Run whose fenced commit saved: it keeps the lease held for
 // the rest of the minimum hold, when one is left (the commit saved without
@@ -302,20 +337,21 @@ func (r *Runner[T]) holdFor(ctx context.Context, lease Lease, sent time.Time) bo
 	return true
 }
 
-// commitFailed handles a fenced commit of lease, begun at begin, that
-// failed with err; release says whether it was a save-and-release. A
-// commit that saved nothing while the lease stayed the Run's (the server
-// ended the transaction before its COMMIT, or a save-and-release's COMMIT
-// that got no answer is settled as rolled back) is run again, with save,
-// until it saves, the lease is lost, or the reconnect window has passed
-// since begin: the database going away for a moment (a switchover, a
-// failover, a restart) does not throw the work's result away. A
+// commitFailed handles a fenced commit of lease that failed with err,
+// having first met its failure at failed (see failedSince); release says
+// whether it was a save-and-release. A commit that saved nothing while the
+// lease stayed the Run's (its transaction ended before its COMMIT, or a
+// save-and-release's COMMIT that got no answer is settled as rolled back)
+// is run again, with save, until it saves, the lease is lost, or the
+// reconnect window has passed since failed: the database going away for a
+// moment (a switchover, a failover, a restart) does not throw the work's
+// result away, however long the saver ran before it did. A
 // save-and-release that committed released the lease, so that the lock of
 // the commit run again fails; a save alone (during a minimum hold) leaves
 // it held, and is not run again after a COMMIT without an answer. At most
 // commitAttempts commits are sent in all, with pauses between them as
 // between reconnects.
-func (r *Runner[T]) commitFailed(ctx context.Context, lease Lease, sent, begin time.Time,
+func (r *Runner[T]) commitFailed(ctx context.Context, lease Lease, sent, failed time.Time,
 	save func(tx *gorm.DB) error, release bool, err error,
 ) (commitOutcome, error) {
 	settled := false // err follows a COMMIT settled as rolled back
@@ -325,7 +361,7 @@ func (r *Runner[T]) commitFailed(ctx context.Context, lease Lease, sent, begin t
 		var unknown *commitUnknownError
 		switch {
 		case errors.As(err, &unknown):
-			switch r.settleCommit(ctx, lease, begin) {
+			switch r.settleCommit(ctx, lease, failed) {
 			case settledSaved:
 				return r.saved(ctx, lease, sent), nil
 			case settledUnknown:
@@ -342,7 +378,7 @@ func (r *Runner[T]) commitFailed(ctx context.Context, lease Lease, sent, begin t
 			// A COMMIT settled as rolled back was taken for one that had not
 			// ended yet, on a database whose settling read does not wait for
 			// it: it may have saved since.
-			if r.settleCommit(ctx, lease, begin) == settledSaved {
+			if r.settleCommit(ctx, lease, failed) == settledSaved {
 				return r.saved(ctx, lease, sent), nil
 			}
 			return commitLost, err
@@ -354,7 +390,7 @@ func (r *Runner[T]) commitFailed(ctx context.Context, lease Lease, sent, begin t
 			return commitFailed, r.releaseAfter(ctx, lease, sent, err)
 		}
 		attempt++
-		if attempt > commitAttempts || time.Since(begin) >= r.cfg.reconnect() || !pause.Wait(ctx) {
+		if attempt > commitAttempts || time.Since(failed) >= r.cfg.reconnect() || !pause.Wait(ctx) {
 			return commitFailed, r.releaseAfter(ctx, lease, sent, err)
 		}
 		r.mon.logLease(ctx, slog.LevelDebug, "gormlease: fenced commit ended without saving, committing again", lease,
@@ -391,7 +427,10 @@ func checkCall[T any](ctx context.Context, targetID string,
 // runErr, with the release's own error added when that failed for a reason
 // other than the lease being gone already.
 func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, sent time.Time, runErr error) error {
-	if r.holdLeft(sent) > 0 && r.holdFor(ctx, lease, sent) {
+	// A holder asked to stop gives the lease up at once, minimum hold or
+	// not, so that another can take over.
+	stopped := errors.Is(runErr, ErrStopRequested)
+	if !stopped && r.holdLeft(sent) > 0 && r.holdFor(ctx, lease, sent) {
 		return runErr // held for the rest of the minimum hold instead
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
@@ -438,12 +477,12 @@ const (
 // cannot be reached or cannot confirm the read (a failover, a restart, a
 // primary waiting for its synchronous standbys), it tries again, each read
 // within the operation timeout, until the operation timeout has passed and
-// the reconnect window since begin (WithReconnectWindow), or the caller's
-// ctx ends (the first read outlives it). Anything else (the row is gone, or a later
-// generation saved since) leaves the outcome unknown, and Run returns
-// ErrCommitUnknown.
-func (r *Runner[T]) settleCommit(ctx context.Context, lease Lease, begin time.Time) settlement {
-	until := begin.Add(r.cfg.reconnect())
+// the reconnect window since the commit failed, at failed
+// (WithReconnectWindow), or the caller's ctx ends (the first read outlives
+// it). Anything else (the row is gone, or a later generation saved since)
+// leaves the outcome unknown, and Run returns ErrCommitUnknown.
+func (r *Runner[T]) settleCommit(ctx context.Context, lease Lease, failed time.Time) settlement {
+	until := failed.Add(r.cfg.reconnect())
 	if t := time.Now().Add(r.cfg.operationTimeout); t.After(until) {
 		until = t
 	}
@@ -467,7 +506,7 @@ func (r *Runner[T]) settleCommit(ctx context.Context, lease Lease, begin time.Ti
 func (r *Runner[T]) settleOnce(ctx context.Context, lease Lease) (settlement, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
 	defer cancel()
-	s, found, err := r.repo.backend.ReadSaved(ctx, r.repo.db, lease.row().TargetID)
+	s, found, err := r.repo.readSaved(ctx, lease)
 	switch {
 	case err != nil:
 		return settledUnknown, err

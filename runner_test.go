@@ -315,6 +315,7 @@ func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 // can wait for a row lock: the one that takes over an existing row.
 var acquireSQL = map[string]string{
 	"postgres": "%UPDATE job_lease AS l SET%lease_token%",
+	"mariadb":  "%ON DUPLICATE KEY UPDATE%lease_token%",
 	"mysql":    "%UPDATE job_lease SET%lease_token%",
 }
 
@@ -323,7 +324,7 @@ var acquireSQL = map[string]string{
 func waitTakeoverBlocked(t *testing.T, s *testdb.Server, takeoverDB *gorm.DB) {
 	t.Helper()
 	if s.Name != "sqlite" {
-		waitLockWait(t, s, "the takeover", acquireSQL[s.Name])
+		waitLockWait(t, s, "the takeover", acquireSQL[flavour(s)])
 		return
 	}
 	// SQLite has one write lock per file, and no view of who waits for it:

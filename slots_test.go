@@ -95,7 +95,12 @@ func TestSlots_RunWaitsAtMostNAtOnce(t *testing.T) {
 		for range runners {
 			// Runners of their own: each queues its calls apart, as
 			// separate processes would.
-			rs = append(rs, newRunner(t, db, append(fast(100*time.Millisecond, 2*time.Second), gormlease.WithSlots(n))...))
+			// An operation timeout, and with it the acquire's bound, that 20
+			// callers making the slot rows at once, each on a connection
+			// of its own that the pool opens then, meet on a loaded 2-core
+			// machine under -race (attempts took up to 1.7 s there).
+			rs = append(rs, newRunner(t, db, append(fast(250*time.Millisecond, 5*time.Second),
+				gormlease.WithOperationTimeout(5*time.Second), gormlease.WithSlots(n))...))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -121,8 +126,10 @@ func TestSlots_RunWaitsAtMostNAtOnce(t *testing.T) {
 		require.Len(t, page, n)
 		var gens int64
 		for i, li := range page {
-			require.Equal(t, target, li.Target)
+			require.Equal(t, target, li.TargetID)
 			require.Equal(t, i+1, li.Slot)
+			require.Equal(t, fmt.Sprintf("%s\x1f%d", target, i+1), li.Key, "the slot row's key")
+			require.Equal(t, li.Key, li.JobLease.TargetID)
 			require.Equal(t, gormlease.StateReleased, li.State)
 			gens += li.Generation
 		}
@@ -147,7 +154,7 @@ func TestSlots_FrozenHolderFreesItsSlot(t *testing.T) {
 		started := make(chan gormlease.Lease, 2)
 		var holders []<-chan runResult[string]
 		for range 2 {
-			holders = append(holders, goRun(ctx, r, target, func(ctx context.Context) (string, error) {
+			holders = append(holders, goRun(t, ctx, r, target, func(ctx context.Context) (string, error) {
 				l, _ := gormlease.LeaseFromContext(ctx)
 				started <- l
 				select {
@@ -391,8 +398,8 @@ func TestSlots_TableWithoutSlotsColumn(t *testing.T) {
 		page, err := r.Repository().List(ctx, gormlease.ListOptions{})
 		require.NoError(t, err)
 		require.Len(t, page, 1)
-		require.Equal(t, target, page[0].Target)
-		_, err = r.Repository().Prune(ctx, time.Hour)
+		require.Equal(t, target, page[0].TargetID)
+		_, err = r.Repository().Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour})
 		require.NoError(t, err)
 
 		require.NoError(t, gormlease.AutoMigrate(ctx, db))
@@ -416,7 +423,7 @@ func TestSlots_HeartbeatsAreBatched(t *testing.T) {
 		var results []<-chan runResult[string]
 		for _, target := range targets {
 			for range n {
-				results = append(results, goRun(context.Background(), r, target, func(ctx context.Context) (string, error) {
+				results = append(results, goRun(t, context.Background(), r, target, func(ctx context.Context) (string, error) {
 					inside <- struct{}{}
 					select {
 					case <-release:

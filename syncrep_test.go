@@ -60,7 +60,7 @@ func gatedRun(t *testing.T, r *gormlease.Runner[string], target string, save fun
 ) (finish chan struct{}, done <-chan runResult[string]) {
 	working := make(chan struct{})
 	finish = make(chan struct{})
-	done = goRun(context.Background(), r, target, func(context.Context) (string, error) {
+	done = goRun(t, context.Background(), r, target, func(context.Context) (string, error) {
 		close(working)
 		<-finish
 		return "lost", nil
@@ -138,7 +138,7 @@ func TestSyncRep_CancelledHeartbeatIsNotRenewal(t *testing.T) {
 	trust := lease - margin
 	working := make(chan struct{})
 	fenced := make(chan time.Time, 1)
-	done := goRun(context.Background(), r, newTarget(t), func(ctx context.Context) (string, error) {
+	done := goRun(t, context.Background(), r, newTarget(t), func(ctx context.Context) (string, error) {
 		close(working)
 		<-ctx.Done()
 		fenced <- time.Now()

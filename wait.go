@@ -27,7 +27,7 @@ func (r *Runner[T]) wake(lease Lease) { wait.Wake(r.repo.waitKey, lease.row().Ta
 
 // readState reads targetID's row as a waiter needs it.
 func (r *Runner[T]) readState(ctx context.Context, targetID string) (backend.State, error) {
-	return r.repo.backend.State(ctx, r.repo.db, targetID)
+	return r.repo.state(ctx, targetID)
 }
 
 // maxFailureLength is how much of a failed job's error its lease row keeps,

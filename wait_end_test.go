@@ -65,13 +65,13 @@ func TestWait_EndsLeaveNothingBehind(t *testing.T) {
 		t.Run("DoByResult", func(t *testing.T) {
 			target := newTarget(t)
 			started, release := make(chan struct{}), make(chan struct{})
-			job := goDo(context.Background(), holder, target, func(context.Context) (string, error) {
+			job := goDo(t, context.Background(), holder, target, func(context.Context) (string, error) {
 				close(started)
 				<-release
 				return "report", nil
 			})
 			recv(t, started, 20*time.Second, "the work to start")
-			waits := []<-chan doResult{goDo(context.Background(), waiter, target, never), goDo(context.Background(), waiter, target, never)}
+			waits := []<-chan doResult{goDo(t, context.Background(), waiter, target, never), goDo(t, context.Background(), waiter, target, never)}
 			waitWatched(t, target)
 			close(release)
 			for _, ch := range append(waits, job) {
@@ -85,13 +85,13 @@ func TestWait_EndsLeaveNothingBehind(t *testing.T) {
 		t.Run("DoByFailure", func(t *testing.T) {
 			target := newTarget(t)
 			started, release := make(chan struct{}), make(chan struct{})
-			job := goDo(context.Background(), holder, target, func(context.Context) (string, error) {
+			job := goDo(t, context.Background(), holder, target, func(context.Context) (string, error) {
 				close(started)
 				<-release
 				return "", errors.New("upstream API answered 503")
 			})
 			recv(t, started, 20*time.Second, "the work to start")
-			wait := goDo(context.Background(), waiter, target, never)
+			wait := goDo(t, context.Background(), waiter, target, never)
 			waitWatched(t, target)
 			close(release)
 			assert.Error(t, recv(t, job, 20*time.Second, "the holder's Do").err)
@@ -103,7 +103,7 @@ func TestWait_EndsLeaveNothingBehind(t *testing.T) {
 			target, _ := acquireNew(t, repo, time.Hour)
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
-			waits := []<-chan doResult{goDo(ctx, waiter, target, never), goDo(ctx, waiter, target, never)}
+			waits := []<-chan doResult{goDo(t, ctx, waiter, target, never), goDo(t, ctx, waiter, target, never)}
 			for _, ch := range waits {
 				assert.ErrorIs(t, recv(t, ch, 20*time.Second, "Do").err, context.DeadlineExceeded)
 			}
@@ -112,7 +112,7 @@ func TestWait_EndsLeaveNothingBehind(t *testing.T) {
 
 		t.Run("RunWaitByResult", func(t *testing.T) {
 			target, l := acquireNew(t, repo, time.Hour)
-			done := goRunWait(context.Background(), waiter, target, func(context.Context) (string, error) { return "mine", nil })
+			done := goRunWait(t, context.Background(), waiter, target, func(context.Context) (string, error) { return "mine", nil })
 			waitWatched(t, target)
 			require.NoError(t, repo.Release(context.Background(), l))
 			res := recv(t, done, 20*time.Second, "RunWait")
@@ -123,7 +123,7 @@ func TestWait_EndsLeaveNothingBehind(t *testing.T) {
 
 		t.Run("RunWaitByFailure", func(t *testing.T) {
 			target, l := acquireNew(t, repo, time.Hour)
-			done := goRunWait(context.Background(), waiter, target, func(context.Context) (string, error) {
+			done := goRunWait(t, context.Background(), waiter, target, func(context.Context) (string, error) {
 				return "", errors.New("upstream API answered 503")
 			})
 			waitWatched(t, target)
@@ -136,7 +136,7 @@ func TestWait_EndsLeaveNothingBehind(t *testing.T) {
 			target, _ := acquireNew(t, repo, time.Hour)
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
-			done := goRunWait(ctx, waiter, target, never)
+			done := goRunWait(t, ctx, waiter, target, never)
 			err := recv(t, done, 20*time.Second, "RunWait").err
 			assert.ErrorIs(t, err, context.DeadlineExceeded)
 			assert.ErrorIs(t, err, gormlease.ErrLeaseHeld)
@@ -146,15 +146,18 @@ func TestWait_EndsLeaveNothingBehind(t *testing.T) {
 }
 
 // goRunWait calls r.RunWait on a goroutine, with SaveJSON, and sends its
-// result.
-func goRunWait(ctx context.Context, r *gormlease.Runner[string], target string,
+// result. The RunWait ends before t does (see endsWithTest).
+func goRunWait(t testing.TB, ctx context.Context, r *gormlease.Runner[string], target string,
 	work func(context.Context) (string, error),
 ) <-chan runResult[string] {
-	ch := make(chan runResult[string], 1)
+	ctx, cancel := context.WithCancel(ctx)
+	ch, done := make(chan runResult[string], 1), make(chan struct{})
 	go func() {
+		defer close(done)
 		v, err := r.RunWait(ctx, target, work, gormlease.SaveJSON[string])
 		ch <- runResult[string]{v, err}
 	}()
+	endsWithTest(t, "RunWait "+target, cancel, done)
 	return ch
 }
 
@@ -178,7 +181,7 @@ func TestWait_DeadlineReturnsPromptly(t *testing.T) {
 			ctx, cancel := context.WithDeadline(context.Background(), deadline)
 			var err error
 			if call == "Do" {
-				other := goDo(ctx, r, target, never) // a second caller shares the wait
+				other := goDo(t, ctx, r, target, never) // a second caller shares the wait
 				_, _, err = r.Do(ctx, target, never, gormlease.SaveJSON[string], loadJSON(target))
 				assert.ErrorIs(t, recv(t, other, 20*time.Second, "the other Do").err, context.DeadlineExceeded)
 			} else {

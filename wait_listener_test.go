@@ -58,7 +58,7 @@ func startListenerWaiters(t *testing.T, db *gorm.DB, target string, opts []gorml
 		r := newRunner(t, db, opts...)
 		w.runners = append(w.runners, r)
 		for range 10 {
-			w.results = append(w.results, goDo(context.Background(), r, target, never))
+			w.results = append(w.results, goDo(t, context.Background(), r, target, never))
 		}
 	}
 	waitFor(t, 20*time.Second, "100 callers waiting, the row marked", func() bool {
@@ -104,7 +104,7 @@ func TestDo_ListenerKilledWaitersStillWake(t *testing.T) {
 	// A caller that waits for the whole test keeps the pool's listener.
 	keeper, _ := acquireNew(t, newRepository(t, other), time.Hour)
 	keepCtx, stopKeeping := context.WithCancel(context.Background())
-	kept := goDo(keepCtx, newRunner(t, db, waitOpts...), keeper, func(context.Context) (string, error) {
+	kept := goDo(t, keepCtx, newRunner(t, db, waitOpts...), keeper, func(context.Context) (string, error) {
 		t.Error("the keeper ran the work")
 		return "", nil
 	})
@@ -117,7 +117,7 @@ func TestDo_ListenerKilledWaitersStillWake(t *testing.T) {
 	// job starts a job on other that runs until release is closed.
 	job := func(target, value string) (release chan struct{}, done <-chan runResult[string]) {
 		started, release := make(chan struct{}), make(chan struct{})
-		done = goRun(context.Background(), holder, target, func(context.Context) (string, error) {
+		done = goRun(t, context.Background(), holder, target, func(context.Context) (string, error) {
 			close(started)
 			<-release
 			return value, nil
@@ -156,6 +156,9 @@ func TestDo_ListenerKilledWaitersStillWake(t *testing.T) {
 	require.NoError(t, recv(t, done, 20*time.Second, "the second job").err)
 	woke := waiters.woken(start, "report 2")
 	t.Logf("after the reconnect, 100 waiters woke %v after the job's end", woke)
-	assert.Less(t, woke, time.Second, "the waiters did not wake at the notification")
+	// A poll would come 75 s after the watch began at the soonest: well
+	// under that is the notification, also when 100 waiters and the job's
+	// commit queue on a loaded 2-core machine (1 s was once 1.65 s there).
+	assert.Less(t, woke, 15*time.Second, "the waiters did not wake at the notification")
 	require.Less(t, time.Since(watchStart), 75*time.Second, "too slow to tell a notification from a poll")
 }

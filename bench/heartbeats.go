@@ -145,44 +145,66 @@ func (b *bench) hbGormlease(ctx context.Context) error {
 		return err
 	}
 	r := hbResult{Impl: "gormlease, batched", Leases: b.o.leases}
-	var held, lost atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	// At most half the pool's connections acquire at once, so that the
-	// heartbeats of the leases already held find one meanwhile.
+	h, err := holdRuns(ctx, runner, b.o.leases, "hb-")
+	defer h.end()
+	if err != nil {
+		return fmt.Errorf("gormlease: %w", err)
+	}
+	time.Sleep(hbInterval + hbInterval/4) // into the rhythm of the beats
+	r.Held = h.held.Load()
+	b.window(ctx, &r, c, b.ageSQL("job_lease", "released_at IS NULL AND "), func() int { return sqlDB.Stats().InUse }, nil)
+	r.Lost = h.lost.Load()
+	b.addHB(r)
+	return nil
+}
+
+// runsHeld are leases held at once by Runs whose work waits.
+type runsHeld struct {
+	held, lost atomic.Int64 // Runs whose work began; Runs that returned ErrLeaseLost
+	stop       chan struct{}
+	wg         sync.WaitGroup
+}
+
+// end ends the works, and waits for their Runs to return.
+func (h *runsHeld) end() {
+	close(h.stop)
+	h.wg.Wait()
+}
+
+// holdRuns holds n leases through runner, on the targets prefix0 to
+// prefix<n-1>, each in a Run whose work waits for end, and returns once
+// all are held, or an error (with end still to call) when they are not
+// within two minutes.
+func holdRuns(ctx context.Context, runner *gormlease.Runner[string], n int, prefix string) (*runsHeld, error) {
+	h := &runsHeld{stop: make(chan struct{})}
+	// At most 4 Runs acquire at once, so that the heartbeats of the
+	// leases already held find a connection of the pool meanwhile.
 	acquiring := make(chan struct{}, 4)
-	for i := range b.o.leases {
+	for i := range n {
 		acquiring <- struct{}{}
-		wg.Go(func() {
+		h.wg.Go(func() {
 			var once sync.Once
 			free := func() { once.Do(func() { <-acquiring }) }
 			defer free()
-			_, err := runner.Run(ctx, fmt.Sprintf("hb-%d", i), func(ctx context.Context) (string, error) {
+			_, err := runner.Run(ctx, fmt.Sprintf("%s%d", prefix, i), func(ctx context.Context) (string, error) {
 				free()
-				held.Add(1)
+				h.held.Add(1)
 				select {
-				case <-stop:
+				case <-h.stop:
 					return "", errDone
 				case <-ctx.Done():
 					return "", context.Cause(ctx)
 				}
 			}, func(*gorm.DB, string) error { return nil })
 			if errors.Is(err, gormlease.ErrLeaseLost) {
-				lost.Add(1)
+				h.lost.Add(1)
 			}
 		})
 	}
-	defer wg.Wait()
-	defer close(stop)
-	if err := waitUntil(ctx, 120*time.Second, func() bool { return held.Load() == int64(b.o.leases) }); err != nil {
-		return fmt.Errorf("gormlease: %d of %d leases held: %w", held.Load(), b.o.leases, err)
+	if err := waitUntil(ctx, 120*time.Second, func() bool { return h.held.Load() == int64(n) }); err != nil {
+		return h, fmt.Errorf("%d of %d leases held: %w", h.held.Load(), n, err)
 	}
-	time.Sleep(hbInterval + hbInterval/4) // into the rhythm of the beats
-	r.Held = held.Load()
-	b.window(ctx, &r, c, b.ageSQL("job_lease", "released_at IS NULL AND "), func() int { return sqlDB.Stats().InUse }, nil)
-	r.Lost = lost.Load()
-	b.addHB(r)
-	return nil
+	return h, nil
 }
 
 func (b *bench) ageSQL(table, where string) string {
@@ -288,18 +310,8 @@ func (b *bench) hbPglock(ctx context.Context, onPgx bool) error {
 	// locks already held crowd out the acquires.
 	acquireCtx, cancel := context.WithTimeout(ctx, pglockAcquireFor)
 	defer cancel()
-	var held atomic.Int64
-	parallel(b.o.leases, perLeaseConns, func(i int) {
-		if acquireCtx.Err() != nil {
-			return
-		}
-		_, err := client.AcquireContext(acquireCtx, fmt.Sprintf("%s%d", prefix, i),
-			pglock.FailIfLocked(), pglock.WithCustomHeartbeatContext(beatCtx))
-		if err == nil {
-			held.Add(1)
-		}
-	})
-	if r.Held = held.Load(); r.Held < int64(b.o.leases) {
+	locks, _ := acquirePglocks(acquireCtx, beatCtx, client, b.o.leases, prefix)
+	if r.Held = int64(len(locks)); r.Held < int64(b.o.leases) {
 		r.Note += fmt.Sprintf("; took only %d locks in %v", r.Held, pglockAcquireFor)
 	}
 	time.Sleep(hbInterval + hbInterval/4)
@@ -319,6 +331,28 @@ func (b *bench) hbPglock(ctx context.Context, onPgx bool) error {
 	}
 	b.addHB(r)
 	return nil
+}
+
+// acquirePglocks takes the pglock locks prefix0 to prefix<n-1> through
+// client, on perLeaseConns goroutines, until acquireCtx ends, with their
+// heartbeats on beatCtx, and returns those it took, with their names.
+func acquirePglocks(acquireCtx, beatCtx context.Context, client *pglock.Client, n int, prefix string) ([]*pglock.Lock, []string) {
+	var mu sync.Mutex
+	var locks []*pglock.Lock
+	var names []string
+	parallel(n, perLeaseConns, func(i int) {
+		if acquireCtx.Err() != nil {
+			return
+		}
+		name := fmt.Sprintf("%s%d", prefix, i)
+		l, err := client.AcquireContext(acquireCtx, name, pglock.FailIfLocked(), pglock.WithCustomHeartbeatContext(beatCtx))
+		if err == nil {
+			mu.Lock()
+			locks, names = append(locks, l), append(names, name)
+			mu.Unlock()
+		}
+	})
+	return locks, names
 }
 
 // satResult is one run of the pool saturation scenario.

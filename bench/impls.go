@@ -298,6 +298,7 @@ func newAdvisory(ctx context.Context, dsn string, conns int) (*impl, error) {
 			})
 			return err == nil, errors.Join(err, unlock(ctx))
 		},
+		pool:  pool,
 		warm:  warmPool(pool),
 		close: pool.Close,
 	}, nil

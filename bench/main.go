@@ -21,6 +21,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,13 @@ type options struct {
 	out         string
 	jsonOut     string
 	waitSamples int
+	// holdLeases, holdWindow, holdTimeout and holdAdvisoryMax are the
+	// holding section's.
+	holdLeases      []int
+	holdWindow      time.Duration
+	holdTimeout     time.Duration
+	holdAdvisoryMax int
+	holdOut         string
 	// waitChild, waitTargets and waitWaiters run this command as a child
 	// process of the waiting section (see spread).
 	waitChild   int
@@ -66,7 +74,12 @@ func main() {
 	flag.DurationVar(&o.hbWindow, "hb-window", 4*time.Second, "measuring window of the heartbeat scenario")
 	flag.IntVar(&o.rounds, "rounds", 15, "slices of each lock and job point; ratios are the median of the slices' ratios")
 	flag.IntVar(&o.maxOps, "max-ops", 200000, "bound on operations per point")
-	flag.StringVar(&o.sections, "sections", "inflight,candidates,lock,heartbeat,saturation,wait", "sections to run, comma-separated (inflight, candidates, lock, heartbeat, saturation, wait): -sections inflight runs only the jobs-in-flight headline (about 4 minutes); -sections wait runs only the waiting section (about 2 minutes; with -wait-samples 16, 20 s)")
+	flag.StringVar(&o.sections, "sections", "inflight,candidates,lock,heartbeat,saturation,wait", "sections to run, comma-separated (inflight, candidates, lock, heartbeat, saturation, wait, holding): -sections inflight runs only the jobs-in-flight headline (about 4 minutes); -sections wait runs only the waiting section (about 2 minutes; with -wait-samples 16, 20 s); -sections holding holds -holding-leases leases with gormlease, pglock and advisory locks for -window each, and prints its table (docs/performance.md, \"Holding many leases\")")
+	holdLeases := flag.String("holding-leases", "1000,10000,100000", "leases held at once in the holding section, one point `each`, comma-separated")
+	flag.DurationVar(&o.holdWindow, "window", 60*time.Second, "measuring window of each implementation at each point of the holding section")
+	flag.DurationVar(&o.holdTimeout, "holding-timeout", 20*time.Second, "the lease timeout of the holding section, to which each implementation's heartbeat is scaled as its defaults are (a quarter of it)")
+	flag.StringVar(&o.holdOut, "holding-out", "", "write the holding section's table as its section of this Markdown `file` (docs/performance.md), keeping the rest of the file")
+	flag.IntVar(&o.holdAdvisoryMax, "holding-advisory-max", 32, "the most advisory locks, each a connection, that the holding section holds: a shared server's connections are the other sessions' too")
 	flag.IntVar(&o.waitSamples, "wait-samples", 160, "wake-up latency samples of the waiting section, with notifications and with polling each")
 	flag.IntVar(&o.waitChild, "wait-child", -1, "run as child process `n` of the waiting section (internal)")
 	flag.StringVar(&o.waitTargets, "wait-targets", "", "targets of a child process of the waiting section (internal)")
@@ -78,6 +91,13 @@ func main() {
 	var err error
 	if o.impls, err = regexp.Compile(*impls); err != nil {
 		log.Fatalf("-impls: %v", err)
+	}
+	for _, f := range strings.Split(*holdLeases, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			log.Fatalf("-holding-leases: %q is not a positive count", f)
+		}
+		o.holdLeases = append(o.holdLeases, n)
 	}
 	if o.waitChild >= 0 {
 		if err := waitChild(o); err != nil {
@@ -142,6 +162,7 @@ func run(o options) error {
 		{"heartbeat", b.heartbeatScenarios},
 		{"saturation", b.saturationScenarios},
 		{"wait", b.waitScenarios},
+		{"holding", b.holdingScenarios},
 	} {
 		if !slices.Contains(strings.Split(o.sections, ","), section.name) {
 			continue
@@ -447,6 +468,7 @@ func (b *bench) lockScenarios(ctx context.Context) error {
 		{"lock", "acquire+release", 1, acquireRelease},
 		{"lock", "acquire+release", 8, acquireRelease},
 		{"lock", "acquire+release", 32, acquireRelease},
+		{"lock", newTargetsScenario, 32, acquireReleaseNew},
 		{"lock", contendedScenario, 32, b.contendedOp},
 		{"job", "full job", 1, fullJob},
 		{"job", "full job", 8, fullJob},
@@ -509,6 +531,23 @@ func (b *bench) addRound(round int, r result) {
 func acquireRelease(im *impl) op {
 	return func(ctx context.Context, w, i int) (bool, error) {
 		unlock, ok, err := im.try(ctx, fmt.Sprintf("ar-%d-%d", w, i%64))
+		if !ok || err != nil {
+			return false, err
+		}
+		return true, unlock(ctx)
+	}
+}
+
+// newTargetsScenario is acquire+release on a target never acquired
+// before at each operation: a webhook's ID, a payment's ID.
+const newTargetsScenario = "acquire+release, new targets"
+
+// newTargets numbers the targets of newTargetsScenario, over every point.
+var newTargets atomic.Int64
+
+func acquireReleaseNew(im *impl) op {
+	return func(ctx context.Context, w, i int) (bool, error) {
+		unlock, ok, err := im.try(ctx, fmt.Sprintf("new-%d", newTargets.Add(1)))
 		if !ok || err != nil {
 			return false, err
 		}

@@ -26,14 +26,26 @@ type counter struct {
 	beats      atomic.Int64 // heartbeat statements
 	renewed    atomic.Int64 // rows those renewed
 	isBeat     func(sql string) bool
+	// lastBeat, when set, records the time each heartbeat was sent, by
+	// its first argument (pglock's lock name).
+	lastBeat lastBeats
 }
 
 type beatKey struct{}
+
+// lastBeats records, into the map it holds, when each pglock lock's
+// heartbeat UPDATE was last sent (see counter.lastBeat).
+type lastBeats = atomic.Pointer[sync.Map]
 
 func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	c.statements.Add(1)
 	if c.isBeat != nil && c.isBeat(d.SQL) {
 		c.beats.Add(1)
+		if m := c.lastBeat.Load(); m != nil && len(d.Args) > 0 {
+			if name, ok := d.Args[0].(string); ok {
+				m.Store(name, time.Now())
+			}
+		}
 		return context.WithValue(ctx, beatKey{}, lostOnly(d))
 	}
 	return ctx
@@ -164,15 +176,16 @@ func errorCounts(kinds map[string]int64) string {
 // beatLogger counts, into c, gormlease's batched heartbeats on PostgreSQL,
 // which pgx's tracer does not see: they are sent as simple queries on the
 // connection's wire protocol (so that their notices are read), with the
-// leases written in as array literals, and reported to the gorm logger.
+// leases written in as array literals, and reported to the gorm logger
+// (without their error: a failed one with rows -1).
 type beatLogger struct {
 	logger.Interface
 	c *counter
 }
 
-func (l beatLogger) Trace(_ context.Context, _ time.Time, fc func() (string, int64), err error) {
+func (l beatLogger) Trace(_ context.Context, _ time.Time, fc func() (string, int64), _ error) {
 	sql, rows := fc()
-	if err != nil || !strings.Contains(sql, "WITH ORDINALITY") || !l.c.isBeat(sql) {
+	if rows < 0 || !strings.Contains(sql, "WITH ORDINALITY") || !l.c.isBeat(sql) {
 		return
 	}
 	l.c.statements.Add(1)

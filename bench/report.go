@@ -145,6 +145,8 @@ func (b *bench) goals() []goal {
 		r = b.ratio("acquire+release", me, plain, w)
 		add(fmt.Sprintf("acquire+release vs a plain-SQL lease on raw pgx, %d workers", w), "≥ 0.9×", r, "%.2f×", r >= 0.9)
 	}
+	r = b.ratio(newTargetsScenario, me, plain, 32)
+	add("acquire+release on targets never acquired before vs a plain-SQL lease's upsert, 32 workers", "≥ 1.0×", r, "%.2f×", r >= 1)
 	if b.hotShare > 0 {
 		add("HOT updates on job_lease after the throughput points (n_tup_hot_upd / n_tup_upd)", "≥ 95%", 100*b.hotShare, "%.1f%%", b.hotShare >= 0.95)
 	}
@@ -242,6 +244,7 @@ func report(b *bench, elapsed time.Duration) string {
 		}
 	}
 	table("Acquire + release", "acquire+release", []int{1, 8, 32})
+	table("Acquire + release on targets never acquired before (one-shot IDs)", newTargetsScenario, []int{32})
 	table("32 workers contending on one target (attempts; each holder sleeps 200 µs)", contendedScenario, []int{32})
 	table("Full job: acquire, fenced commit of a one-row saver, release", "full job", []int{1, 8})
 	b.candidatesReport(p)

@@ -24,11 +24,26 @@
 -- (leaving out those it has):
 --   ALTER TABLE job_lease ADD COLUMN saved_generation bigint NULL,
 --     ADD COLUMN saved_at datetime(6) NULL, ADD COLUMN failure varchar(255) NULL,
---     ADD COLUMN timeout_ms bigint NULL, ADD COLUMN slots int NULL;
+--     ADD COLUMN timeout_ms bigint NULL, ADD COLUMN slots int NULL,
+--     ADD COLUMN hold_generation bigint NULL, ADD COLUMN paused_at datetime(6) NULL,
+--     ADD COLUMN pause_reason varchar(255) NULL, ADD COLUMN stop_generation bigint NULL,
+--     ADD COLUMN stop_reason varchar(255) NULL;
 --
 -- slots is, in the row of a slot of a semaphore (WithSlots), the
 -- semaphore's count, and NULL in every other row. Only slotted targets use
 -- it: a table without it still serves the others.
+--
+-- hold_generation is the generation whose holder ended its work and left
+-- the row held, unrenewed, for the rest of its minimum hold (WithMinHold,
+-- Repository.Hold); while it equals generation, the row reads as released,
+-- not expired, once that hold has passed. A later acquisition raises the
+-- generation, so it needs no clearing.
+--
+-- paused_at and pause_reason record an operator's Repository.Pause: while
+-- paused_at is set, no acquisition takes the row (Resume clears both).
+-- stop_generation and stop_reason record Repository.RequestStop: the holder
+-- of that generation stops at its next heartbeat; a later acquisition raises
+-- the generation, so a request never applies to a later lease.
 --
 -- job_lease_floor holds one row: the highest generation that Prune ever
 -- deleted. A target without a row starts above it, so that its generation
@@ -47,6 +62,11 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	failure     varchar(255) NULL,
 	timeout_ms  bigint NULL,
 	slots       int NULL,
+	hold_generation bigint NULL,
+	paused_at   datetime(6) NULL,
+	pause_reason varchar(255) NULL,
+	stop_generation bigint NULL,
+	stop_reason varchar(255) NULL,
 	PRIMARY KEY (target_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 

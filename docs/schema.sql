@@ -29,14 +29,28 @@ CREATE TABLE IF NOT EXISTS job_lease (
 -- existed, which count as expired since updated_at); slots is, in the row of
 -- a slot of a semaphore (WithSlots), the semaphore's count, and NULL in every
 -- other row. Only slotted targets use it: a table without it still serves
--- the others.
+-- the others. hold_generation is the generation whose holder ended its work
+-- and left the row held, unrenewed, for the rest of its minimum hold
+-- (WithMinHold, Repository.Hold); while it equals generation, the row reads
+-- as released, not expired, once that hold has passed. A later acquisition
+-- raises the generation, so it needs no clearing. paused_at and
+-- pause_reason record an operator's Repository.Pause: while paused_at is set,
+-- no acquisition takes the row (Resume clears both). stop_generation and
+-- stop_reason record Repository.RequestStop: the holder of that generation
+-- stops at its next heartbeat; a later acquisition raises the generation, so
+-- a request never applies to a later lease.
 ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS saved_generation bigint,
 	ADD COLUMN IF NOT EXISTS saved_at         timestamptz,
 	ADD COLUMN IF NOT EXISTS failure          varchar(255),
 	ADD COLUMN IF NOT EXISTS waiting          boolean NOT NULL DEFAULT false,
 	ADD COLUMN IF NOT EXISTS timeout_ms       bigint,
-	ADD COLUMN IF NOT EXISTS slots            integer;
+	ADD COLUMN IF NOT EXISTS slots            integer,
+	ADD COLUMN IF NOT EXISTS hold_generation  bigint,
+	ADD COLUMN IF NOT EXISTS paused_at        timestamptz,
+	ADD COLUMN IF NOT EXISTS pause_reason     varchar(255),
+	ADD COLUMN IF NOT EXISTS stop_generation  bigint,
+	ADD COLUMN IF NOT EXISTS stop_reason      varchar(255);
 
 -- job_lease_floor holds one row: the highest generation that Prune ever
 -- deleted. A target without a row starts above it, so that its generation

@@ -52,5 +52,26 @@
 // within the lease timeout plus a heartbeat interval. IsLeader returns nil
 // only while the Elector leads and still trusts its lease. A run that
 // started just before leadership was lost goes on, unless it watches Term's
-// context.
+// context. A campaign retries while the database cannot be reached; an
+// error that waiting cannot cure (a closed pool, a missing table) ends it,
+// and IsLeader then returns that error, wrapped with ErrNotLeader.
+//
+// # Pause and stop
+//
+// An operator pauses a job, or a role, with gormlease's Repository.Pause
+// (or the gormlease CLI's pause) on its target, and lets it run again with
+// Resume:
+//   - A paused job's ticks are skipped: Lock is refused at once with a
+//     *gormlease.PausedError, which gocron counts as a skipped run (its
+//     AfterLockError listener gets it), and which nothing logs above Debug.
+//   - No Elector leads a paused role: the campaigns wait, holding no
+//     connection, until Resume, and a leader in office when the role is
+//     paused steps down within half the lease timeout, its Term's context
+//     cancelled with a cause wrapping gormlease.ErrPaused.
+//
+// Repository.RequestStop asks the holder to stop: a Lock's lease is given up
+// at its next heartbeat (Unlock then returns an error wrapping
+// gormlease.ErrStopRequested; the job itself goes on, as after a loss), and
+// a leader's term ends, its Term's context cancelled with a cause wrapping
+// ErrStopRequested. Pause first to keep anyone from taking over.
 package gormleasegocron

@@ -22,29 +22,43 @@ var ErrNotLeader = errors.New("gormleasegocron: not the leader")
 // to gocron.WithDistributedElector. An Elector is safe for concurrent use.
 type Elector struct {
 	elector *gormlease.Elector
+	name    string                          // the role
 	term    atomic.Pointer[context.Context] // the term's context while leading
 	cancel  context.CancelFunc
-	done    chan struct{} // closed when the campaign has ended
+	done    chan struct{}         // closed when the campaign has ended
+	failed  atomic.Pointer[error] // the error that ended the campaign, if one did
 }
 
 var _ gocron.Elector = (*Elector)(nil)
-
-// campaignPause is how long the campaign waits before it campaigns again
-// after a Lead that ended without a term (with an error that Lead did not
-// retry itself).
-const campaignPause = time.Second
 
 // NewElector returns an Elector for the role name, whose lease is the
 // lease row of target name, and starts its campaign: a goroutine that
 // calls gormlease.Elector.Lead in a loop, leading for a term whenever it
 // holds the role's lease and campaigning again when the term is lost,
 // until ctx ends or Close is called. The options are
-// gormlease.NewElector's (heartbeat interval and lease timeout, holder,
-// tables, logger, observer): a leader that dies or freezes is replaced
+// gormlease.NewElector's (heartbeat interval and lease timeout, either
+// alone enough, holder, tables, logger, observer): a leader that dies or freezes is replaced
 // within the lease timeout plus a heartbeat interval. It returns an error
 // wrapping gormlease.ErrInvalidArgument, and starts nothing, when ctx is
 // nil or gormlease.NewElector refuses name or an option. Call Close to
 // wait for the campaign to end.
+//
+// While the role is paused (Repository.Pause of target name), no Elector
+// leads: a campaign waits, holding no connection, until Resume, and a
+// leader whose role is paused during its term steps down, for it reads the
+// role's row at the start of each term and then every half of the lease
+// timeout (one SELECT; standbys read nothing). Its term ends with a cause
+// wrapping gormlease.ErrPaused, and the lease is released. An operator's
+// RequestStop ends the term at the leader's next heartbeat; the campaign
+// then goes on, and any Elector, this one too, may lead the next term
+// (Pause first to keep every Elector from leading).
+//
+// A campaign whose database cannot be reached campaigns again, with
+// backoff, as gormlease.Elector.Lead does. An error that waiting cannot
+// cure (a closed pool, a missing table, a permission) ends the campaign at
+// once: from then on IsLeader and Term return an error that wraps both
+// ErrNotLeader and that error, so that it is seen rather than retried
+// forever.
 func NewElector(ctx context.Context, db *gorm.DB, name string, opts ...gormlease.Option) (*Elector, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("gormleasegocron: elector: context is nil: %w", gormlease.ErrInvalidArgument)
@@ -54,39 +68,78 @@ func NewElector(ctx context.Context, db *gorm.DB, name string, opts ...gormlease
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	e := &Elector{elector: el, cancel: cancel, done: make(chan struct{})}
+	e := &Elector{elector: el, name: name, cancel: cancel, done: make(chan struct{})}
 	go e.campaign(ctx)
 	return e, nil
 }
 
-// campaign leads the role, one term after another, until ctx ends.
+// campaign leads the role, one term after another, until ctx ends or
+// Lead fails with an error that waiting cannot cure.
 func (e *Elector) campaign(ctx context.Context) {
 	defer close(e.done)
 	for ctx.Err() == nil {
 		led := false
 		// Lead waits for the lease, holding no connection, and retries a
-		// failed acquire itself; it returns when the term ends.
-		_ = e.elector.Lead(ctx, func(term context.Context) error {
+		// failed acquire itself while the database cannot be reached; it
+		// returns when the term ends, or at once with any other error.
+		err := e.elector.Lead(ctx, func(lead context.Context) error {
 			led = true
+			term, end := context.WithCancelCause(lead)
+			defer end(nil)
 			e.term.Store(&term)
 			defer e.term.Store(nil)
-			<-term.Done()
-			return nil
+			e.watchPause(term, end)
+			return nil // the lease is released: a paused role waits in Lead
 		})
-		if led {
-			continue
+		if !led && err != nil && ctx.Err() == nil {
+			e.failed.Store(&err)
+			return
 		}
-		t := time.NewTimer(campaignPause)
+	}
+}
+
+// pauseCheckDefault is how often a leader reads the role's row for a
+// pause when the row records no lease timeout.
+const pauseCheckDefault = time.Second
+
+// watchPause returns when term ends, or, having ended it with a cause
+// wrapping gormlease.ErrPaused, when the role is paused: it reads the
+// role's row at the start of the term, and then every half of the lease
+// timeout that the row records. A read that fails is not an outcome (the
+// heartbeats judge the lease): the next one is made as planned.
+func (e *Elector) watchPause(term context.Context, end context.CancelCauseFunc) {
+	repo, name := e.elector.Repository(), e.name
+	every := pauseCheckDefault
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
 		select {
-		case <-ctx.Done():
+		case <-term.Done():
+			return
 		case <-t.C:
 		}
-		t.Stop()
+		row, found, err := repo.Get(term, name)
+		if err == nil && found {
+			if row.PausedAt != nil {
+				reason := ""
+				if row.PauseReason != nil {
+					reason = *row.PauseReason
+				}
+				end(fmt.Errorf("gormleasegocron: the role was paused; the term ended: %w",
+					&gormlease.PausedError{Target: name, Reason: reason}))
+				return
+			}
+			if row.TimeoutMS != nil && *row.TimeoutMS > 0 {
+				every = time.Duration(*row.TimeoutMS) * time.Millisecond / 2
+			}
+		}
+		t.Reset(every)
 	}
 }
 
 // IsLeader returns nil while the Elector leads the role and still trusts
-// its lease, and ErrNotLeader otherwise: gocron then skips the run. It asks
+// its lease, and an error wrapping ErrNotLeader otherwise (see Term):
+// gocron then skips the run. It asks
 // no database: a leader stops trusting its lease, and IsLeader returns
 // ErrNotLeader, before the lease can expire and a standby lead. ctx is not
 // used.
@@ -96,16 +149,24 @@ func (e *Elector) IsLeader(context.Context) error {
 }
 
 // Term returns the context of the Elector's term while it leads, and
-// ErrNotLeader otherwise. The context carries the role's lease
+// ErrNotLeader otherwise; once the campaign has ended with an error that
+// waiting cannot cure (see NewElector), an error wrapping both ErrNotLeader
+// and that error. The context carries the role's lease
 // (gormlease.LeaseFromContext; its Generation is the term) and is
 // cancelled, with a cause wrapping gormlease.ErrLeaseLost, when leadership
-// is lost or can no longer be trusted, or with context.Canceled when the
-// campaign ends. A job that must stop when its leader is deposed runs on
+// is lost or can no longer be trusted; with one wrapping
+// gormlease.ErrStopRequested when an operator asked the leader to stop
+// (Repository.RequestStop); with one wrapping gormlease.ErrPaused when the
+// role was paused (Repository.Pause; see NewElector); or with
+// context.Canceled when the campaign ends. A job that must stop when its leader is deposed runs on
 // it; writes fenced by the term go through Repository().CommitIfOwner with
 // the lease.
 func (e *Elector) Term() (context.Context, error) {
 	term := e.term.Load()
 	if term == nil || (*term).Err() != nil {
+		if failed := e.failed.Load(); failed != nil {
+			return nil, fmt.Errorf("%w: the campaign ended: %w", ErrNotLeader, *failed)
+		}
 		return nil, ErrNotLeader
 	}
 	return *term, nil

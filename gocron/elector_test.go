@@ -128,6 +128,28 @@ func TestElector_EndsWithItsContext(t *testing.T) {
 	})
 }
 
+// A campaign that fails with an error that waiting cannot cure (here, a
+// lease table that does not exist) ends at once, and IsLeader says why,
+// instead of campaigning again every second without a word.
+func TestElector_IncurableErrorEndsTheCampaign(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		missing := "no_such_lease"
+		e, err := gormleasegocron.NewElector(context.Background(), db, newKey(t),
+			append(fast(), gormlease.WithTableNames(missing, missing+"_result"))...)
+		require.NoError(t, err)
+		defer e.Close()
+		deadline := time.Now().Add(5 * time.Second)
+		for err = e.IsLeader(context.Background()); err == gormleasegocron.ErrNotLeader; err = e.IsLeader(context.Background()) {
+			if time.Now().After(deadline) {
+				t.Fatal("the campaign did not end on a missing table within 5s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		require.ErrorIs(t, err, gormleasegocron.ErrNotLeader)
+		require.ErrorContains(t, err, missing, "IsLeader does not say why the campaign ended")
+	})
+}
+
 // Bad input gets an error wrapping ErrInvalidArgument, and starts nothing.
 func TestElector_BadInput(t *testing.T) {
 	db := testdb.SQLite(t).DB(t)
@@ -136,6 +158,6 @@ func TestElector_BadInput(t *testing.T) {
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 	_, err = gormleasegocron.NewElector(context.Background(), db, "")
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
-	_, err = gormleasegocron.NewElector(context.Background(), db, "role", gormlease.WithLeaseTimeout(time.Millisecond))
+	_, err = gormleasegocron.NewElector(context.Background(), db, "role", gormlease.WithLeaseTimeout(-time.Millisecond))
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 }

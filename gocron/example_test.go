@@ -5,32 +5,54 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
+	"github.com/ncruces/go-sqlite3/gormlite"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
 	gormleasegocron "github.com/gormlease/gormlease/gocron"
-	"github.com/gormlease/gormlease/internal/testdb"
 )
 
-// exampleDB returns the examples' database, with the gormlease tables. In
-// an application it is your own: gorm.Open(postgres.Open(dsn), ...), and
-// gormlease.AutoMigrate once.
-func exampleDB() *gorm.DB {
-	db, err := testdb.Example()
+// openDB opens the database as an application does, and creates the
+// gormlease tables (gormlease.AutoMigrate, once at startup): here SQLite in
+// a new file of a temporary directory, with the DSN of gormlease's
+// docs/sqlite.md; on PostgreSQL, gorm.Open(postgres.Open(dsn), ...).
+// closeDB closes it and removes the file.
+func openDB() (db *gorm.DB, closeDB func()) {
+	dir, err := os.MkdirTemp("", "gocron-example")
 	if err != nil {
 		log.Fatal(err)
 	}
-	return db
+	db, err = gorm.Open(gormlite.Open("file:"+filepath.Join(dir, "app.db")+
+		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)&_pragma=synchronous(normal)"),
+		&gorm.Config{Logger: logger.Discard}) // an application keeps gorm's logger
+	if err != nil {
+		log.Fatal(err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
+		log.Fatal(err)
+	}
+	return db, func() {
+		sqlDB.Close()
+		os.RemoveAll(dir)
+	}
 }
 
 // Every pod runs the same scheduler; the Locker lets one of them run each
 // tick of the job, and WithMinHold keeps a fast job's target held long
 // enough that a pod whose timer fires a moment later skips the tick.
 func ExampleNewLocker() {
-	db := exampleDB()
+	db, closeDB := openDB()
+	defer closeDB()
 	locker, err := gormleasegocron.NewLocker(db, gormlease.WithMinHold(30*time.Second))
 	if err != nil {
 		log.Fatal(err)
@@ -66,7 +88,8 @@ func ExampleNewLocker() {
 // Lock and Unlock are what gocron calls around each run; a second Lock of
 // the job while the first holds it is refused.
 func ExampleLocker_Lock() {
-	db := exampleDB()
+	db, closeDB := openDB()
+	defer closeDB()
 	locker, err := gormleasegocron.NewLocker(db)
 	if err != nil {
 		log.Fatal(err)
@@ -88,7 +111,8 @@ func ExampleLocker_Lock() {
 // takes over when the leader dies. A job that must stop when its leader is
 // deposed runs on the term's context.
 func ExampleNewElector() {
-	db := exampleDB()
+	db, closeDB := openDB()
+	defer closeDB()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	elector, err := gormleasegocron.NewElector(ctx, db, "example-scheduler")

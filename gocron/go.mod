@@ -8,6 +8,7 @@ require (
 	github.com/go-co-op/gocron/v2 v2.21.2
 	github.com/google/uuid v1.6.0
 	github.com/gormlease/gormlease v0.0.0-00010101000000-000000000000
+	github.com/ncruces/go-sqlite3/gormlite v0.24.0
 	github.com/stretchr/testify v1.12.1
 	gorm.io/gorm v1.31.2
 )
@@ -40,7 +41,6 @@ require (
 	github.com/moby/term v0.5.0 // indirect
 	github.com/ncruces/go-sqlite3 v0.37.0 // indirect
 	github.com/ncruces/go-sqlite3-wasm/v6 v6.5.35401 // indirect
-	github.com/ncruces/go-sqlite3/gormlite v0.24.0 // indirect
 	github.com/ncruces/julianday v1.0.0 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.0 // indirect

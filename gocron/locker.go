@@ -26,7 +26,8 @@ var _ gocron.Locker = (*Locker)(nil)
 // NewLocker returns a Locker on db, which must be a *gorm.DB from gorm.Open
 // on a database with the gormlease tables (gormlease.AutoMigrate). The
 // options are gormlease.NewRunner's: the heartbeat interval and lease
-// timeout, the holder's name, the tables, a logger, an observer, and,
+// timeout (either alone is enough: the other follows it, as in
+// gormlease.WithLeaseTimeout), the holder's name, the tables, a logger, an observer, and,
 // above all for schedules, gormlease.WithMinHold, which keeps a job's
 // target held until that long after its acquisition, so that a pod whose
 // timer fires a moment later skips the tick. With gormlease.WithMaxHold, a
@@ -45,7 +46,12 @@ func NewLocker(db *gorm.DB, opts ...gormlease.Option) (*Locker, error) {
 // Lock takes the lease of target key, the job's name, and returns a
 // gocron.Lock that holds it until its Unlock. When another holder's lease
 // on key is live, Lock returns an error wrapping gormlease.ErrLeaseHeld at
-// once, having written nothing, and gocron skips the run. It returns an
+// once, having written nothing, and gocron skips the run. So it does while
+// the job is paused (Repository.Pause): the error, a *gormlease.PausedError,
+// matches both ErrPaused and ErrLeaseHeld, and the paused job's ticks are
+// skipped until Resume. A run whose holder an operator asks to stop
+// (RequestStop) ends at its next heartbeat, and Unlock returns an error
+// wrapping gormlease.ErrStopRequested. It returns an
 // error wrapping ctx's when ctx ends before the lease is taken (having
 // written nothing when ctx had ended before the call; a lease taken as ctx
 // ended is released), and the acquire's error when the database cannot be

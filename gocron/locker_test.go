@@ -77,7 +77,8 @@ func TestLocker_UnlockHonoursMinHold(t *testing.T) {
 		_, err = l.Lock(context.Background(), key)
 		require.ErrorIs(t, err, gormlease.ErrLeaseHeld, "locked again within the minimum hold")
 
-		leasetest.WaitFor(t, db, key, gormlease.StateExpired, 10*time.Second)
+		// The hold's end reads as released: the job ended cleanly.
+		leasetest.WaitFor(t, db, key, gormlease.StateReleased, 10*time.Second)
 		assert.GreaterOrEqual(t, time.Since(locked), hold, "the hold ended early")
 		again, err := l.Lock(context.Background(), key)
 		require.NoError(t, err)
@@ -144,4 +145,32 @@ func TestLocker_BadInput(t *testing.T) {
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 	_, err = l.Lock(context.Background(), "")
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
+}
+
+// One timing option is enough: a Locker given only the lease timeout, or
+// only the heartbeat interval, takes leases with the timeout given or
+// derived (four times the interval), and an Elector is made with either.
+func TestLocker_OneTimingOptionIsEnough(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		for _, tc := range []struct {
+			opt  gormlease.Option
+			want time.Duration
+		}{
+			{gormlease.WithLeaseTimeout(10 * time.Second), 10 * time.Second},
+			{gormlease.WithHeartbeatInterval(time.Second), 4 * time.Second},
+		} {
+			l, err := gormleasegocron.NewLocker(db, tc.opt)
+			require.NoError(t, err)
+			key := newKey(t)
+			lock, err := l.Lock(context.Background(), key)
+			require.NoError(t, err)
+			info := leasetest.WaitFor(t, db, key, gormlease.StateLive, 5*time.Second)
+			assert.Equal(t, tc.want, info.Timeout)
+			require.NoError(t, lock.Unlock(context.Background()))
+
+			e, err := gormleasegocron.NewElector(context.Background(), db, key, tc.opt)
+			require.NoError(t, err)
+			e.Close()
+		}
+	})
 }

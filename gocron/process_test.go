@@ -124,6 +124,13 @@ func TestElector_ThreeSchedulersOnlyTheLeaderRuns(t *testing.T) {
 			}
 			return strings.TrimPrefix(info.Holder, "proc-")
 		}
+		// The children campaign from the moment they are ready; one of
+		// them leads once its first acquire has been answered.
+		deadline := time.Now().Add(20 * time.Second)
+		for leader() == "" {
+			require.True(t, time.Now().Before(deadline), "nobody leads 20s after the children are ready")
+			time.Sleep(10 * time.Millisecond)
+		}
 		start := startSchedules(t, children)
 		first := leader()
 		require.NotEmpty(t, first, "nobody leads when the schedule starts")

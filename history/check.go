@@ -22,6 +22,9 @@ type Input struct {
 	Results []Result
 	Changes []Change
 	Faults  []Fault
+	// Pauses are the operator's pauses of targets (Repository.Pause, then
+	// Resume): no Run may start work on a paused target.
+	Pauses []Pause
 	// Targets are the targets the workers ran on.
 	Targets []string
 	// From and To bound the run (wall clock, Unix microseconds).
@@ -37,6 +40,20 @@ type Input struct {
 	// VisualizeDir, when set, is where the model check draws each target's
 	// history that is not linearizable.
 	VisualizeDir string
+}
+
+// Pause is one pause of Target by the operator, who sends each call again
+// until it lands (across a failover, an attempt may fail, or land without
+// its answer): Sent is when the first Pause was sent; Committed when a
+// Pause returned nil, so that the pause had committed (0: none did);
+// Resumed when the first Resume was sent (wall clock, Unix microseconds).
+// From Sent to Committed the pause may or may not be in effect, and from
+// Resumed on it may be over: an acquisition begun after Committed that had
+// taken the lease before Resumed broke the pause, and no other did. A pause
+// that was never confirmed is checked nowhere.
+type Pause struct {
+	Target                   string
+	Sent, Committed, Resumed int64
 }
 
 // Violation is one broken guarantee.
@@ -60,6 +77,7 @@ const (
 	ViolationEarlyTakeover   = "takeover before the holder's recorded expiry"
 	ViolationNoProgress      = "no progress in a quiet window"
 	ViolationNotLinearizable = "not linearizable"
+	ViolationPausedStart     = "work started on a paused target"
 )
 
 // Report is what Check found, with counts of what it checked.
@@ -108,6 +126,21 @@ func Check(in Input) Report {
 	rep.Saves, rep.Changes = len(in.Results), len(in.Changes)
 	add := func(kind, target, format string, args ...any) {
 		rep.Violations = append(rep.Violations, Violation{Kind: kind, Target: target, Detail: fmt.Sprintf(format, args...)})
+	}
+
+	// A paused target starts no work: no Run that called Run after the
+	// pause was confirmed had its lease (its work began) before the first
+	// Resume was sent.
+	for _, p := range in.Pauses {
+		if p.Committed == 0 {
+			continue // never confirmed: it may not have landed at all
+		}
+		for _, r := range runs {
+			if r.target == p.Target && r.token != "" && r.start > p.Committed && r.work < p.Resumed {
+				add(ViolationPausedStart, r.target, "%s run %d called Run at %s and began generation %d's work at %s, within the pause from %s to %s",
+					r.worker, r.id, micros(r.start), r.gen, micros(r.work), micros(p.Committed), micros(p.Resumed))
+			}
+		}
 	}
 
 	// No double save per (target, generation); each save by a logged

@@ -100,3 +100,37 @@ func TestCheck_QuietWindowsLeaveFaultsOut(t *testing.T) {
 		Faults: []Fault{{Worker: "0", Start: 4_000_000, End: 5_000_000}, {Worker: "cluster", Start: 5_500_000, End: 6_000_000}}}
 	assert.Equal(t, [][2]int64{{1_000_000, 4_000_000}, {7_000_000, 10_000_000}}, quietWindows(in))
 }
+
+// A paused target starts no work: in the clean history, a pause from 450
+// to 650 is broken by b's Run 2 (called at 500, work at 600); one from 120
+// to 550 is not (a's work began at 200, but its Run was called at 100,
+// before the pause committed, and b's Run 2 began its work after the
+// Resume was sent), nor is b's refused Run (no acquisition).
+func TestCheck_PausedTargetStartsNoWork(t *testing.T) {
+	in := clean()
+	in.Pauses = []Pause{{Target: "t", Committed: 120, Resumed: 550}}
+	assert.Empty(t, Check(in).Violations)
+
+	in.Pauses = []Pause{{Target: "t", Committed: 450, Resumed: 650}}
+	rep := Check(in)
+	assert.Equal(t, map[string]int{ViolationPausedStart: 1}, kinds(rep))
+
+	in.Pauses = []Pause{{Target: "other", Committed: 450, Resumed: 650}}
+	assert.Empty(t, Check(in).Violations, "a pause of another target")
+}
+
+// A pause sent again across a failover is certain only from its confirmed
+// answer: b's Run 2, called at 500 while the Pause sent at 450 was still
+// unanswered, breaks nothing when the answer came at 550, nor when none
+// ever came; it does when the answer came at 480.
+func TestCheck_PauseUncertainUntilConfirmed(t *testing.T) {
+	in := clean()
+	in.Pauses = []Pause{{Target: "t", Sent: 450, Committed: 550, Resumed: 650}}
+	assert.Empty(t, Check(in).Violations, "a Run called before the pause was confirmed")
+
+	in.Pauses = []Pause{{Target: "t", Sent: 450, Resumed: 650}}
+	assert.Empty(t, Check(in).Violations, "a pause never confirmed")
+
+	in.Pauses = []Pause{{Target: "t", Sent: 450, Committed: 480, Resumed: 650}}
+	assert.Equal(t, map[string]int{ViolationPausedStart: 1}, kinds(Check(in)))
+}

@@ -3,6 +3,7 @@ package history
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -63,6 +64,163 @@ const (
 	FailoverSwitchover = "failover: switchover"
 )
 
+// The operator's actions on a target, in a fault phase, beside the
+// workers' faults and, on the Patroni cluster, during the phase's failover:
+// Pause, then Resume 0.5 to 2 s later, with RequestStop before the Pause
+// (the holder stops, and nobody starts again until Resume), after it (the
+// holder of a paused target stops), or not at all.
+const (
+	OperatePause         = "operator: pause"
+	OperateStopThenPause = "operator: stop, then pause"
+	OperatePauseThenStop = "operator: pause, then stop"
+)
+
+var allOperations = []string{OperatePause, OperateStopThenPause, OperatePauseThenStop}
+
+// The counts of outcome.faults that say how the operator's actions met the
+// failovers: the actions that overlapped a failover of the cluster (from
+// its fault to the heal's end), the attempts of their calls that failed
+// and were sent again, and the Resumes answered nil but lost in the
+// failover (see operate).
+const (
+	operatedAcrossFailover = "operator actions across a failover"
+	operatorRetries        = "operator calls sent again"
+	operatorResumeLost     = "operator resumes lost in a failover"
+)
+
+// The bounds of an operator's call, as a careful operator's script sets
+// them: each attempt may take operatorAttempt, and a failed one is sent
+// again operatorBackoff later, until operatorBound after the first. The
+// bound outlasts the longest failover with its heal (a Patroni kill: the
+// promotion after about 7 s, the old primary kept up to 9 s more, a heal
+// of up to 17.5 s), during which a call either finds no primary or waits
+// on the old one for a standby that has moved on.
+const (
+	operatorAttempt = 3 * time.Second
+	operatorBackoff = 200 * time.Millisecond
+	operatorBound   = time.Minute
+)
+
+// land sends call until it lands: an attempt that fails, whether it never
+// reached the database or its answer was lost (then it may have landed),
+// is sent again, until one returns nil or an error that sending again
+// cannot cure (bad input), or operatorBound has passed. It returns how
+// many attempts failed, and the last one's error.
+func land(call func(ctx context.Context) error) (failed int, err error) {
+	first := time.Now()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), operatorAttempt)
+		err = call(ctx)
+		cancel()
+		if err == nil || errors.Is(err, gormlease.ErrInvalidArgument) || time.Since(first) > operatorBound {
+			return failed, err
+		}
+		failed++
+		time.Sleep(operatorBackoff)
+	}
+}
+
+// operate pauses target with repo as kind says, holds the pause for hold,
+// and resumes it, each call sent until it lands (land). When settled is
+// not nil, it is closed once the failover of the phase is healed: the
+// Resume is then confirmed on the primary that survived (see below). The
+// fault covers it all, from the first call to the end of the Resume and
+// its confirmation; the pause is certain from the answer to Pause to the
+// first Resume sent (see Pause). It also returns how many attempts failed
+// and were sent again, and whether the Resume was lost in the failover.
+func operate(repo *gormlease.Repository, kind, target string, hold time.Duration, settled <-chan struct{}) (
+	_ Fault, _ Pause, retries int, lost bool, _ error,
+) {
+	f := Fault{Kind: kind, Worker: "operator", Start: Micros(time.Now())}
+	var errs []error
+	send := func(step string, call func(ctx context.Context) error) bool {
+		n, err := land(call)
+		retries += n
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s after %d attempts: %w", step, n+1, err))
+		}
+		return err == nil
+	}
+	stop := func() {
+		send("stop", func(ctx context.Context) error {
+			// No live lease: nobody to stop, or an attempt whose answer
+			// was lost stopped it.
+			if err := repo.RequestStop(ctx, target, "history"); !errors.Is(err, gormlease.ErrNoLiveLease) {
+				return err
+			}
+			return nil
+		})
+	}
+	if kind == OperateStopThenPause {
+		stop()
+	}
+	p := Pause{Target: target, Sent: Micros(time.Now())}
+	if send("pause", func(ctx context.Context) error { return repo.Pause(ctx, target, "history") }) {
+		p.Committed = Micros(time.Now())
+	}
+	if kind == OperatePauseThenStop {
+		stop()
+	}
+	time.Sleep(hold)
+	p.Resumed = Micros(time.Now())
+	// The Resume must land, or the target stays paused for good.
+	send("resume", func(ctx context.Context) error { return repo.Resume(ctx, target) })
+	if settled != nil {
+		// Its nil may come from an old primary that nobody stopped (a
+		// Patroni kill), whose commits the failover throws away: when an
+		// attempt cut short there in its wait for the standby had
+		// committed locally, the next one changes no row, and so commits
+		// without waiting for the standby. Once the cluster is healed,
+		// read the row on its primary, and resume again while it is paused.
+		<-settled
+		send("confirm the resume", func(ctx context.Context) error {
+			row, _, err := repo.Get(ctx, target)
+			if err != nil || row.PausedAt == nil {
+				return err
+			}
+			lost = true
+			if err := repo.Resume(ctx, target); err != nil {
+				return err
+			}
+			return errors.New("resumed again: read the row again")
+		})
+	}
+	f.End = Micros(time.Now())
+	return f, p, retries, lost, errors.Join(errs...)
+}
+
+// operatorDelay is how long after the start of a phase whose failover is
+// kind the operator's action begins: while the cluster has no primary (a
+// postmaster kill or a switchover promotes the standby 1.5 to 6 s after it
+// began), or, after a Patroni kill, around the promotion (6.3 to 7.5 s
+// after the kill), after which the old primary, read-write and first in
+// the DSN, holds each commit for a standby that has moved on until the
+// heal demotes it.
+func operatorDelay(kind string, rng *rand.Rand) time.Duration {
+	if kind == FailoverPatroni {
+		return 5*time.Second + time.Duration(rng.IntN(3000))*time.Millisecond
+	}
+	return time.Duration(rng.IntN(1500)) * time.Millisecond
+}
+
+// acrossFailovers counts the operator's actions in faults that overlapped
+// a failover of the cluster.
+func acrossFailovers(faults []Fault) int {
+	n := 0
+	for _, op := range faults {
+		if op.Worker != "operator" {
+			continue
+		}
+		for _, f := range faults {
+			if f.Worker == "cluster" && op.Start <= f.End && f.Start <= op.End {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
 // FailoverUnplanned is a failover of the Patroni cluster that the driver
 // did not inject, but saw.
 const FailoverUnplanned = "failover: unplanned"
@@ -85,6 +243,9 @@ type scenario struct {
 	// the fault phases inject, one per phase, every kind in turn.
 	failovers []string
 	seed      uint64
+	// breakFence runs the workers with the fence broken (see
+	// WorkerConfig.BreakFence).
+	breakFence bool
 }
 
 // slot is one worker, across its incarnations.
@@ -245,6 +406,14 @@ func patroniDatabase(t *testing.T, c *testdb.Patroni) *database {
 	name := fmt.Sprintf("history_%d_%d", os.Getpid(), patroniDatabases.Add(1))
 	in := func(dsn string) string { return strings.Replace(dsn, "dbname=postgres", "dbname="+name, 1) }
 	require.NoError(t, openDB(t, c.DSN()).Exec("CREATE DATABASE "+name).Error)
+	// A replica has the database once it has replayed the CREATE, and a
+	// connection to one that has not yet is refused, which ends pgx's
+	// search for a read-write host of the multi-host DSN: wait for every
+	// member to have it (a scenario after a failover lists a replica first).
+	for _, m := range c.Members() {
+		require.Eventually(t, func() bool { return reachable(in(m.DSN())) }, 30*time.Second, 50*time.Millisecond,
+			"%s has no database %s", m.Name(), name)
+	}
 	d := &database{name: "patroni", db: openDB(t, in(c.DSN())), patroni: c}
 	members := c.Members()
 	for _, m := range members {
@@ -282,6 +451,20 @@ func patroniDatabase(t *testing.T, c *testdb.Patroni) *database {
 		return results, changes
 	}
 	return d
+}
+
+// reachable reports whether a connection to dsn can be made.
+func reachable(dsn string) bool {
+	db, err := Open(dsn)
+	if err != nil {
+		return false
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return false
+	}
+	defer sqlDB.Close()
+	return sqlDB.Ping() == nil
 }
 
 // openDB opens dsn, closed when t ends.
@@ -361,7 +544,7 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 			// reaches the database.
 			OpTimeout: timeout + 2*time.Second + time.Duration(rng.IntN(1000))*time.Millisecond,
 			WorkMin:   20 * time.Millisecond, WorkMax: time.Duration(100+rng.IntN(400)) * time.Millisecond,
-			Seed: sc.seed + uint64(i),
+			Seed: sc.seed + uint64(i), BreakFence: sc.breakFence,
 		}
 		maxTimeout, maxOpTimeout = max(maxTimeout, timeout), max(maxOpTimeout, cfg.OpTimeout)
 		t.Logf("worker %d: %d Run loops, heartbeat %v, lease timeout %v, operation timeout %v, work %v to %v",
@@ -374,6 +557,8 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 			s.crash()
 		}
 	})
+	repo, err := gormlease.NewRepository(d.db)
+	require.NoError(t, err)
 	from := Micros(time.Now())
 	for _, s := range slots {
 		require.NoError(t, s.start())
@@ -384,6 +569,7 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 	var (
 		mu       sync.Mutex
 		faults   []Fault
+		pauses   []Pause
 		counts   = map[string]int{}
 		next     []string // the failovers to come, in turn
 		turns    int
@@ -478,6 +664,40 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 					}
 				})
 			}
+			if len(sc.faults) > 0 {
+				kind := allOperations[rng.IntN(len(allOperations))]
+				target := targets[rng.IntN(len(targets))]
+				delay := time.Duration(rng.IntN(1000)) * time.Millisecond
+				if len(sc.failovers) > 0 {
+					delay = operatorDelay(next[0], rng) // during the failover
+				}
+				hold := time.Duration(500+rng.IntN(1500)) * time.Millisecond
+				var settled chan struct{}
+				if len(sc.failovers) > 0 {
+					settled = make(chan struct{})
+					// Closed when the failover below is healed, or the
+					// test failed: before wg.Wait.
+					defer close(settled)
+				}
+				wg.Go(func() {
+					time.Sleep(delay)
+					f, p, retries, lost, err := operate(repo, kind, target, hold, settled)
+					if err != nil {
+						t.Errorf("%s on %s: %v", kind, target, err)
+					}
+					t.Logf("%s on %s from %s to %s: pause sent at %s, confirmed at %s, resume sent at %s; "+
+						"%d attempts sent again, the resume lost in the failover: %v",
+						kind, target, micros(f.Start), micros(f.End), micros(p.Sent), micros(p.Committed), micros(p.Resumed), retries, lost)
+					mu.Lock()
+					defer mu.Unlock()
+					faults, pauses = append(faults, f), append(pauses, p)
+					counts[kind]++
+					counts[operatorRetries] += retries
+					if lost {
+						counts[operatorResumeLost]++
+					}
+				})
+			}
 			if len(sc.failovers) > 0 {
 				kind := next[0]
 				next = next[1:]
@@ -509,7 +729,10 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 	events, err := ReadLogs(dir)
 	require.NoError(t, err)
 	results, changes := d.read(t)
-	in := Input{Events: events, Results: results, Changes: changes, Faults: faults, Targets: targets,
+	if d.patroni != nil {
+		counts[operatedAcrossFailover] = acrossFailovers(faults)
+	}
+	in := Input{Events: events, Results: results, Changes: changes, Faults: faults, Pauses: pauses, Targets: targets,
 		From: from, To: to, Recovery: recovery, Window: window, Resolution: d.resolution, VisualizeDir: visualize}
 	rep := Check(in)
 	t.Logf("checked %d Runs (%v), %d acquisitions, %d saves, %d lease row changes, %d model operations, %d quiet windows; faults %v; %d violations",

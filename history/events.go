@@ -29,6 +29,8 @@ const (
 const (
 	OutcomeOK      = "ok"      // nil: saved
 	OutcomeHeld    = "held"    // ErrLeaseHeld: nothing ran
+	OutcomePaused  = "paused"  // ErrPaused: the target is paused, nothing ran
+	OutcomeStopped = "stopped" // ErrStopRequested: an operator stopped the work, nothing saved
 	OutcomeLost    = "lost"    // ErrLeaseLost: nothing saved
 	OutcomeUnknown = "unknown" // ErrCommitUnknown: saved or not
 	OutcomeError   = "error"   // any other error: nothing saved

@@ -1,5 +1,3 @@
-//go:build !gormlease_mutate_fence
-
 package history
 
 import (
@@ -35,8 +33,10 @@ func TestHistory_SQLite(t *testing.T) {
 // On the Patroni cluster (etcd and three members in strict synchronous
 // mode), through its multi-host DSN: the faults above, and in each fault
 // phase a failover (a postmaster kill, a Patroni kill that leaves the old
-// primary running, a switchover, in turn), healed before the next. The
-// checker judges the Runs by the primary after the last heal.
+// primary running, a switchover, in turn), healed before the next, during
+// which the operator pauses, stops and resumes a target, sending each call
+// until it lands. The checker judges the Runs by the primary after the
+// last heal.
 func TestHistory_Patroni(t *testing.T) {
 	t.Parallel()
 	started := time.Now()
@@ -48,6 +48,7 @@ func TestHistory_Patroni(t *testing.T) {
 	assert.NotZero(t, o.rep.Saves, "nothing saved")
 	assert.NotZero(t, o.rep.Windows, "no quiet window was checked")
 	assert.NotZero(t, failovers(o), "no failover was injected")
+	assert.NotZero(t, o.faults[operatedAcrossFailover], "no operator action overlapped a failover")
 }
 
 // failovers counts o's failovers.

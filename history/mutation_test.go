@@ -1,5 +1,3 @@
-//go:build gormlease_mutate_fence
-
 package history
 
 import (
@@ -11,10 +9,9 @@ import (
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
-// Built with the tag gormlease_mutate_fence, the fenced commit no longer
-// compares the token (internal/backend/fence_mutated.go): a worker whose
-// commit was stalled past its lease timeout saves over the holder that
-// took the lease over meanwhile. The checker must catch it, by the direct
+// With the fence broken (WorkerConfig.BreakFence), the fenced commit no
+// longer compares the token: a worker whose commit was stalled past its
+// lease timeout saves over the holder that took the lease over meanwhile. The checker must catch it, by the direct
 // check and by the model check.
 func TestHistory_MutatedFenceIsCaught_Postgres(t *testing.T) {
 	t.Parallel()
@@ -32,12 +29,12 @@ func TestHistory_MutatedFenceIsCaught_Patroni(t *testing.T) {
 	t.Parallel()
 	c := testdb.SharedPatroni(t)
 	requireCaught(t, runPatroniScenario(t, c, scenario{duration: duration(t, 45e9), workers: 4, targets: 2,
-		faults: []string{FaultStall}, failovers: allFailovers, seed: seed(t)}))
+		faults: []string{FaultStall}, failovers: allFailovers, seed: seed(t), breakFence: true}))
 }
 
 func checkCaught(t *testing.T, s *testdb.Server) {
 	requireCaught(t, runScenario(t, s, scenario{duration: duration(t, 25e9), workers: 4, targets: 2,
-		faults: []string{FaultStall}, seed: seed(t)}))
+		faults: []string{FaultStall}, seed: seed(t), breakFence: true}))
 }
 
 func requireCaught(t *testing.T, o outcome) {

@@ -46,6 +46,10 @@ type WorkerConfig struct {
 	// WorkMin and WorkMax bound how long each work takes (at random).
 	WorkMin, WorkMax time.Duration
 	Seed             uint64
+	// BreakFence opens the database through a driver that takes the token
+	// check out of the fenced commit's statements (see breakFence): the
+	// mutation that the checker must catch. PostgreSQL and MySQL only.
+	BreakFence bool
 }
 
 // RunWorker runs cfg's Run loops until stop is closed, then waits for the
@@ -57,7 +61,11 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 		return err
 	}
 	defer log.Close()
-	db, err := Open(cfg.DSN)
+	open := Open
+	if cfg.BreakFence {
+		open = func(dsn string) (*gorm.DB, error) { return openBroken(dsn, gormConfig()) }
+	}
+	db, err := open(cfg.DSN)
 	if err != nil {
 		return err
 	}
@@ -168,6 +176,10 @@ func Outcome(err error) string {
 	switch {
 	case err == nil:
 		return OutcomeOK
+	case errors.Is(err, gormlease.ErrPaused):
+		return OutcomePaused
+	case errors.Is(err, gormlease.ErrStopRequested):
+		return OutcomeStopped
 	case errors.Is(err, gormlease.ErrLeaseHeld):
 		return OutcomeHeld
 	case errors.Is(err, gormlease.ErrCommitUnknown):
@@ -178,11 +190,16 @@ func Outcome(err error) string {
 	return OutcomeError
 }
 
+// gormConfig is the gorm configuration of every database the history
+// opens. No ping: a worker started while a cluster fails over finds no
+// server that accepts writes, and its Runs, not its start, are to fail.
+func gormConfig() *gorm.Config {
+	return &gorm.Config{Logger: logger.Discard, DisableAutomaticPing: true}
+}
+
 // Open opens a worker's or the checker's database.
 func Open(dsn string) (*gorm.DB, error) {
-	// No ping: a worker started while a cluster fails over finds no server
-	// that accepts writes, and its Runs, not its start, are to fail.
-	cfg := &gorm.Config{Logger: logger.Discard, DisableAutomaticPing: true}
+	cfg := gormConfig()
 	switch {
 	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "host="):
 		// A URL, or keywords and values (a Patroni cluster's multi-host DSN).

@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/ncruces/go-sqlite3/gormlite"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
-	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/leasetest"
 )
 
@@ -33,15 +36,32 @@ func (t *exampleT) done() {
 	}
 }
 
-func exampleDB() *gorm.DB {
-	db, err := testdb.Example()
+// openDB opens your test database: here SQLite in a new file of a
+// temporary directory, with the DSN of docs/sqlite.md, and gormlease's
+// tables. closeDB closes it and removes the file; dsn opens the same
+// database again.
+func openDB() (db *gorm.DB, dsn string, closeDB func()) {
+	dir, err := os.MkdirTemp("", "leasetest-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	dsn = "file:" + filepath.Join(dir, "test.db") +
+		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)&_pragma=synchronous(normal)"
+	db, err = gorm.Open(gormlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		log.Fatal(err)
+	}
+	sqlDB, err := db.DB()
 	if err != nil {
 		log.Fatal(err)
 	}
 	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
 		log.Fatal(err)
 	}
-	return db
+	return db, dsn, func() {
+		sqlDB.Close()
+		os.RemoveAll(dir)
+	}
 }
 
 // refreshReport is the code under test: it makes the report of a user once
@@ -55,9 +75,10 @@ func refreshReport(ctx context.Context, r *gormlease.Runner[string], user string
 // Another process holds the target: the code under test is refused, and
 // does not run the work.
 func ExampleHold() {
+	db, _, closeDB := openDB()
+	defer closeDB()
 	t := &exampleT{}
 	defer t.done()
-	db := exampleDB()
 	runner, _ := gormlease.NewRunner[string](db)
 
 	leasetest.Hold(t, db, "report:user-1")
@@ -69,9 +90,10 @@ func ExampleHold() {
 // A takeover in the middle of the work: the work's context is cancelled
 // with ErrLeaseLost at the next heartbeat, and nothing is saved.
 func ExampleTakeOver() {
+	db, _, closeDB := openDB()
+	defer closeDB()
 	t := &exampleT{}
 	defer t.done()
-	db := exampleDB()
 	runner, _ := gormlease.NewRunner[string](db,
 		gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(2*time.Second))
 
@@ -92,9 +114,10 @@ func ExampleTakeOver() {
 // Do waits for the holder of a lease; when the holder is gone and its lease
 // expires, the waiting call takes it over and runs the work itself.
 func ExampleExpire() {
+	db, _, closeDB := openDB()
+	defer closeDB()
 	t := &exampleT{}
 	defer t.done()
-	db := exampleDB()
 	runner, _ := gormlease.NewRunner[string](db,
 		gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(2*time.Second))
 
@@ -121,9 +144,10 @@ func ExampleExpire() {
 
 // State reads a target's row as List reports it.
 func ExampleState() {
+	db, _, closeDB := openDB()
+	defer closeDB()
 	t := &exampleT{}
 	defer t.done()
-	db := exampleDB()
 	l, release := leasetest.Hold(t, db, "report:user-4")
 	info, _ := leasetest.State(t, db, "report:user-4")
 	fmt.Println(info.State, info.Holder, info.Generation == l.Generation)
@@ -141,8 +165,9 @@ func ExampleState() {
 // with ErrLeaseLost before its lease could expire (the lease timeout less
 // the safety margin after the last heartbeat), saving nothing.
 func Example_selfFencing() {
-	db := exampleDB()
-	own, err := testdb.ExamplePool() // in a test of yours: a second gorm.Open on the same DSN
+	db, dsn, closeDB := openDB()
+	defer closeDB()
+	own, err := gorm.Open(gormlite.Open(dsn), &gorm.Config{Logger: logger.Discard}) // a second pool on the same database
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -5,9 +5,9 @@
 // writing SQL against the lease table's columns.
 //
 // Every helper takes a testing.TB, the *gorm.DB of the code under test, and
-// the same table options as gormlease.NewRunner (only WithTableNames matters
-// here; the others are ignored). It works on PostgreSQL, MySQL/MariaDB and
-// SQLite, and fails the test with t.Fatalf, saying what it was doing, on a
+// gormlease.WithTableNames when that code uses other tables than the
+// default ones (a gormlease.TableOption, as AutoMigrate takes). It works on
+// PostgreSQL, MySQL/MariaDB and SQLite, and fails the test with t.Fatalf, saying what it was doing, on a
 // database error. The leases it takes are released when the test ends.
 //
 // To test the self-fencing path (the work cancelled with ErrLeaseLost
@@ -44,14 +44,18 @@ const HoldTimeout = time.Hour
 // opTimeout bounds each database call of a helper.
 const opTimeout = 30 * time.Second
 
-// repository returns a Repository on db with opts, failing t.
-func repository(t testing.TB, db *gorm.DB, what string, opts []gormlease.Option) *gormlease.Repository {
+// repository returns a Repository on db with tables, failing t.
+func repository(t testing.TB, db *gorm.DB, what string, tables []gormlease.TableOption) *gormlease.Repository {
 	t.Helper()
-	r, err := gormlease.NewRunner[struct{}](db, append(opts[:len(opts):len(opts)], gormlease.WithHolder(Holder))...)
+	opts := []gormlease.RepositoryOption{gormlease.WithHolder(Holder)}
+	for _, o := range tables {
+		opts = append(opts, o)
+	}
+	r, err := gormlease.NewRepository(db, opts...)
 	if err != nil {
 		t.Fatalf("leasetest.%s: %v", what, err)
 	}
-	return r.Repository()
+	return r
 }
 
 // releaseAtCleanup releases l at t's cleanup, unless the returned func
@@ -79,7 +83,7 @@ func releaseAtCleanup(t testing.TB, repo *gormlease.Repository, l gormlease.Leas
 // at the test's cleanup, unless released earlier with the returned func.
 // The lease is never renewed: it stays live for HoldTimeout. Hold fails the
 // test when the target is held already.
-func Hold(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Option) (gormlease.Lease, func()) {
+func Hold(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableOption) (gormlease.Lease, func()) {
 	t.Helper()
 	repo := repository(t, db, "Hold", opts)
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
@@ -100,7 +104,7 @@ func Hold(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Option) 
 // (its work is cancelled with ErrLeaseLost) and its save is refused. The
 // new lease is released at the test's cleanup. A target that has no lease
 // row, or a released or expired one, is simply acquired.
-func TakeOver(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Option) gormlease.Lease {
+func TakeOver(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableOption) gormlease.Lease {
 	t.Helper()
 	repo := repository(t, db, "TakeOver", opts)
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
@@ -125,22 +129,13 @@ func TakeOver(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Opti
 		// generation; a change since the read (a release, a takeover)
 		// makes it try again.
 		token := uuid.New()
-		lease, _ := repo.Tables()
-		res := db.WithContext(ctx).Table(lease).
-			Where("target_id = ? AND lease_token = ? AND generation = ?", targetID, row.LeaseToken.String(), row.Generation).
-			Updates(map[string]any{
-				"lease_token": token.String(),
-				"generation":  row.Generation + 1,
-				"holder":      Holder,
-				"updated_at":  gorm.Expr(now(t, db)),
-				"released_at": nil,
-				"failure":     nil,
-				"timeout_ms":  HoldTimeout.Milliseconds(),
-			})
-		if res.Error != nil {
-			t.Fatalf("leasetest.TakeOver(%q): %v", targetID, res.Error)
+		seized, err := seam(t, db, repo, "TakeOver").SeizeLease(ctx, db,
+			backend.Lease{TargetID: targetID, Token: row.LeaseToken, Generation: row.Generation},
+			backend.AcquireArgs{Token: token, Holder: Holder, Timeout: HoldTimeout})
+		if err != nil {
+			t.Fatalf("leasetest.TakeOver(%q): %v", targetID, err)
 		}
-		if res.RowsAffected == 1 {
+		if seized {
 			l := gormlease.Lease{TargetID: targetID, Token: token, Generation: row.Generation + 1}
 			releaseAtCleanup(t, repo, l, "TakeOver")
 			return l
@@ -154,7 +149,7 @@ func TakeOver(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Opti
 // its next heartbeat, as it would after a pause; Expire is for a holder that
 // is gone, or frozen (Hold's, for one). It fails the test when the target
 // has no lease, or a released one.
-func Expire(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Option) {
+func Expire(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableOption) {
 	t.Helper()
 	repo := repository(t, db, "Expire", opts)
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
@@ -170,24 +165,23 @@ func Expire(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Option
 	if timeout <= 0 {
 		timeout = HoldTimeout
 	}
-	// The last heartbeat, moved back past the recorded timeout, by the
+	// The last heartbeat, moved back past the recorded timeout, on the
 	// database's own time as the row holds it.
-	at := info.UpdatedAt.Add(-timeout - time.Second).UTC()
-	lease, _ := repo.Tables()
-	res := db.WithContext(ctx).Table(lease).
-		Where("target_id = ? AND lease_token = ? AND released_at IS NULL", targetID, info.LeaseToken.String()).
-		Update("updated_at", timeValue(db, at))
-	if res.Error != nil {
-		t.Fatalf("leasetest.Expire(%q): %v", targetID, res.Error)
+	moved, err := seam(t, db, repo, "Expire").Backdate(ctx, db,
+		backend.Lease{TargetID: targetID, Token: info.LeaseToken}, timeout+time.Second)
+	if err != nil {
+		t.Fatalf("leasetest.Expire(%q): %v", targetID, err)
 	}
-	if res.RowsAffected != 1 {
+	if !moved {
 		t.Fatalf("leasetest.Expire(%q): the lease changed meanwhile: %s", targetID, describe(ctx, repo, targetID))
 	}
 }
 
 // State returns targetID's row as List reports it, with its state and ages
-// on the database's clock; ok is false when there is none.
-func State(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Option) (info gormlease.LeaseInfo, ok bool) {
+// on the database's clock, and whether it is paused (LeaseInfo.Paused,
+// PauseReason) or its holder asked to stop (StopRequested, StopReason); ok
+// is false when there is none.
+func State(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableOption) (info gormlease.LeaseInfo, ok bool) {
 	t.Helper()
 	repo := repository(t, db, "State", opts)
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
@@ -199,7 +193,7 @@ func State(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Option)
 // released), and fails the test when it is not within timeout. It polls
 // every 10ms.
 func WaitFor(t testing.TB, db *gorm.DB, targetID string, state gormlease.LeaseState,
-	timeout time.Duration, opts ...gormlease.Option,
+	timeout time.Duration, opts ...gormlease.TableOption,
 ) gormlease.LeaseInfo {
 	t.Helper()
 	switch state {
@@ -235,7 +229,7 @@ func stateOf(ctx context.Context, t testing.TB, repo *gormlease.Repository, targ
 	if err != nil {
 		t.Fatalf("leasetest.%s(%q): %v", what, targetID, err)
 	}
-	if len(rows) == 0 || rows[0].TargetID != targetID {
+	if len(rows) == 0 || rows[0].Key != targetID {
 		return gormlease.LeaseInfo{}, false
 	}
 	return rows[0], true
@@ -244,28 +238,22 @@ func stateOf(ctx context.Context, t testing.TB, repo *gormlease.Repository, targ
 // describe says who holds targetID, for a failure message.
 func describe(ctx context.Context, repo *gormlease.Repository, targetID string) string {
 	rows, err := repo.List(ctx, gormlease.ListOptions{Prefix: targetID, Limit: 1})
-	if err != nil || len(rows) == 0 || rows[0].TargetID != targetID {
+	if err != nil || len(rows) == 0 || rows[0].Key != targetID {
 		return "its row could not be read"
 	}
 	r := rows[0]
 	return fmt.Sprintf("%s by %q, generation %d, expires in %v", r.State, r.Holder, r.Generation, r.ExpiresIn.Round(time.Millisecond))
 }
 
-// now is the database's current time, as the lease table holds it.
-func now(t testing.TB, db *gorm.DB) string {
+// seam returns the backend of db, for repo's tables: the lease-row
+// statements that the Repository's steps do not make (see
+// backend.Backend.SeizeLease).
+func seam(t testing.TB, db *gorm.DB, repo *gormlease.Repository, what string) backend.Backend {
 	t.Helper()
-	b, ok := choose.For(db.Dialector.Name(), backend.DefaultTables)
+	lease, result := repo.Tables()
+	b, ok := choose.For(db.Dialector.Name(), backend.Tables{Lease: lease, Result: result})
 	if !ok {
-		t.Fatalf("leasetest: unsupported database %q", db.Dialector.Name())
+		t.Fatalf("leasetest.%s: unsupported database %q", what, db.Dialector.Name())
 	}
-	return b.Now()
-}
-
-// timeValue is at as the lease table's timestamp columns take it: SQLite's
-// hold text in the form its statements write.
-func timeValue(db *gorm.DB, at time.Time) any {
-	if db.Dialector.Name() == "sqlite" {
-		return at.Format("2006-01-02 15:04:05.000")
-	}
-	return at
+	return b
 }

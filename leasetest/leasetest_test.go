@@ -263,3 +263,23 @@ func TestHelpers_FailClearly(t *testing.T) {
 		assert.Contains(t, msg, "leasetest.State")
 	})
 }
+
+// State shows a paused target as paused, with the reason, and a pending
+// stop request with its reason.
+func TestState_ShowsPauseAndStop(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx := context.Background()
+		repo := newRunner(t, db).Repository()
+		target := newTarget(t)
+		_, err := repo.Acquire(ctx, target, time.Minute)
+		require.NoError(t, err)
+		require.NoError(t, repo.Pause(ctx, target, "why"))
+		require.NoError(t, repo.RequestStop(ctx, target, "because"))
+		info, ok := leasetest.State(t, db, target)
+		require.True(t, ok)
+		assert.True(t, info.Paused)
+		assert.Equal(t, "why", info.PauseReason)
+		assert.True(t, info.StopRequested)
+		assert.Equal(t, "because", info.StopReason)
+	})
+}

@@ -77,9 +77,10 @@ type Span struct {
 
 	// For SpanStatement: Operation is the statement's first SQL keyword
 	// (UPDATE, SELECT, INSERT, BEGIN, ...); Query the SQL text, with
-	// placeholders for its values, except in the one-query fenced commit,
-	// whose BEGIN and locking UPDATE carry the lease's target and token as
-	// literals; System the database, as OpenTelemetry names it
+	// placeholders for its values (also for the statements that PostgreSQL
+	// is sent with the values written in, the batched heartbeat among
+	// them), except in the one-query fenced commit, whose BEGIN and locking
+	// UPDATE carry the lease's target and token as literals; System the database, as OpenTelemetry names it
 	// ("postgresql", "mysql", "sqlite"); Table the lease table.
 	Operation, Query, System, Table string
 }
@@ -92,14 +93,15 @@ type EventKind uint8
 // sentinel errors, as the caller of Run would match it.
 const (
 	// EventAcquire is an acquire, with its Duration. Err is nil when the
-	// lease was taken, an error wrapping gormlease.ErrLeaseHeld when another holder's
-	// lease was live, and any other error when the acquire failed.
+	// lease was taken: the Run holds it from then on, until its
+	// EventLeaseEnd. Err wraps gormlease.ErrLeaseHeld when another
+	// holder's lease was live, and also wraps gormlease.ErrPaused when the
+	// target is paused (an operator's Repository.Pause): both are refusals,
+	// not failures. It is any other error when the acquire failed.
 	EventAcquire EventKind = iota + 1
-	// EventLeaseStart says that a Run now holds a lease.
-	EventLeaseStart
 	// EventLeaseEnd says that a Run no longer holds its lease, with
-	// Duration how long it held it. The leases a process holds now are the
-	// starts minus the ends.
+	// Duration how long it held it. The leases a process holds now are its
+	// EventAcquires with a nil Err minus its EventLeaseEnds.
 	EventLeaseEnd
 	// EventHeartbeat is one heartbeat statement: Duration its round trip,
 	// Leases how many leases it renewed or tried to, Err its error.
@@ -136,6 +138,12 @@ const (
 	// job's result or returned. Calls of Do that share one job in a process
 	// record one between them, 0 when they did not wait.
 	EventDoWait
+	// EventStopRequested is a Run whose work was cancelled because an
+	// operator asked the holder to stop (gormlease.Repository.RequestStop):
+	// nothing was saved and the lease was given up, not lost (no
+	// EventLeaseLost). Err wraps gormlease.ErrStopRequested, with the
+	// request's reason; Duration is how long the Run had held the lease.
+	EventStopRequested
 )
 
 // Event is one outcome of a Runner's work.
@@ -157,7 +165,8 @@ type Event struct {
 	Leases int
 	// Err is, for EventAcquire and EventCommit, the step's outcome (see
 	// there); for EventHeartbeat the statement's error; for
-	// EventLeaseLost, EventSelfFenced and EventMaxHoldExceeded the cause
-	// that the work's context reports. It is nil otherwise.
+	// EventLeaseLost, EventSelfFenced, EventMaxHoldExceeded and
+	// EventStopRequested the cause that the work's context reports. It is
+	// nil otherwise.
 	Err error
 }

@@ -29,7 +29,7 @@ const ScopeName = "github.com/gormlease/gormlease/otel"
 
 // Metric names.
 const (
-	MetricAcquires        = "gormlease.acquires"           // counter, by AttrOutcome: acquired, held, error
+	MetricAcquires        = "gormlease.acquires"           // counter, by AttrOutcome: acquired, held, paused, error
 	MetricAcquireDuration = "gormlease.acquire.duration"   // histogram, seconds, by AttrOutcome
 	MetricLeasesHeld      = "gormlease.leases.held"        // up-down counter: leases held now
 	MetricHoldDuration    = "gormlease.lease.duration"     // histogram, seconds: how long each lease was held
@@ -38,6 +38,7 @@ const (
 	MetricCommits         = "gormlease.commits"            // counter, by AttrOutcome: saved, lost, unknown, failed
 	MetricCommitDuration  = "gormlease.commit.duration"    // histogram, seconds, by AttrOutcome
 	MetricWaitDuration    = "gormlease.wait.duration"      // histogram, seconds, by AttrWaitCall: run_wait, do
+	MetricLeasesStopped   = "gormlease.leases.stopped"     // counter: leases given up because an operator asked the holder to stop
 )
 
 // Span names of the lease's steps. A statement's span is named after its
@@ -71,7 +72,7 @@ const (
 type Observer struct {
 	tracer trace.Tracer
 
-	acquires, lost, commits           metric.Int64Counter
+	acquires, lost, commits, stopped  metric.Int64Counter
 	held                              metric.Int64UpDownCounter
 	acquireDur, holdDur, heartbeatDur metric.Float64Histogram
 	commitDur, waitDur                metric.Float64Histogram
@@ -124,6 +125,7 @@ func New(opts ...Option) (*Observer, error) {
 	o.acquires = counter(MetricAcquires, "Acquire attempts of gormlease Runs, by outcome.")
 	o.lost = counter(MetricLeasesLost, "Leases lost while their work ran, by cause.")
 	o.commits = counter(MetricCommits, "Fenced commits of gormlease Runs, by outcome.")
+	o.stopped = counter(MetricLeasesStopped, "Leases given up because an operator asked their holder to stop.")
 	held, err := m.Int64UpDownCounter(MetricLeasesHeld, metric.WithDescription("Leases that Runs hold now."))
 	errs = append(errs, err)
 	o.held = held
@@ -168,7 +170,7 @@ func (o *Observer) Start(ctx context.Context, s observe.Span) (context.Context, 
 	opts = append(opts, trace.WithAttributes(attrs...))
 	ctx, span := o.tracer.Start(ctx, name, opts...)
 	return ctx, func(err error) {
-		if err != nil && !errors.Is(err, gormlease.ErrLeaseHeld) {
+		if err != nil && !refusedOrStopped(err) {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
 		}
@@ -191,8 +193,9 @@ func (o *Observer) Record(ctx context.Context, e observe.Event) {
 		set := metric.WithAttributes(attribute.String(AttrOutcome, acquireOutcome(e.Err)))
 		o.acquires.Add(ctx, 1, set)
 		o.acquireDur.Record(ctx, secs, set)
-	case observe.EventLeaseStart:
-		o.held.Add(ctx, 1)
+		if e.Err == nil {
+			o.held.Add(ctx, 1)
+		}
 	case observe.EventLeaseEnd:
 		o.held.Add(ctx, -1)
 		o.holdDur.Record(ctx, secs)
@@ -208,6 +211,8 @@ func (o *Observer) Record(ctx context.Context, e observe.Event) {
 		o.lost.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrLostCause, "self_fenced")))
 	case observe.EventMaxHoldExceeded:
 		o.lost.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrLostCause, "max_hold")))
+	case observe.EventStopRequested:
+		o.stopped.Add(ctx, 1)
 	case observe.EventCommit:
 		set := metric.WithAttributes(attribute.String(AttrOutcome, commitOutcome(e.Err)))
 		o.commits.Add(ctx, 1, set)
@@ -219,12 +224,23 @@ func (o *Observer) Record(ctx context.Context, e observe.Event) {
 	}
 }
 
+// refusedOrStopped reports whether a span that ended with err ended as
+// asked rather than failed: its acquire refused because another holder's
+// lease was live or the target is paused (ErrLeaseHeld, which ErrPaused's
+// errors match too), or its work stopped at an operator's request
+// (ErrStopRequested). Such spans get no error status.
+func refusedOrStopped(err error) bool {
+	return errors.Is(err, gormlease.ErrLeaseHeld) || errors.Is(err, gormlease.ErrStopRequested)
+}
+
 // acquireOutcome names the outcome of an acquire that ended with err, for
-// AttrOutcome: acquired, held or error.
+// AttrOutcome: acquired, held, paused or error.
 func acquireOutcome(err error) string {
 	switch {
 	case err == nil:
 		return "acquired"
+	case errors.Is(err, gormlease.ErrPaused):
+		return "paused"
 	case errors.Is(err, gormlease.ErrLeaseHeld):
 		return "held"
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -275,6 +276,7 @@ func TestObserver_RecordNamesOutcomes(t *testing.T) {
 	for _, e := range []observe.Event{
 		{Kind: observe.EventAcquire},
 		{Kind: observe.EventAcquire, Err: wrap(gormlease.ErrLeaseHeld)},
+		{Kind: observe.EventAcquire, Err: wrap(&gormlease.PausedError{Target: "t", Reason: "maintenance"})},
 		{Kind: observe.EventAcquire, Err: errors.New("connection refused")},
 		{Kind: observe.EventCommit},
 		{Kind: observe.EventCommit, Err: wrap(gormlease.ErrLeaseLost)},
@@ -283,6 +285,7 @@ func TestObserver_RecordNamesOutcomes(t *testing.T) {
 		{Kind: observe.EventLeaseLost, Err: wrap(gormlease.ErrLeaseLost)},
 		{Kind: observe.EventSelfFenced, Err: wrap(gormlease.ErrLeaseLost)},
 		{Kind: observe.EventMaxHoldExceeded, Err: wrap(gormlease.ErrMaxHoldExceeded)},
+		{Kind: observe.EventStopRequested, Err: wrap(gormlease.ErrStopRequested)},
 		{Kind: observe.EventRunWait, Duration: time.Second},
 		{Kind: observe.EventDoWait},
 		{Kind: observe.EventDoWait},
@@ -291,12 +294,40 @@ func TestObserver_RecordNamesOutcomes(t *testing.T) {
 	}
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(ctx, &rm))
-	assert.Equal(t, map[string]int64{"acquired": 1, "held": 1, "error": 1},
+	assert.Equal(t, map[string]int64{"acquired": 1, "held": 1, "paused": 1, "error": 1},
 		sums(t, rm, gormleaseotel.MetricAcquires, gormleaseotel.AttrOutcome))
+	assert.Equal(t, map[string]int64{"": 1}, sums(t, rm, gormleaseotel.MetricLeasesHeld, "none"),
+		"held now: the one acquire that took its lease")
 	assert.Equal(t, map[string]int64{"saved": 1, "lost": 1, "unknown": 1, "failed": 1},
 		sums(t, rm, gormleaseotel.MetricCommits, gormleaseotel.AttrOutcome))
 	assert.Equal(t, map[string]int64{"taken_over": 1, "self_fenced": 1, "max_hold": 1},
 		sums(t, rm, gormleaseotel.MetricLeasesLost, gormleaseotel.AttrLostCause))
+	assert.Equal(t, map[string]int64{"": 1}, sums(t, rm, gormleaseotel.MetricLeasesStopped, "none"),
+		"a stop is counted apart from the losses")
 	assert.Equal(t, map[string]uint64{"run_wait": 1, "do": 2},
 		histogramCounts(rm, gormleaseotel.MetricWaitDuration, gormleaseotel.AttrWaitCall))
+}
+
+// A span that ended because its acquire was refused (held or paused), or
+// because an operator asked its holder to stop, is not an error; any other
+// error is.
+func TestObserver_RefusalsAndStopsAreNotErrors(t *testing.T) {
+	obs, spans, _ := instrumented(t)
+	ctx := context.Background()
+	for _, err := range []error{
+		fmt.Errorf("run: %w", gormlease.ErrLeaseHeld),
+		fmt.Errorf("run: %w", &gormlease.PausedError{Target: "t", Reason: "maintenance"}),
+		fmt.Errorf("run: %w", gormlease.ErrStopRequested),
+		errors.New("connection refused"),
+	} {
+		_, end := obs.Start(ctx, observe.Span{Kind: observe.SpanRun, TargetID: "t"})
+		end(err)
+	}
+	ended := spans.Ended()
+	require.Len(t, ended, 4)
+	for i, s := range ended[:3] {
+		assert.Equal(t, codes.Unset, s.Status().Code, "span %d", i)
+		assert.Empty(t, s.Events(), "span %d recorded an error", i)
+	}
+	assert.Equal(t, codes.Error, ended[3].Status().Code)
 }

@@ -7,33 +7,56 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/ncruces/go-sqlite3/gormlite"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/robfig/cron/v3"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
-	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/recipes"
 )
 
-// exampleDB returns the examples' database, with the gormlease tables. In
-// an application it is your own: gorm.Open(postgres.Open(dsn), ...).
-func exampleDB() *gorm.DB {
-	db, err := testdb.Example()
+// openDB opens the database as an application does, and creates the
+// gormlease tables (gormlease.AutoMigrate, once at startup): here SQLite in
+// a new file of a temporary directory, with the DSN of gormlease's
+// docs/sqlite.md; on PostgreSQL, gorm.Open(postgres.Open(dsn), ...).
+// closeDB closes it and removes the file.
+func openDB() (db *gorm.DB, closeDB func()) {
+	dir, err := os.MkdirTemp("", "recipes-example")
 	if err != nil {
 		log.Fatal(err)
 	}
-	return db
+	db, err = gorm.Open(gormlite.Open("file:"+filepath.Join(dir, "app.db")+
+		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)&_pragma=synchronous(normal)"),
+		&gorm.Config{Logger: logger.Discard}) // an application keeps gorm's logger
+	if err != nil {
+		log.Fatal(err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
+		log.Fatal(err)
+	}
+	return db, func() {
+		sqlDB.Close()
+		os.RemoveAll(dir)
+	}
 }
 
 // Every pod calls MigrateOnce at startup; one runs the migration, the
 // others wait for it and run nothing.
 func ExampleMigrateOnce() {
-	db := exampleDB()
+	db, closeDB := openDB()
+	defer closeDB()
 	if err := db.AutoMigrate(&recipes.SchemaVersion{}); err != nil {
 		log.Fatal(err)
 	}
@@ -59,7 +82,9 @@ func ExampleMigrateOnce() {
 // The report page's handler: tabs that ask for one user's report at once
 // share the one that was made.
 func ExampleReportHandler() {
-	runner, err := gormlease.NewRunner[recipes.Report](exampleDB(), gormlease.WithReuseFor(time.Minute))
+	db, closeDB := openDB()
+	defer closeDB()
+	runner, err := gormlease.NewRunner[recipes.Report](db, gormlease.WithReuseFor(time.Minute))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -85,7 +110,9 @@ func ExampleReportHandler() {
 // A cron job that runs on every pod's cron, skipped on a pod while another
 // pod's run goes on.
 func ExampleCronSkipIfHeld() {
-	runner, err := gormlease.NewRunner[struct{}](exampleDB())
+	db, closeDB := openDB()
+	defer closeDB()
+	runner, err := gormlease.NewRunner[struct{}](db)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -105,7 +132,9 @@ func ExampleCronSkipIfHeld() {
 // A River client whose workers run each account's syncs one at a time,
 // across pods, snoozing a sync whose account is being synced.
 func ExampleRiverSnoozeOnHeld() {
-	runner, err := gormlease.NewRunner[struct{}](exampleDB())
+	db, closeDB := openDB()
+	defer closeDB()
+	runner, err := gormlease.NewRunner[struct{}](db)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -125,7 +154,9 @@ func ExampleRiverSnoozeOnHeld() {
 // across servers; a refused task is retried soon, and does not count as
 // a failure.
 func ExampleAsynqLeaseMiddleware() {
-	runner, err := gormlease.NewRunner[struct{}](exampleDB())
+	db, closeDB := openDB()
+	defer closeDB()
+	runner, err := gormlease.NewRunner[struct{}](db)
 	if err != nil {
 		log.Fatal(err)
 	}

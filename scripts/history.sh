@@ -26,6 +26,6 @@ for i in $(seq "$runs"); do
 done
 if [ "${HISTORY_MUTATION:-1}" != 0 ]; then
   echo "== the fence mutation, $duration per database: the checker must report violations"
-  GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -parallel 3 -timeout 0 -tags gormlease_mutate_fence \
+  GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -parallel 3 -timeout 0 \
     -run '^TestHistory_MutatedFenceIsCaught_' ./
 fi

@@ -17,7 +17,7 @@ done
 trap 'kill "${pids[@]}" 2>/dev/null' EXIT
 for k in $(seq "$n"); do
   begin=$(date +%s)
-  go test -race -count=1 ./... >"$out/run-$k.log" 2>&1
+  go test -race -count=1 -timeout 30m ./... >"$out/run-$k.log" 2>&1
   status=$?
   echo "run $k: exit $status in $(( $(date +%s) - begin ))s, load $(cut -d' ' -f1 /proc/loadavg)"
   if [ "$status" -ne 0 ]; then

@@ -48,6 +48,7 @@ import (
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/bench/internal/opsection"
+	"github.com/gormlease/gormlease/bench/internal/procstat"
 	"github.com/gormlease/gormlease/observe"
 )
 
@@ -702,31 +703,13 @@ func readServer(admin *gorm.DB) server {
 	var pids []int
 	if err := admin.Raw("SELECT pid FROM pg_stat_activity WHERE application_name = ?", schema).Scan(&pids).Error; err == nil {
 		for _, pid := range pids {
-			s.cpu += processCPU(pid)
+			s.cpu += procstat.CPU(pid)
 		}
 	}
 	_ = admin.Raw("SELECT wal_bytes, wal_records, wal_fpi FROM pg_stat_wal").Row().Scan(&s.walBytes, &s.walRecords, &s.walFPI)
 	_ = admin.Raw("SELECT seq_scan, COALESCE(idx_scan, 0), n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE schemaname = ? AND relname = 'job_lease'",
 		schema).Row().Scan(&s.seqScans, &s.idxScans, &s.hotUpdates, &s.updates)
 	return s
-}
-
-// processCPU returns the user and system time of process pid, from
-// /proc, or 0.
-func processCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command's name, in parentheses: utime and
-	// stime are the 12th and 13th, in clock ticks (100 a second on Linux).
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // since returns what the server did from s0 to s, over window, a second.

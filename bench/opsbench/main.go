@@ -175,7 +175,7 @@ FROM generate_series(1, ?) AS i`, rows).Error; err != nil {
 	fmt.Println("heartbeats while listing:", r.listing)
 
 	start = time.Now()
-	r.pruned, err = repo.Prune(ctx, time.Hour)
+	r.pruned, err = repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour})
 	r.pruneTook = time.Since(start)
 	r.pruning = b.take()
 	b.stop()
@@ -350,7 +350,7 @@ func (r results) section() string {
 	}
 	p("\n**How it is measured.** One INSERT ... SELECT FROM generate_series writes %d lease rows whose leases expired two hours ago; Repository.Acquire then takes %d leases with a one-minute timeout, and VACUUM ANALYZE runs on the table. "+
 		"A goroutine renews all the live leases with Repository.HeartbeatMany every %[3]v, on a pool of its own (as WithHeartbeatDB gives a Runner), each round with a timeout of %[3]v; a round is missed when it takes longer than that, fails, or reports a lease lost. "+
-		"The heartbeats first run alone for five intervals, for reference. Then Repository.List pages through every row of the table, %[4]d at a time, each page starting after the last page's target ID; then Repository.Prune(ctx, time.Hour) deletes the expired rows in its default batches, while the live leases must stay, as a List of the live leases checks afterwards. "+
+		"The heartbeats first run alone for five intervals, for reference. Then Repository.List pages through every row of the table, %[4]d at a time, each page starting after the last page's target ID; then Repository.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour}) deletes the expired rows in its default batches, while the live leases must stay, as a List of the live leases checks afterwards. "+
 		"Each window counts the rounds that ended in it. The table lives in a schema of its own on the same server as the main report's, which other processes shared.\n",
 		r.rows, r.leases, r.interval, listPage)
 	return s.String()

@@ -45,21 +45,24 @@ func isMissingTable(err error) bool {
 
 // explainMissingTable returns err, or, when err says that a table does not
 // exist, an error that says which of the command's tables are missing in
-// db and how to make them. The command has no migrate subcommand: the
-// tables are made by gormlease.AutoMigrate.
+// db and how to make them: with the migrate command, or
+// gormlease.AutoMigrate from Go.
 func (c *command) explainMissingTable(ctx context.Context, db *gorm.DB, err error) error {
 	if !isMissingTable(err) {
 		return err
 	}
 	migrate := "gormlease.AutoMigrate(ctx, db)"
+	command := "gormlease migrate"
 	if c.leaseTable != (gormlease.JobLease{}).TableName() || c.resultTable != (gormlease.JobResult{}).TableName() {
 		migrate = fmt.Sprintf("gormlease.AutoMigrate(ctx, db, gormlease.WithTableNames(%q, %q))", c.leaseTable, c.resultTable)
+		command += fmt.Sprintf(" -lease-table %s -result-table %s", c.leaseTable, c.resultTable)
 	}
+	command += " with the same -dsn"
 	m := db.WithContext(ctx).Migrator()
 	if !m.HasTable(c.leaseTable) {
 		return fmt.Errorf("the lease table %q does not exist in this database\n"+
-			"  to create the tables, call %s from Go (this command has no migrate subcommand);\n"+
-			"  if the tables have other names, give them with -lease-table and -result-table", c.leaseTable, migrate)
+			"  to create the tables, run %s, or call %s from Go;\n"+
+			"  if the tables have other names, give them with -lease-table and -result-table", c.leaseTable, command, migrate)
 	}
 	// The generation floor table is named after the lease table, as
 	// Repository.Prune names it.
@@ -70,13 +73,13 @@ func (c *command) explainMissingTable(ctx context.Context, db *gorm.DB, err erro
 		}
 	}
 	if len(missing) == 0 { // made since, or where the check does not look
-		return fmt.Errorf("%w\na table that gormlease needs does not exist: create the tables with %s", err, migrate)
+		return fmt.Errorf("%w\na table that gormlease needs does not exist: create the tables with %s, or %s from Go", err, command, migrate)
 	}
 	verb := "does"
 	if len(missing) > 1 {
 		verb = "do"
 	}
 	return fmt.Errorf("the lease table %q exists but %s %s not\n"+
-		"  the tables were made by an earlier version, or not all made: call %s from Go,\n"+
-		"  which adds what is missing and keeps every row", c.leaseTable, strings.Join(missing, " and "), verb, migrate)
+		"  the tables were made by an earlier version, or not all made: run %s, or call %s from Go,\n"+
+		"  which adds what is missing and keeps every row", c.leaseTable, strings.Join(missing, " and "), verb, command, migrate)
 }

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
+	mysqldriver "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	"github.com/ncruces/go-sqlite3/driver"
 	"github.com/ncruces/go-sqlite3/gormlite"
@@ -51,12 +51,11 @@ func newDatabase(about, nowSQL string, open func() (*sql.DB, error), dialector f
 }
 
 // openDatabase opens the database that dsn names: "" for an SQLite file in
-// a new temporary directory, removed by close; "file:..." for an SQLite
-// file; "postgres://..." for PostgreSQL; "mysql://" and the MySQL driver's
-// DSN for MySQL or MariaDB.
+// a new temporary directory, removed by close; otherwise any form that
+// package dsn reads (dsnpkg.Forms): PostgreSQL, MySQL or MariaDB, or
+// SQLite.
 func openDatabase(dsn string) (*database, error) {
-	switch {
-	case dsn == "":
+	if dsn == "" {
 		dir, err := os.MkdirTemp("", "leasedemo-")
 		if err != nil {
 			return nil, err
@@ -70,27 +69,26 @@ func openDatabase(dsn string) (*database, error) {
 		d.about = "SQLite file " + path + " (temporary; WAL, busy_timeout 10s)"
 		d.cleanup = func() { os.RemoveAll(dir) }
 		return d, nil
-	case strings.HasPrefix(dsn, "file:"):
-		return openSQLite(dsn)
-	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
-		return newDatabase("PostgreSQL "+redact(dsn), "SELECT clock_timestamp()",
-			func() (*sql.DB, error) { return sql.Open("pgx", dsn) },
-			func(c gorm.ConnPool) gorm.Dialector { return postgres.New(postgres.Config{Conn: c}) })
-	case strings.HasPrefix(dsn, "mysql://"):
-		return openMySQL(dsn)
-	default:
-		return nil, fmt.Errorf("unsupported -dsn %q: give file:PATH?%s for SQLite, postgres://USER@HOST/DB for PostgreSQL, "+
-			"or mysql://USER:PASSWORD@tcp(HOST:3306)/DB for MySQL or MariaDB", redact(dsn), sqlitePragmas)
 	}
+	p, err := dsnpkg.Parse(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("-dsn: %w", err)
+	}
+	switch p.Kind {
+	case dsnpkg.KindPostgres:
+		return newDatabase("PostgreSQL "+redact(dsn), "SELECT clock_timestamp()",
+			func() (*sql.DB, error) { return sql.Open("pgx", p.Driver) },
+			func(c gorm.ConnPool) gorm.Dialector { return postgres.New(postgres.Config{Conn: c}) })
+	case dsnpkg.KindMySQL:
+		return openMySQL(p.MySQL)
+	}
+	return openSQLite(p.Driver)
 }
 
-// openMySQL opens MySQL or MariaDB with the driver's DSN, adding the
-// settings gormlease needs: datetimes read as time.Time, in UTC.
-func openMySQL(dsn string) (*database, error) {
-	cfg, err := dsnpkg.MySQL(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("mysql DSN: %w", err)
-	}
+// openMySQL opens MySQL or MariaDB with cfg, which has the settings
+// gormlease needs (datetimes read as time.Time, in UTC), interpolating
+// the statements' arguments.
+func openMySQL(cfg *mysqldriver.Config) (*database, error) {
 	cfg.InterpolateParams = true
 	return newDatabase(fmt.Sprintf("MySQL %s@%s/%s", cfg.User, cfg.Addr, cfg.DBName), "SELECT UTC_TIMESTAMP(6)",
 		func() (*sql.DB, error) { return sql.Open("mysql", cfg.FormatDSN()) },

@@ -33,6 +33,8 @@ import (
 	"os"
 	"os/signal"
 	"time"
+
+	dsnpkg "github.com/gormlease/gormlease/internal/dsn"
 )
 
 // config is the demo's settings, from its flags.
@@ -46,9 +48,7 @@ type config struct {
 
 func main() {
 	var cfg config
-	flag.StringVar(&cfg.dsn, "dsn", "", "database: empty for an SQLite file in a temporary directory, "+
-		"file:PATH?"+sqlitePragmas+" for SQLite, postgres://... for PostgreSQL, "+
-		"mysql://USER:PASSWORD@tcp(HOST:3306)/DB for MySQL or MariaDB")
+	flag.StringVar(&cfg.dsn, "dsn", "", "database: empty for an SQLite file in a temporary directory, or "+dsnpkg.Forms)
 	flag.IntVar(&cfg.tabs, "tabs", 4, "number of tabs that ask for the report at once")
 	flag.DurationVar(&cfg.interval, "interval", time.Second, "heartbeat interval")
 	flag.DurationVar(&cfg.timeout, "timeout", 3*time.Second, "lease timeout: a lease without a heartbeat for this long can be taken over")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -126,7 +127,8 @@ func TestDemo_BadSettings(t *testing.T) {
 		{"OneTab", func(c *config) { c.tabs = 1 }, "-tabs must be at least 2"},
 		{"TimeoutBelowTwiceInterval", func(c *config) { c.timeout = c.interval }, "at least twice -interval"},
 		{"ZeroLatency", func(c *config) { c.latency = 0 }, "-latency must be > 0"},
-		{"UnknownDSN", func(c *config) { c.dsn = "oracle://scott:tiger@db/orcl" }, `unsupported -dsn "oracle://scott:***@db/orcl"`},
+		{"UnknownDSN", func(c *config) { c.dsn = "oracle://scott:tiger@db/orcl" }, `-dsn: unrecognized DSN "oracle://scott:***@db/orcl"`},
+		{"PathOfNoFile", func(c *config) { c.dsn = filepath.Join(t.TempDir(), "none.db") }, `-dsn: unrecognized DSN`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := short

@@ -18,7 +18,6 @@ package backend
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"strconv"
 	"strings"
@@ -57,8 +56,10 @@ type Backend interface {
 	// last heartbeat is older than the timeout that its holder recorded (or
 	// a.Timeout, in a row that records none) on the database's clock. It
 	// records a.Timeout in the row and reports the new generation, and
-	// whether the lease was taken.
-	Acquire(ctx context.Context, db *gorm.DB, a AcquireArgs) (generation int64, acquired bool, err error)
+	// whether the lease was taken. When it refuses, it reports the live
+	// lease that refused it, read by the refusing statements themselves,
+	// without a statement of its own where the database can return it.
+	Acquire(ctx context.Context, db *gorm.DB, a AcquireArgs) (Acquired, error)
 	// UpdateOwn runs op on l's own row: where the target and the token
 	// match and the lease is not released. It returns the number of rows
 	// changed, 1 exactly when the lease was still the caller's. args are
@@ -68,12 +69,13 @@ type Backend interface {
 	// where the backend can (Capabilities.Notify).
 	UpdateOwn(ctx context.Context, db *gorm.DB, op Own, l Lease, args ...any) (int64, error)
 	// HeartbeatBatch renews leases (at most MaxBatch) as UpdateOwn(Renew)
-	// does each, and returns those it did not renew: taken over or
-	// released. It returns an empty map when it renewed them all. A
-	// renewal that the server committed without the confirmation of its
+	// does each, and returns those it did not renew (taken over or
+	// released), and those it renewed whose holder an operator asked to
+	// stop (RequestStop), with the request's reason, read by the same
+	// statements. It returns an empty map, or nil, when it renewed them
+	// all and none was asked to stop. A renewal that the server committed without the confirmation of its
 	// synchronous standbys is an error wrapping ErrReplicationCancelled.
-	// Only with Capabilities.BatchHeartbeat.
-	HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (lost map[Lease]bool, err error)
+	HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []Lease) (ended map[Lease]Ended, err error)
 	// Get reads targetID's row; found is false when there is none. It
 	// sees every write that the database committed before it began, also
 	// on a node of a cluster that applies other nodes' writes late.
@@ -87,28 +89,30 @@ type Backend interface {
 	// primary alone makes it fail (see ErrReplicationCancelled), and it
 	// waits for the row lock while the fenced transaction still holds it.
 	ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (saved Saved, found bool, err error)
-	// ForceRelease ends the lease on targetID, whoever holds it: in one
-	// transaction the row gets token, the next generation, its release
-	// time and failure, and is read back. found is false when there was no
-	// lease to end.
-	ForceRelease(ctx context.Context, db *gorm.DB, targetID string, token uuid.UUID, failure string) (row Row, found bool, err error)
+	// ForceRelease ends the leases of the rows of keys (a target's, or
+	// its slots') that are not released, whoever holds them: in one
+	// transaction each such row gets token, the next generation, its
+	// release time and failure, and the rows that carry token are read
+	// back. It returns those rows, in no order, none when there was no
+	// lease to end. token is fresh: run again with the same token after
+	// an error, it also returns the rows that an earlier run ended.
+	ForceRelease(ctx context.Context, db *gorm.DB, keys []string, token uuid.UUID, failure string) ([]Row, error)
 
-	// TxOptions are the options of the fenced commit's transaction.
-	TxOptions() *sql.TxOptions
-	// BeginLocked returns the query that begins the fenced transaction and
-	// runs op on l's row, in one round trip, with its values written in as
-	// literals. Only with Capabilities.OneTripBegin.
-	BeginLocked(op Own, l Lease) string
-	// CommitOn sends query, the statements that end a transaction begun
-	// with BeginLocked (COMMIT, with what checks it), on conn. It returns
-	// an error wrapping ErrReplicationCancelled when the server says that
-	// it committed locally without the confirmation of the synchronous
-	// standbys that it waits for.
-	CommitOn(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string) error
-	// RefusesQueries reports whether err says that the driver sent a
-	// BeginLocked query in a way that takes one statement only, so that
-	// nothing ran.
-	RefusesQueries(err error) bool
+	// CommitFenced runs one attempt of the fenced commit f on db, in one
+	// transaction (see Fence): it begins it and locks f.Lease's row,
+	// checking that the row still carries the lease's token, runs f.Save on
+	// the transaction, records the save (or, with f.Release, has recorded
+	// it and released the lease with the lock), and commits. While the
+	// database cannot be reached, the beginning and the lock are tried
+	// again until ctx ends. It returns, having saved nothing: ErrNotOwned
+	// when no row held the lease; an *EndedError when the transaction
+	// could not begin before ctx ended, ended before its COMMIT, or ctx
+	// ended before it; a *SaverError when f.Save failed or aborted the
+	// transaction. A *CommitUnknownError says that the COMMIT got no
+	// answer, or that the server committed without the confirmation of
+	// its synchronous standbys (ErrReplicationCancelled). db must not be
+	// in a transaction.
+	CommitFenced(ctx context.Context, db *gorm.DB, f Fence) error
 	// RetryCommit decides, after the fenced commit of l failed with err on
 	// its attempt-th try, whether the failure came from the database and
 	// not from a lost lease, so that the commit may run again (its saver
@@ -158,6 +162,36 @@ type Backend interface {
 	// returns the targets deleted and whether more rows may follow.
 	PruneBatch(ctx context.Context, db *gorm.DB, q PruneQuery) (deleted []string, more bool, err error)
 
+	// SeizeLease and Backdate are the test kit's (package leasetest): what
+	// another process, or the passing of time, does to a lease, on any
+	// lease, live or not, that the kit reads with List.
+	//
+	// SeizeLease gives l's lease, live or not, to a new holder as a
+	// takeover would: a.Token, the next generation, a.Holder, the
+	// database's time, a.Timeout recorded, the release and the failure
+	// cleared. It changes nothing, and reports false, when the row no
+	// longer carries l's token and generation.
+	SeizeLease(ctx context.Context, db *gorm.DB, l Lease, a AcquireArgs) (seized bool, err error)
+	// Backdate moves the last heartbeat of l's own row (its token,
+	// unreleased) back by d, on the row's own time. It changes nothing,
+	// and reports false, when the row does not hold l.
+	Backdate(ctx context.Context, db *gorm.DB, l Lease, d time.Duration) (moved bool, err error)
+
+	// Pause marks the rows of keys (a target's, and its slots') paused,
+	// with reason, in one transaction, creating the first key's row,
+	// released at the generation floor, when it has none. A row already
+	// paused keeps the time of its pause and gets the new reason.
+	Pause(ctx context.Context, db *gorm.DB, keys []string, reason string) error
+	// Resume clears the pause of the rows of keys, in one statement that
+	// notifies their waiters where the backend can (Capabilities.Notify).
+	// It reports how many rows were paused.
+	Resume(ctx context.Context, db *gorm.DB, keys []string) (int64, error)
+	// RequestStop records, in one statement, a request to stop in those
+	// rows of keys whose lease is not released: stop_generation becomes
+	// their generation, and stop_reason reason. It reports how many rows
+	// it changed.
+	RequestStop(ctx context.Context, db *gorm.DB, keys []string, reason string) (int64, error)
+
 	// Now is an SQL expression for the database's current time, in the
 	// form the tables hold it, read when the statement runs.
 	Now() string
@@ -168,12 +202,15 @@ type Capabilities struct {
 	// Notify: the statements that end a waited-on generation notify
 	// waiters in other processes, which MarkWaiting and Listen serve.
 	Notify bool
-	// OneTripBegin: BeginLocked begins the fenced transaction and locks the
-	// row in one round trip, on a plain database/sql pool.
-	OneTripBegin bool
-	// BatchHeartbeat: HeartbeatBatch renews many leases in one or two
-	// statements.
-	BatchHeartbeat bool
+}
+
+// Ended is what a heartbeat found of a lease that it did not simply renew.
+type Ended struct {
+	// Stop reports that an operator asked the lease's holder to stop
+	// (RequestStop), with Reason: the lease is still the holder's, and was
+	// renewed. Otherwise the lease is lost: taken over or released.
+	Stop   bool
+	Reason string
 }
 
 // MaxBatch is the most leases that one HeartbeatBatch renews.
@@ -220,10 +257,42 @@ type AcquireArgs struct {
 	// caller that waited for a generation to end takes over from that one
 	// only, never from one that began and ended since it looked.
 	From int64
-	// Sending, when set, is called right before each statement that may
-	// take the lease is sent, so that the caller can count the lease's
-	// trust from the last of them (the database stamps the lease after it).
-	Sending func()
+}
+
+// Acquired is the outcome of an Acquire.
+type Acquired struct {
+	// Taken reports whether the lease was taken, at Generation.
+	Taken      bool
+	Generation int64
+	// Held, for a refusal, is the live lease that refused it; nil when the
+	// refusing statements saw none: the row changed while they ran (an
+	// acquire that another one beat to the row), or, for an acquire From a
+	// generation, the row is not live but at another generation.
+	Held *Held
+	// Paused, for a refusal, reports that the target is paused (an
+	// operator's Pause), with the reason recorded: no acquire takes it
+	// until Resume, whether or not a lease is live (Held) on it.
+	Paused      bool
+	PauseReason string
+}
+
+// Held is a live lease, as a statement read it, with its remaining life
+// on the database's clock.
+type Held struct {
+	Holder     string
+	Generation int64
+	// ExpiresIn is how long the lease lives without another heartbeat:
+	// within (0, its timeout].
+	ExpiresIn time.Duration
+}
+
+// NewHeld is the Held of a live lease of holder at generation, whose
+// timeout is timeout and whose last heartbeat is age old. A lease that the
+// statement judged live has some life left, however the clock readings
+// round: ExpiresIn is at least a microsecond, the finest that the
+// databases record, and at most timeout.
+func NewHeld(holder string, generation int64, timeout, age time.Duration) *Held {
+	return &Held{Holder: holder, Generation: generation, ExpiresIn: min(max(timeout-age, time.Microsecond), timeout)}
 }
 
 // SlotArgs are the values of one AcquireSlot.
@@ -241,6 +310,17 @@ type SlotRow struct {
 	// Slots is the count that the row records; 0 when it records none.
 	Slots int
 	Live  bool
+	// Holder and Generation are the row's lease, and Timeout and Age its
+	// recorded timeout (0 when it records none) and the time since its last
+	// heartbeat, on the database's clock.
+	Holder     string
+	Generation int64
+	Timeout    time.Duration
+	Age        time.Duration
+	// Paused reports that the slot's row is paused (the target is), with
+	// the pause's reason.
+	Paused      bool
+	PauseReason string
 }
 
 // A semaphore's slots are lease rows of their own, one per slot, keyed by
@@ -299,17 +379,23 @@ type Row struct {
 	SavedAt         *time.Time
 	Failure         *string
 	TimeoutMS       *int64
+	HoldGeneration  *int64
+	PausedAt        *time.Time
+	PauseReason     *string
+	StopGeneration  *int64
+	StopReason      *string
 }
 
 // RowColumns are the columns of a lease row that Get, List and
 // ForceRelease read, in the order of Row.Columns.
 const RowColumns = "target_id, lease_token, generation, holder, updated_at, released_at," +
-	" saved_generation, saved_at, failure, timeout_ms"
+	" saved_generation, saved_at, failure, timeout_ms, hold_generation, paused_at, pause_reason, stop_generation, stop_reason"
 
 // Columns returns where to scan RowColumns into row.
 func (row *Row) Columns() []any {
 	return []any{&row.TargetID, &row.LeaseToken, &row.Generation, &row.Holder, &row.UpdatedAt, &row.ReleasedAt,
-		&row.SavedGeneration, &row.SavedAt, &row.Failure, &row.TimeoutMS}
+		&row.SavedGeneration, &row.SavedAt, &row.Failure, &row.TimeoutMS, &row.HoldGeneration,
+		&row.PausedAt, &row.PauseReason, &row.StopGeneration, &row.StopReason}
 }
 
 // Holds reports whether row holds l: it carries l's token, unreleased.
@@ -345,9 +431,19 @@ type State struct {
 	Age time.Duration
 	// Waiting reports whether the row is marked as waited on.
 	Waiting bool
+	// Holder is the holder that the generation's acquire recorded.
+	Holder string
 	// Timeout is the lease timeout that the generation's holder recorded, 0
 	// when the row records none.
 	Timeout time.Duration
+	// Paused reports that the target is paused (Repository.Pause), with
+	// the pause's reason: no acquire takes the row until it is resumed.
+	Paused      bool
+	PauseReason string
+	// Stopped reports that an operator asked the generation's holder to
+	// stop (RequestStop): a generation released so was given up, not
+	// failed, and its waiters take over rather than share its failure.
+	Stopped bool
 }
 
 // Live reports whether the generation that st shows is held and not

@@ -47,9 +47,19 @@ type Dialect struct {
 	// Lock is appended to SetSlots' read of the rows it may change: a
 	// locking read ("" where a transaction locks the database).
 	Lock string
+	// LockTarget, when not "", is a statement that takes a lock, held until
+	// its transaction ends, on its two arguments, the lease table's name
+	// and a target ID: Pause and SetSlots of a target take it first, so
+	// that they run one after the other even while the target has no row
+	// to lock. SlotsTx are the options of SetSlots' transaction.
+	LockTarget string
+	SlotsTx    *sql.TxOptions
 	// InsertIgnore begins, and IgnoreSuffix ends, an INSERT that skips the
 	// rows whose key exists.
 	InsertIgnore, IgnoreSuffix string
+	// Earlier is an SQL expression for col, a timestamp column, moved back
+	// by its one argument, a number of microseconds.
+	Earlier func(col string) string
 }
 
 // Common is the part of a Backend that is the same SQL on every database,
@@ -65,7 +75,7 @@ type Common struct {
 
 // ownWhere is the condition by which the statements on the caller's own
 // row find it: the target, the caller's token, not released. The fenced
-// commit's statements use fenceWhere, which is the same (see fence.go).
+// commit's statements find it so too.
 const ownWhere = " WHERE target_id = ? AND lease_token = ? AND released_at IS NULL"
 
 // NewCommon returns the Common of d for tables t.
@@ -77,18 +87,14 @@ func NewCommon(d Dialect, t Tables) Common {
 		ReleaseFailed: "released_at = " + d.Now + ", failure = ?",
 		Save:          "saved_generation = generation, saved_at = " + d.Now,
 		SaveRelease:   "released_at = " + d.Now + ", saved_generation = generation, saved_at = " + d.Now,
-		HoldFor:       "updated_at = " + d.Now + ", timeout_ms = ?",
+		HoldFor:       "updated_at = " + d.Now + ", timeout_ms = ?, hold_generation = generation",
 	}
 	for op, s := range set {
 		suffix := d.Notify
 		if Own(op) == Renew || Own(op) == HoldFor {
 			suffix = "" // the generation goes on
 		}
-		where := ownWhere
-		if Own(op) == Save || Own(op) == SaveRelease {
-			where = fenceWhere
-		}
-		c.own[op] = d.Rebind("UPDATE " + t.Lease + " SET " + s + where + suffix)
+		c.own[op] = d.Rebind("UPDATE " + t.Lease + " SET " + s + ownWhere + suffix)
 	}
 	c.get = d.Rebind("SELECT " + RowColumns + " FROM " + t.Lease + " WHERE target_id = ?")
 	return c
@@ -126,7 +132,7 @@ func (c *Common) UpdateOwn(ctx context.Context, db *gorm.DB, op Own, l Lease, ar
 }
 
 // HeartbeatBatch is not a capability of Common.
-func (c *Common) HeartbeatBatch(context.Context, *gorm.DB, []Lease) (lost map[Lease]bool, err error) {
+func (c *Common) HeartbeatBatch(context.Context, *gorm.DB, []Lease) (ended map[Lease]Ended, err error) {
 	return nil, errors.New("batched heartbeats are not supported")
 }
 
@@ -174,35 +180,53 @@ func ReadSavedWith(ctx context.Context, db *gorm.DB, targetID string,
 	return s, true, nil
 }
 
-// CommitOn sends query, which ends the fenced transaction, on conn.
-func (c *Common) CommitOn(ctx context.Context, _ *gorm.DB, conn *sql.Conn, query string) error {
-	_, err := conn.ExecContext(ctx, query)
-	return err
-}
-
-// ForceRelease ends the lease on targetID, in one transaction that also
-// reads the row back.
-func (c *Common) ForceRelease(ctx context.Context, db *gorm.DB, targetID string, token uuid.UUID, failure string) (Row, bool, error) {
-	stmt := c.d.Rebind("UPDATE " + c.tables.Lease + " SET lease_token = ?, generation = generation + 1," +
-		" released_at = " + c.d.Now + ", failure = ? WHERE target_id = ? AND released_at IS NULL" + c.d.Notify)
-	var row Row
-	found := false
+// ForceRelease ends the leases of the rows of keys that are not
+// released, in one transaction that also reads back the rows carrying
+// token: those it ended, and those that an earlier run with token ended.
+func (c *Common) ForceRelease(ctx context.Context, db *gorm.DB, keys []string, token uuid.UUID, failure string) ([]Row, error) {
+	end := c.d.Rebind("UPDATE " + c.tables.Lease + " SET lease_token = ?, generation = generation + 1," +
+		" released_at = " + c.d.Now + ", failure = ? WHERE " + in(len(keys)) + " AND released_at IS NULL" + c.d.Notify)
+	read := c.d.Rebind("SELECT " + RowColumns + " FROM " + c.tables.Lease + " WHERE " + in(len(keys)) + " AND lease_token = ?")
+	var ended []Row
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		_, n, err := Exec(ctx, tx, stmt, token.String(), failure, targetID)
-		if err != nil || n == 0 {
+		if _, _, err := Exec(ctx, tx, end, append([]any{token.String(), failure}, keyArgs(keys)...)...); err != nil {
 			return err
 		}
-		found, err = QueryRow(ctx, tx, c.get, []any{targetID}, row.Columns()...)
-		return err
+		rows, err := Query(ctx, tx, read, append(keyArgs(keys), token.String())...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		ended = ended[:0]
+		for rows.Next() {
+			var row Row
+			if err := rows.Scan(row.Columns()...); err != nil {
+				return err
+			}
+			ended = append(ended, row)
+		}
+		return rows.Err()
 	}, c.d.TxOptions)
-	return row, found, err
+	return ended, err
 }
 
-// BeginLocked is not a capability of Common.
-func (c *Common) BeginLocked(Own, Lease) string { return "" }
+// SeizeLease gives l's lease to a.Holder under a.Token, whether or not it
+// is live, in one statement on the row that still carries l's token and
+// generation.
+func (c *Common) SeizeLease(ctx context.Context, db *gorm.DB, l Lease, a AcquireArgs) (bool, error) {
+	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+c.tables.Lease+" SET lease_token = ?, generation = generation + 1,"+
+		" holder = ?, updated_at = "+c.d.Now+", released_at = NULL, failure = NULL, timeout_ms = ?"+
+		" WHERE target_id = ? AND lease_token = ? AND generation = ?"),
+		a.Token.String(), a.Holder, TimeoutMillis(a.Timeout), l.TargetID, l.Token.String(), l.Generation)
+	return n == 1, err
+}
 
-// RefusesQueries is false: Common has no BeginLocked.
-func (c *Common) RefusesQueries(error) bool { return false }
+// Backdate moves the last heartbeat of l's own row back by d.
+func (c *Common) Backdate(ctx context.Context, db *gorm.DB, l Lease, d time.Duration) (bool, error) {
+	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+c.tables.Lease+" SET updated_at = "+c.d.Earlier("updated_at")+ownWhere),
+		d.Microseconds(), l.TargetID, l.Token.String())
+	return n == 1, err
+}
 
 // RetryCommit never retries: on one server, a fenced commit that failed
 // failed for good.
@@ -221,11 +245,14 @@ func (c *Common) Listen(context.Context, *gorm.DB, func(), func(string, string))
 }
 
 // StateExpr is an SQL expression for a row's state, with age the SQL for
-// its age in seconds: live within the timeout its holder recorded, expired
-// past it (or when it recorded none), released.
+// its age in seconds: live within the timeout its holder recorded; past
+// it, released when the holder had ended its work and only a minimum hold
+// kept the row (hold_generation is the row's generation: see HoldFor),
+// expired otherwise (or when it recorded no timeout); released.
 func StateExpr(age string) string {
 	return "CASE WHEN released_at IS NOT NULL THEN 'released'" +
 		" WHEN timeout_ms IS NOT NULL AND " + age + " * 1000 <= timeout_ms THEN 'live'" +
+		" WHEN hold_generation = generation THEN 'released'" +
 		" ELSE 'expired' END"
 }
 
@@ -320,13 +347,13 @@ func successor(prefix string) (string, bool) {
 }
 
 // prunable is the condition on a lease row that PruneBatch deletes it by:
-// released, or expired by the timeout its holder recorded (a row without
+// not paused (a paused target's row keeps its pause), and released, or expired by the timeout its holder recorded (a row without
 // one counts as expired since its last heartbeat), more than its two
 // arguments, seconds, ago.
 func (c *Common) prunable() string {
 	age := c.d.SecondsSince
-	return "((released_at IS NOT NULL AND " + age("released_at") + " > ?)" +
-		" OR (released_at IS NULL AND " + age("updated_at") + " > COALESCE(timeout_ms, 0) / 1000.0 + ?))"
+	return "(paused_at IS NULL AND ((released_at IS NOT NULL AND " + age("released_at") + " > ?)" +
+		" OR (released_at IS NULL AND " + age("updated_at") + " > COALESCE(timeout_ms, 0) / 1000.0 + ?)))"
 }
 
 // PruneBatch deletes one batch of prunable rows. The floor is locked first,
@@ -421,31 +448,44 @@ func AddMissingColumns(db *gorm.DB, table string, columns []Column) error {
 	return nil
 }
 
-// ScanLost reads rows, the target and token of each lease that a heartbeat
-// statement renewed, closes them, and returns those of leases that it did
-// not renew.
-func ScanLost(rows *sql.Rows, leases []Lease) (map[Lease]bool, error) {
+// ScanLost reads rows, the target, token and stop request of each lease
+// that a heartbeat statement renewed (the request's reason, or NULL when
+// none applies to the lease), closes them, and returns those of leases that
+// it did not renew, and those whose holder was asked to stop.
+func ScanLost(rows *sql.Rows, leases []Lease) (map[Lease]Ended, error) {
 	defer rows.Close()
 	type key struct{ target, token string }
 	lost := make(map[key]Lease, len(leases))
 	for _, l := range leases {
 		lost[key{l.TargetID, l.Token.String()}] = l
 	}
+	out := map[Lease]Ended{}
 	for rows.Next() {
 		var k key
-		if err := rows.Scan(&k.target, &k.token); err != nil {
+		var stop sql.NullString
+		if err := rows.Scan(&k.target, &k.token, &stop); err != nil {
 			return nil, err
+		}
+		if l, ok := lost[k]; ok && stop.Valid {
+			out[l] = Ended{Stop: true, Reason: stop.String}
 		}
 		delete(lost, k)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	out := make(map[Lease]bool, len(lost))
 	for _, l := range lost {
-		out[l] = true
+		out[l] = Ended{}
 	}
 	return out, nil
+}
+
+// StopRequest is an SQL expression, on the lease row aliased as alias, for
+// the reason of the request to stop that applies to its lease
+// (RequestStop): the request made for the row's generation; NULL when
+// there is none.
+func StopRequest(alias string) string {
+	return "CASE WHEN " + alias + ".stop_generation = " + alias + ".generation THEN COALESCE(" + alias + ".stop_reason, '') END"
 }
 
 // TimeoutMillis is d in whole milliseconds, rounded up, as the timeout_ms
@@ -455,22 +495,26 @@ func TimeoutMillis(d time.Duration) int64 {
 }
 
 // ScanState scans a waiter's state from a row of generation, released,
-// saved generation, failure, age, saved age, waiting and timeout_ms, in that
-// order, as each backend's State selects them.
+// saved generation, failure, age, saved age, waiting, timeout_ms, holder,
+// whether it is paused and the pause's reason, and whether its generation
+// was asked to stop, in that order, as each backend's State selects them.
 func ScanState(ctx context.Context, db *gorm.DB, query, targetID string) (State, error) {
 	var (
 		st            State
 		failure       sql.NullString
 		age, savedAge sql.NullFloat64
 		timeoutMS     sql.NullInt64
+		reason        sql.NullString
 	)
 	found, err := QueryRow(ctx, db, query, []any{targetID},
-		&st.Generation, &st.Released, &st.SavedGeneration, &failure, &age, &savedAge, &st.Waiting, &timeoutMS)
+		&st.Generation, &st.Released, &st.SavedGeneration, &failure, &age, &savedAge, &st.Waiting, &timeoutMS, &st.Holder,
+		&st.Paused, &reason, &st.Stopped)
 	if err != nil || !found {
 		return State{}, err
 	}
 	st.Found = true
 	st.Failure = failure.String
+	st.PauseReason = reason.String
 	st.Age = Seconds(age.Float64)
 	st.SavedAge = -1
 	if savedAge.Valid {
@@ -485,9 +529,13 @@ func in(n int) string {
 	return "target_id IN (" + strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ")"
 }
 
-// slotColumns are what SlotRows and SetSlots read of a slot row.
+// slotColumns are what SlotRows and SetSlots read of a slot row: with its
+// state, its lease and age, so that a refused AcquireSlot tells which slot
+// frees first without another read.
 func (c *Common) slotColumns() string {
-	return "target_id, COALESCE(slots, 0), " + StateExpr(c.d.SecondsSince("updated_at")) + " = 'live'"
+	age := c.d.SecondsSince("updated_at")
+	return "target_id, COALESCE(slots, 0), " + StateExpr(age) + " = 'live', holder, generation, COALESCE(timeout_ms, 0), " + age +
+		", paused_at IS NOT NULL, COALESCE(pause_reason, '')"
 }
 
 // ScanSlots reads, and closes, the rows of SlotRowsQuery's statement.
@@ -495,13 +543,19 @@ func ScanSlots(rows *sql.Rows) ([]SlotRow, error) {
 	defer rows.Close()
 	var out []SlotRow
 	for rows.Next() {
-		var key string
-		var r SlotRow
-		if err := rows.Scan(&key, &r.Slots, &r.Live); err != nil {
+		var (
+			key       string
+			r         SlotRow
+			timeoutMS int64
+			age       sql.NullFloat64
+		)
+		if err := rows.Scan(&key, &r.Slots, &r.Live, &r.Holder, &r.Generation, &timeoutMS, &age, &r.Paused, &r.PauseReason); err != nil {
 			return nil, err
 		}
 		if _, slot, ok := ParseSlotKey(key); ok {
 			r.Slot = slot
+			r.Timeout = time.Duration(timeoutMS) * time.Millisecond
+			r.Age = Seconds(age.Float64)
 			out = append(out, r)
 		}
 	}
@@ -548,6 +602,9 @@ func (c *Common) SetSlots(ctx context.Context, db *gorm.DB, targetID string, n i
 	errConflict := errors.New("conflict")
 	err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		conflict = 0
+		if err := c.lockTarget(ctx, tx, targetID); err != nil {
+			return err
+		}
 		for round := 1; ; round++ {
 			existing, err := c.lockSlots(ctx, tx, targetID)
 			if err != nil {
@@ -576,11 +633,11 @@ func (c *Common) SetSlots(ctx context.Context, db *gorm.DB, targetID string, n i
 			case round > setSlotsRounds:
 				return fmt.Errorf("the slot rows kept changing under concurrent changes of their count (%d rounds)", setSlotsRounds)
 			}
-			if err := c.writeSlots(ctx, tx, n, change, missing); err != nil {
+			if err := c.writeSlots(ctx, tx, targetID, n, change, missing); err != nil {
 				return err
 			}
 		}
-	}, c.d.TxOptions)
+	}, c.d.SlotsTx)
 	if errors.Is(err, errConflict) {
 		return conflict, nil
 	}
@@ -604,8 +661,10 @@ func (c *Common) lockSlots(ctx context.Context, tx *gorm.DB, targetID string) ([
 // writeSlots records n in the rows of keys change, and creates the rows
 // of keys missing, skipping those that exist by now. A new slot row is
 // released, by no one, at the generation floor: its first acquire is the
-// floor's next generation, as a new target's is.
-func (c *Common) writeSlots(ctx context.Context, tx *gorm.DB, n int, change, missing []string) error {
+// floor's next generation, as a new target's is. It is paused, with the
+// reason, when targetID's own row is (see Pause): a semaphore made after
+// its target was paused is paused too.
+func (c *Common) writeSlots(ctx context.Context, tx *gorm.DB, targetID string, n int, change, missing []string) error {
 	t := c.tables
 	if len(change) > 0 {
 		if _, _, err := Exec(ctx, tx, c.d.Rebind("UPDATE "+t.Lease+" SET slots = ? WHERE "+in(len(change))),
@@ -620,14 +679,101 @@ func (c *Common) writeSlots(ctx context.Context, tx *gorm.DB, n int, change, mis
 	if _, err := QueryRow(ctx, tx, "SELECT generation FROM "+t.Floor()+" WHERE id = 1", nil, &floor); err != nil {
 		return fmt.Errorf("read the generation floor: %w", err)
 	}
-	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, '', "+c.d.Now+", "+c.d.Now+", ?), ", len(missing)), ", ")
-	args := make([]any, 0, 4*len(missing))
+	var paused bool
+	var reason sql.NullString
+	// A locking read, which waits for a Pause of the target that has
+	// written its row but not committed yet, and which a Pause that comes
+	// later waits for in turn (see Pause).
+	if _, err := QueryRow(ctx, tx, c.d.Rebind("SELECT paused_at IS NOT NULL, pause_reason FROM "+t.Lease+" WHERE target_id = ?"+c.d.Lock),
+		[]any{targetID}, &paused, &reason); err != nil {
+		return fmt.Errorf("read the target's pause: %w", err)
+	}
+	pausedAt := "NULL"
+	if paused {
+		pausedAt = c.d.Now
+	}
+	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, '', "+c.d.Now+", "+c.d.Now+", ?, "+pausedAt+", ?), ", len(missing)), ", ")
+	args := make([]any, 0, 5*len(missing))
 	for _, key := range missing {
-		args = append(args, key, uuid.Nil.String(), floor, n)
+		args = append(args, key, uuid.Nil.String(), floor, n, reason)
 	}
 	if _, _, err := Exec(ctx, tx, c.d.Rebind(c.d.InsertIgnore+" "+t.Lease+
-		" (target_id, lease_token, generation, holder, updated_at, released_at, slots) VALUES "+values+c.d.IgnoreSuffix), args...); err != nil {
+		" (target_id, lease_token, generation, holder, updated_at, released_at, slots, paused_at, pause_reason) VALUES "+
+		values+c.d.IgnoreSuffix), args...); err != nil {
 		return fmt.Errorf("create the slot rows: %w", err)
 	}
 	return nil
+}
+
+// Pause marks the rows of keys paused, in one transaction: it first
+// creates the row of keys[0] when there is none, released, by no one, at
+// the generation floor (as writeSlots makes a slot's row), so that a
+// target never acquired can be paused too; then it stamps the pause on
+// every row of keys that exists. A row paused already keeps the time of its
+// pause and gets the new reason.
+func (c *Common) Pause(ctx context.Context, db *gorm.DB, keys []string, reason string) error {
+	t, now := c.tables, c.d.Now
+	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := c.lockTarget(ctx, tx, keys[0]); err != nil {
+			return err
+		}
+		if _, _, err := Exec(ctx, tx, c.d.Rebind(c.d.InsertIgnore+" "+t.Lease+
+			" (target_id, lease_token, generation, holder, updated_at, released_at)"+
+			" SELECT ?, ?, generation, '', "+now+", "+now+" FROM "+t.Floor()+" WHERE id = 1"+c.d.IgnoreSuffix),
+			keys[0], uuid.Nil.String()); err != nil {
+			return fmt.Errorf("create the row: %w", err)
+		}
+		// Lock the target's row, then mark the rows in a statement of its
+		// own: it waits for a SetSlots of the target that read the row
+		// first, and then sees the slot rows that SetSlots made.
+		if _, err := QueryRow(ctx, tx, c.d.Rebind("SELECT 1 FROM "+t.Lease+" WHERE target_id = ?"+c.d.Lock), []any{keys[0]}, new(int)); err != nil {
+			return fmt.Errorf("lock the row: %w", err)
+		}
+		if _, _, err := Exec(ctx, tx, c.d.Rebind("UPDATE "+t.Lease+" SET paused_at = COALESCE(paused_at, "+now+"), pause_reason = ?"+
+			" WHERE "+in(len(keys))), append([]any{reason}, keyArgs(keys)...)...); err != nil {
+			return fmt.Errorf("mark the rows paused: %w", err)
+		}
+		return nil
+	}, c.d.TxOptions)
+}
+
+// lockTarget takes the dialect's LockTarget on targetID, in tx, if it has
+// one.
+func (c *Common) lockTarget(ctx context.Context, tx *gorm.DB, targetID string) error {
+	if c.d.LockTarget == "" {
+		return nil
+	}
+	if _, _, err := Exec(ctx, tx, c.d.Rebind(c.d.LockTarget), c.tables.Lease, targetID); err != nil {
+		return fmt.Errorf("lock the target: %w", err)
+	}
+	return nil
+}
+
+// Resume clears the pause of the rows of keys, and notifies their waiters
+// where the dialect can. It writes every row of keys, paused or not: a
+// Resume sent again after one whose answer was lost then still waits, as
+// any write does, for the synchronous standbys, and does not return nil on
+// an isolated old primary that kept the lost one (PostgreSQL writes a row
+// whose values do not change).
+func (c *Common) Resume(ctx context.Context, db *gorm.DB, keys []string) (int64, error) {
+	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+c.tables.Lease+" SET paused_at = NULL, pause_reason = NULL WHERE "+
+		in(len(keys))+c.d.Notify), keyArgs(keys)...)
+	return n, err
+}
+
+// RequestStop records a request to stop the leases of the rows of keys
+// that are not released, and returns how many such rows there are. (MySQL
+// counts the rows a statement changed, not those it found: a request made
+// again with the same reason changes none, so a count of 0 is checked by a
+// read.)
+func (c *Common) RequestStop(ctx context.Context, db *gorm.DB, keys []string, reason string) (int64, error) {
+	t := c.tables
+	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+t.Lease+" SET stop_generation = generation, stop_reason = ? WHERE "+
+		in(len(keys))+" AND released_at IS NULL"), append([]any{reason}, keyArgs(keys)...)...)
+	if err != nil || n > 0 {
+		return n, err
+	}
+	_, err = QueryRow(ctx, db, c.d.Rebind("SELECT COUNT(*) FROM "+t.Lease+" WHERE "+in(len(keys))+" AND released_at IS NULL"),
+		keyArgs(keys), &n)
+	return n, err
 }

@@ -2,9 +2,18 @@ package backend
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"io"
+	"net"
+	"os"
 	"reflect"
+	"slices"
 	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // SettingsError says what to change in the connection's settings before the
@@ -28,7 +37,7 @@ var ErrCannotListen = errors.New("cannot listen")
 var ErrReplicationCancelled = errors.New("commit not confirmed: the wait for synchronous replication was cut short")
 
 // sqlStater is the method by which drivers' errors (pgconn.PgError, for
-// one) report their SQLSTATE, without this package importing a driver.
+// one; lib/pq's too) report their SQLSTATE, whichever driver made them.
 type sqlStater interface{ SQLState() string }
 
 // Server errors of the MySQL protocol that mean a serialization failure.
@@ -97,18 +106,136 @@ func AnsweredByServer(err error) bool {
 	return ok
 }
 
-// Unreachable reports whether err says that a statement could not reach
-// the database, or lost its connection before an answer came: an error that
-// no server sent (a refused or dropped connection, no server that accepts
-// writes), or a server's error of class 08 (connection exception) or 57P
-// (the server is shutting down, crashed, or does not accept connections
-// yet; not 57014, a cancelled statement).
+// Unreachable reports whether err says that the database cannot be reached,
+// or cannot serve, right now, so that the same step, tried again on a new
+// connection a moment later, may succeed: it is the one test of whether a step is tried again
+// while the database is away (a failover, a switchover, a restart). Only
+// these errors are:
+//
+//   - the server's own errors of class 08 (connection exception) or 57P (the
+//     server is shutting down, crashed, or does not accept connections yet),
+//     PostgreSQL's 53300, too many connections (MySQL's is of class 08), and
+//     a statement that the server gave up on after a time limit of its own:
+//     a lock wait or statement timeout (see timedOutOnServer);
+//   - a connection that could not be made, or that broke before the answer
+//     came: a refused, reset, aborted or unreachable connection, a closed
+//     socket, an unexpected end of the stream (*net.OpError, *net.DNSError,
+//     net.ErrClosed, io.EOF, io.ErrUnexpectedEOF, the syscall errors of
+//     those), database/sql's driver.ErrBadConn, pgx's pgconn.ErrConnClosed
+//     and, for target_session_attrs=read-write, pgconn.ErrReadOnlyConnection
+//     (no server that accepts writes, as during a failover), and
+//     go-sql-driver/mysql's "invalid connection" and "bad connection";
+//   - a statement or a transaction whose context ended before its answer
+//     came (context.DeadlineExceeded, context.Canceled, a network deadline,
+//     sql.ErrTxDone of a transaction that database/sql rolled back when its
+//     context ended): the caller's step stops when it is its own context
+//     that ended, and tries again when it was one attempt's;
+//   - an error that its driver marks as temporary (a Temporary method that
+//     reports true): SQLite's "database is locked" (SQLITE_BUSY), when the
+//     write lock stayed taken past the busy timeout or could not be waited
+//     for, and its "interrupted", a statement whose context ended.
+//
+// Every other error is one that waiting cannot cure, and the step returns it
+// at once: any other answer of the server (a missing table, bad SQL, a
+// permission, a serialization failure, which the steps retry apart from
+// this), SQLite's other errors ("no such table", bad SQL), and a pool that
+// was closed (sql: database is closed, sql.ErrConnDone), which an error of
+// the kinds above does not outweigh. It is database/sql's driver.ErrBadConn
+// rule, retry what is known to be transient, widened to the errors of a
+// connection that broke after the statement was sent, which pgx's
+// pgconn.SafeToRetry leaves out: a step may send its statement again because
+// each step is written to be sent again (see AcquireArgs and the fenced
+// commit).
 func Unreachable(err error) bool {
-	if !AnsweredByServer(err) {
+	switch {
+	case err == nil, poolClosed(err):
+		return false
+	case AnsweredByServer(err):
+		state := SQLState(err)
+		return strings.HasPrefix(state, "08") || strings.HasPrefix(state, "57P") || state == pgTooManyConnections ||
+			timedOutOnServer(err)
+	}
+	for _, target := range transientErrors {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	var opErr *net.OpError
+	var dnsErr *net.DNSError
+	var temporary interface{ Temporary() bool }
+	return errors.As(err, &opErr) || errors.As(err, &dnsErr) || anyMessage(err, mysqlConnLost...) ||
+		errors.As(err, &temporary) && temporary.Temporary()
+}
+
+// pgTooManyConnections is PostgreSQL's SQLSTATE for a connection refused
+// because every one the server allows is taken.
+const pgTooManyConnections = "53300"
+
+// timedOutOnServer reports whether err is the server's answer to a
+// statement that it gave up on after a time limit of its own: a lock that
+// another session held past lock_timeout (PostgreSQL's 55P03) or
+// innodb_lock_wait_timeout (MySQL's 1205), or a statement that ran past
+// statement_timeout (57014, which is also a statement cancelled on
+// request: by this process when its context ended, which the steps tell
+// apart by their context), max_execution_time (MySQL's 3024) or
+// max_statement_time (MariaDB's 1969). Nothing was done, and the same
+// statement may succeed once the other session, or the load, has gone.
+func timedOutOnServer(err error) bool {
+	switch SQLState(err) {
+	case "55P03", "57014":
 		return true
 	}
-	state := SQLState(err)
-	return strings.HasPrefix(state, "08") || strings.HasPrefix(state, "57P")
+	number, ok := MySQLErrorNumber(err)
+	return ok && (number == 1205 || number == 3024 || number == 1969)
+}
+
+// transientErrors are the error values, matched with errors.Is, that say
+// that a connection could not be made or broke, or that a statement's
+// context ended before its answer came (see Unreachable).
+var transientErrors = []error{
+	driver.ErrBadConn,
+	context.DeadlineExceeded, context.Canceled, os.ErrDeadlineExceeded, sql.ErrTxDone,
+	net.ErrClosed, io.EOF, io.ErrUnexpectedEOF,
+	syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EPIPE,
+	syscall.ETIMEDOUT, syscall.EHOSTUNREACH, syscall.ENETUNREACH,
+	pgconn.ErrConnClosed, pgconn.ErrReadOnlyConnection,
+}
+
+// mysqlConnLost are the messages of go-sql-driver/mysql's ErrInvalidConn,
+// which it returns when a connection broke while it read an answer, and of
+// its bad connection error, which it returns when one broke before it
+// wrote: errors of a package that gormlease does not link (see
+// mysqlServerError), known by their text.
+var mysqlConnLost = []string{"invalid connection", "bad connection"}
+
+// closedPoolMessage is the message of database/sql's error for a statement
+// on a *sql.DB that was closed, whose value is not exported.
+const closedPoolMessage = "sql: database is closed"
+
+// poolClosed reports whether err says that the pool, or the connection
+// that the step was given, was closed by the application: no waiting
+// brings it back.
+func poolClosed(err error) bool {
+	return errors.Is(err, sql.ErrConnDone) || anyMessage(err, closedPoolMessage)
+}
+
+// anyMessage reports whether an error in err's chain, wrapping nothing
+// itself, has one of msgs as its whole message.
+func anyMessage(err error, msgs ...string) bool {
+	switch e := err.(type) {
+	case nil:
+		return false
+	case interface{ Unwrap() error }:
+		return anyMessage(e.Unwrap(), msgs...)
+	case interface{ Unwrap() []error }:
+		for _, err := range e.Unwrap() {
+			if anyMessage(err, msgs...) {
+				return true
+			}
+		}
+		return false
+	}
+	return slices.Contains(msgs, err.Error())
 }
 
 // mysqlServerError finds, in err's chain, an error that a MySQL-protocol

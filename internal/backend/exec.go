@@ -170,19 +170,18 @@ func startStatement(ctx context.Context, db *gorm.DB, query string) (context.Con
 	return hook(ctx, name, query)
 }
 
-// trace reports a statement to db's logger, as gorm's callbacks do: the
-// logger decides, by its level and slow threshold, whether to build the
-// statement's text and write it. A failure that is a normal outcome (see
-// ExpectedFailure) is reported as the statement alone, without the error,
-// so that the logger does not write it as an error.
+// trace reports a statement to db's logger as the library's own (see
+// QuietLogger): at logger.Info, with its text, the arguments inlined by the
+// dialector, built only when the logger writes it. A failed statement is
+// reported with rows -1, which gorm's logger writes as "-".
 func trace(ctx context.Context, db *gorm.DB, begin time.Time, query string, args []any, rows int64, err error) {
 	if db.Logger == nil {
 		return
 	}
-	if err != nil && ExpectedFailure(ctx, err) {
-		err = nil
+	if err != nil {
+		rows = -1
 	}
-	db.Logger.Trace(ctx, begin, func() (string, int64) {
+	QuietLogger(db.Logger).Trace(ctx, begin, func() (string, int64) {
 		if db.Dialector == nil {
 			return query, rows
 		}

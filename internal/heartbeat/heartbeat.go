@@ -61,8 +61,9 @@ const Parallelism = 4
 const phaseBits = 10
 
 // Renew renews leases, each once, and returns those that are no longer the
-// caller's; an error means that the outcome of some is unknown.
-type Renew func(ctx context.Context, leases []backend.Lease) (lost map[backend.Lease]bool, err error)
+// caller's, and those whose holder was asked to stop; an error means that
+// the outcome of some is unknown.
+type Renew func(ctx context.Context, leases []backend.Lease) (ended map[backend.Lease]backend.Ended, err error)
 
 // Settings say which leases share heartbeat statements: those renewed at
 // the same pace, with the same bound on each statement, reported to the
@@ -88,10 +89,11 @@ type key struct {
 }
 
 // Round is one heartbeat statement, as Settings.Round is told of it. Its
-// Members are only valid during the call.
+// Members are only valid during the call. Ended holds the leases that it
+// found lost, or asked to stop.
 type Round struct {
 	Members []*Member
-	Lost    map[backend.Lease]bool
+	Ended   map[backend.Lease]backend.Ended
 	Sent    time.Time
 	Err     error
 }
@@ -105,10 +107,12 @@ type Set struct {
 	groups map[key]*group
 }
 
-// live counts the live groups of the process, for the tests' leak checks.
+// live counts the live groups of the process.
 var live atomic.Int64
 
-// Live returns the number of heartbeat groups whose goroutine runs.
+// Live returns the number of heartbeat groups of the process whose
+// goroutine runs: the goroutines of this package, one per group, which is
+// zero whenever no Set renews a lease.
 func Live() int { return int(live.Load()) }
 
 // group renews a set of leases together.
@@ -124,6 +128,10 @@ type group struct {
 	wake     chan struct{}
 	cancel   context.CancelFunc
 	done     chan struct{}
+	// statements are those in flight; results, their outcomes, one for
+	// each in flight, so never full. Both are the goroutine's own.
+	statements sync.WaitGroup
+	results    chan result
 }
 
 // bucket is the leases of a group that one statement renews.
@@ -149,7 +157,8 @@ type Member struct {
 	// Context is the context of the lease's work, for the round's hooks.
 	Context  context.Context
 	trust    time.Duration
-	lost     func(selfFenced bool)
+	lost     func(Loss)  // Join's, called through lose
+	once     sync.Once   // lose calls lost once
 	unwatch  func() bool // stops the watch of Context
 	bucket   *bucket
 	index    int   // in bucket.members
@@ -169,19 +178,26 @@ const never = math.MaxInt64
 // nanos returns t in nanoseconds since origin.
 func nanos(t time.Time) int64 { return int64(t.Sub(origin)) }
 
+// Loss says why a lease is no longer renewed.
+type Loss struct {
+	// SelfFenced: no heartbeat confirmed the lease within its trust window
+	// after the last one sent. Otherwise a heartbeat found it taken over
+	// or released, or, with Stop, asked to stop (RequestStop) for Reason.
+	SelfFenced bool
+	Stop       bool
+	Reason     string
+}
+
 // Join starts renewing lease, acquired by a statement sent at sent, with
 // settings s, until Stop. workCtx is the context of the lease's work: once
 // it is done, the lease is no longer renewed. lost is called, once, when the
-// lease is lost: selfFenced when no heartbeat confirmed it within trust of
-// the last one sent, otherwise because a heartbeat found it taken over. It
-// is called with the Set's lock held, so it must not call the Set or a
-// Member.
+// lease is lost, or its holder asked to stop, saying which (see Loss); the
+// lease is no longer renewed then. It is called with the Set's lock held,
+// so it must not call the Set or a Member.
 func (set *Set) Join(s Settings, workCtx context.Context, lease backend.Lease, sent time.Time, trust time.Duration,
-	lost func(selfFenced bool),
+	lost func(Loss),
 ) *Member {
-	m := &Member{Lease: lease, Context: workCtx, trust: trust, deadline: nanos(sent) + int64(trust)}
-	var once sync.Once
-	m.lost = func(selfFenced bool) { once.Do(func() { lost(selfFenced) }) }
+	m := &Member{Lease: lease, Context: workCtx, trust: trust, deadline: nanos(sent) + int64(trust), lost: lost}
 	m.unwatch = context.AfterFunc(workCtx, func() {
 		set.mu.Lock()
 		m.ended = true
@@ -198,7 +214,7 @@ func (set *Set) Join(s Settings, workCtx context.Context, lease backend.Lease, s
 			ctx = s.Context(ctx)
 		}
 		g = &group{set: set, key: k, settings: s, epoch: time.Now(), wake: make(chan struct{}, 1),
-			cancel: cancel, done: make(chan struct{})}
+			cancel: cancel, done: make(chan struct{}), results: make(chan result, Parallelism)}
 		if set.groups == nil {
 			set.groups = map[key]*group{}
 		}
@@ -210,6 +226,37 @@ func (set *Set) Join(s Settings, workCtx context.Context, lease backend.Lease, s
 	g.add(m, time.Now())
 	return m
 }
+
+// RenewNow sends, one after another, the statement of each bucket of the
+// group of the leases that joined with settings s, as the group's
+// goroutine would when they were due, and settles their outcomes. A
+// bucket whose statement is in flight is left out. It is how the
+// benchmarks and the allocation budget measure one heartbeat round: a
+// group whose interval is long does nothing else meanwhile.
+func (set *Set) RenewNow(ctx context.Context, s Settings) {
+	k := key{interval: s.Interval, timeout: s.OperationTimeout, report: s.Report}
+	set.mu.Lock()
+	g := set.groups[k]
+	var sent []*bucket
+	if g != nil {
+		now := time.Now()
+		for _, b := range g.buckets {
+			if !b.busy && g.send(b, now) {
+				sent = append(sent, b)
+			}
+		}
+	}
+	set.mu.Unlock()
+	for _, b := range sent {
+		r := g.renew(ctx, b)
+		set.mu.Lock()
+		g.finish(ctx, r, time.Now())
+		set.mu.Unlock()
+	}
+}
+
+// lose reports m's loss, or its holder's request to stop, once.
+func (m *Member) lose(why Loss) { m.once.Do(func() { m.lost(why) }) }
 
 // add puts m in the lowest-numbered bucket with room, and wakes the
 // group's goroutine if that bucket, or m's fence, is due before it would
@@ -349,9 +396,7 @@ type result struct {
 // if nothing succeeds before their deadlines, its leases are reported lost.
 func (g *group) loop(ctx context.Context) {
 	defer close(g.done)
-	var statements sync.WaitGroup
-	defer statements.Wait()
-	results := make(chan result, Parallelism) // one for each statement in flight: never full
+	defer g.statements.Wait()
 	inFlight := 0
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -366,7 +411,7 @@ func (g *group) loop(ctx context.Context) {
 			}
 			if g.send(b, now) {
 				inFlight++
-				statements.Go(func() { results <- g.renew(ctx, b) })
+				g.statements.Go(func() { g.results <- g.renew(ctx, b) })
 			}
 		}
 		g.wakeAt = g.nextEvent(inFlight < Parallelism)
@@ -382,7 +427,7 @@ func (g *group) loop(ctx context.Context) {
 			return
 		case <-timer.C:
 		case <-g.wake:
-		case r := <-results:
+		case r := <-g.results:
 			inFlight--
 			g.set.mu.Lock()
 			g.finish(ctx, r, time.Now())
@@ -405,7 +450,7 @@ func (g *group) fence(now time.Time) {
 			case m.gone:
 			case m.deadline <= t:
 				m.gone = true
-				m.lost(true)
+				m.lose(Loss{SelfFenced: true})
 			default:
 				b.fence = min(b.fence, m.deadline)
 			}
@@ -482,7 +527,7 @@ func (g *group) renew(ctx context.Context, b *bucket) result {
 	}
 	cancel()
 	if g.settings.Round != nil {
-		g.settings.Round(ctx, Round{Members: b.live, Lost: lost, Sent: sent, Err: err})
+		g.settings.Round(ctx, Round{Members: b.live, Ended: lost, Sent: sent, Err: err})
 	}
 	if err != nil {
 		return result{b: b}
@@ -492,8 +537,9 @@ func (g *group) renew(ctx context.Context, b *bucket) result {
 }
 
 // settle confirms, until their trust after sent, the leases of b's
-// statement that it renewed, and reports the loss of those in lost.
-func (g *group) settle(b *bucket, lost map[backend.Lease]bool, sent time.Time) {
+// statement that it renewed, and reports the loss of those in ended, or
+// the request that their holder stop.
+func (g *group) settle(b *bucket, ended map[backend.Lease]backend.Ended, sent time.Time) {
 	t := nanos(sent)
 	g.set.mu.Lock()
 	defer g.set.mu.Unlock()
@@ -501,11 +547,14 @@ func (g *group) settle(b *bucket, lost map[backend.Lease]bool, sent time.Time) {
 		switch {
 		case m.left || m.ended || m.gone:
 			// Stopped, or its work already ended: nothing to renew.
-		case lost[m.Lease]:
-			m.gone = true
-			m.lost(false)
 		default:
-			m.deadline = max(m.deadline, t+int64(m.trust))
+			e, found := ended[m.Lease]
+			if !found {
+				m.deadline = max(m.deadline, t+int64(m.trust))
+				continue
+			}
+			m.gone = true
+			m.lose(Loss{Stop: e.Stop, Reason: e.Reason})
 		}
 	}
 	b.fence = never

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -108,13 +107,11 @@ func newCluster() (*Cluster, error) {
 // givePostgres makes the "postgres" user the owner of dir, for a server
 // that refuses to run as root, and returns that user.
 func givePostgres(dir string) (string, error) {
-	u, err := user.Lookup("postgres")
+	uid, gid, err := userIDs("postgres")
 	if err != nil {
 		return "", fmt.Errorf("no postgres user to run the server as: %w", err)
 	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return u.Username, os.Chown(dir, uid, gid)
+	return "postgres", os.Chown(dir, uid, gid)
 }
 
 // version is the major version in a /usr/lib/postgresql/N/bin path.
@@ -133,13 +130,23 @@ func (c *Cluster) Addr() string { return fmt.Sprintf("127.0.0.1:%d", c.port) }
 // gormlease tables made. It is closed when tb ends.
 func (c *Cluster) Open(tb testing.TB) *gorm.DB {
 	tb.Helper()
-	db, err := gorm.Open(postgres.Open(c.dsn()), quiet())
-	if err != nil {
-		tb.Fatalf("open cluster: %v", err)
-	}
-	tb.Cleanup(func() { closeDB(db) })
+	return openPostgresTables(tb, c.dsn())
+}
+
+// openPostgres opens a pool on dsn, closed when tb ends.
+func openPostgres(tb testing.TB, dsn string) *gorm.DB {
+	tb.Helper()
+	db, err := gorm.Open(postgres.Open(dsn), quiet())
+	return keepPool(tb, dsn, db, err)
+}
+
+// openPostgresTables opens a pool on dsn, closed when tb ends, and makes the
+// gormlease tables.
+func openPostgresTables(tb testing.TB, dsn string) *gorm.DB {
+	tb.Helper()
+	db := openPostgres(tb, dsn)
 	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
-		tb.Fatalf("migrate cluster: %v", err)
+		tb.Fatalf("migrate %s: %v", dsn, err)
 	}
 	return db
 }

@@ -1,17 +1,13 @@
 package testdb
 
 import (
-	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,8 +15,6 @@ import (
 	mysqldriver "github.com/go-sql-driver/mysql"
 	"gorm.io/driver/mysql"
 	"gorm.io/gorm"
-
-	"github.com/gormlease/gormlease"
 )
 
 // Galera is a MariaDB Galera cluster of three nodes on 127.0.0.1, each a
@@ -37,10 +31,15 @@ import (
 // prerequisite is missing (mariadbd, mariadb-install-db, the Galera library,
 // rsync) the test is skipped loudly, or fails under CI.
 type Galera struct {
-	dir   string
-	uid   int // the user the nodes run as, or -1 for this process's
-	gid   int
+	mariaHome
 	nodes []*GaleraNode
+}
+
+// mariaHome is where MariaDB servers of the harnesses keep their data and
+// logs, a temporary directory, and the user they run as.
+type mariaHome struct {
+	dir      string
+	uid, gid int // the servers' user, or -1 for this process's
 }
 
 // GaleraNode is one node of a Galera cluster.
@@ -49,10 +48,7 @@ type GaleraNode struct {
 	n                     int // 1-based
 	port, gcomm, ist, sst int
 	data                  string
-	mu                    sync.Mutex
-	cmd                   *exec.Cmd
-	exited                chan struct{}
-	env                   []string // extra environment of the running process
+	proc                  process // its mariadbd
 }
 
 // galeraNodes is the size of the cluster.
@@ -64,41 +60,37 @@ const galeraStarts = 3
 // galeraDatabase is the database that the tests' pools open on each node.
 const galeraDatabase = "gormlease"
 
-var (
-	galeraOnce    sync.Once
-	galeraCluster *Galera
-	galeraErr     error
-)
+var sharedGalera = sharedHarness[*Galera]{name: "MariaDB Galera cluster", start: startGaleraTries}
 
 // SharedGalera returns the process's Galera cluster, starting it on first
 // use, or skips (fails under CI) tb when it cannot be started.
 func SharedGalera(tb testing.TB) *Galera {
 	tb.Helper()
-	galeraOnce.Do(func() {
-		// A start can fail for reasons outside the cluster (another
-		// process took a port before a node bound it), so a failed start
-		// is tried again, on new ports; each failure is shown.
-		var missing *missingError
-		for attempt := 1; attempt <= galeraStarts; attempt++ {
-			galeraCluster, galeraErr = startGalera()
-			if galeraErr == nil || errors.As(galeraErr, &missing) {
-				break
-			}
-			tb.Logf("start the Galera cluster, attempt %d of %d: %v", attempt, galeraStarts, galeraErr)
-		}
-		if galeraErr == nil {
-			closeAtEnd(galeraCluster.close)
-		}
-	})
-	if galeraErr != nil {
-		startFailed(tb, "MariaDB Galera cluster", galeraErr)
-	}
-	for _, n := range galeraCluster.nodes {
-		if !n.running() {
+	c := sharedGalera.get(tb)
+	for _, n := range c.nodes {
+		if !n.proc.running() {
 			tb.Fatalf("Galera node %d is not running: a test that stopped it did not start it again", n.n)
 		}
 	}
-	return galeraCluster
+	return c
+}
+
+// startGaleraTries starts the cluster, trying again when a start fails for
+// a reason outside the cluster (another process took a port before a node
+// bound it), on new ports, up to galeraStarts times; it logs each failure
+// to tb.
+func startGaleraTries(tb testing.TB) (*Galera, error) {
+	var missing *missingError
+	for attempt := 1; ; attempt++ {
+		c, err := startGalera()
+		if err == nil || errors.As(err, &missing) {
+			return c, err
+		}
+		tb.Logf("start the Galera cluster, attempt %d of %d: %v", attempt, galeraStarts, err)
+		if attempt == galeraStarts {
+			return nil, err
+		}
+	}
 }
 
 // missingError is a prerequisite of the cluster that this machine lacks.
@@ -137,38 +129,22 @@ func startGalera() (*Galera, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, tool := range []string{"mariadbd", "mariadb-install-db", "rsync", "wsrep_sst_rsync"} {
-		if _, err := lookTool(tool); err != nil {
-			return nil, err
-		}
-	}
-	dir, err := os.MkdirTemp("", "gormlease-galera-")
+	home, err := newMariaHome("gormlease-galera-", "rsync", "wsrep_sst_rsync")
 	if err != nil {
 		return nil, err
 	}
-	c := &Galera{dir: dir, uid: -1, gid: -1}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("mysql")
-		if err != nil {
-			os.RemoveAll(dir)
-			return nil, &missingError{"running as root, and no mysql user to run the nodes as"}
-		}
-		c.uid, _ = strconv.Atoi(u.Uid)
-		c.gid, _ = strconv.Atoi(u.Gid)
-	}
-	if err := c.own(dir); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
+	c := &Galera{mariaHome: home}
 	ports, err := freePorts(4 * galeraNodes)
 	if err != nil {
-		os.RemoveAll(dir)
+		os.RemoveAll(home.dir)
 		return nil, err
 	}
 	for i := 1; i <= galeraNodes; i++ {
-		n := &GaleraNode{c: c, n: i, data: filepath.Join(dir, fmt.Sprintf("node%d", i))}
+		n := &GaleraNode{c: c, n: i, data: filepath.Join(home.dir, fmt.Sprintf("node%d", i))}
 		n.port, n.gcomm, n.ist, n.sst = ports[0], ports[1], ports[2], ports[3]
 		ports = ports[4:]
+		n.proc.name = fmt.Sprintf("Galera node %d", i)
+		n.proc.log = filepath.Join(home.dir, fmt.Sprintf("node%d.err", i))
 		c.nodes = append(c.nodes, n)
 	}
 	fail := func(err error) (*Galera, error) {
@@ -182,7 +158,7 @@ func startGalera() (*Galera, error) {
 	if err := first.start(provider, nil, "--wsrep-new-cluster"); err != nil {
 		return fail(err)
 	}
-	if err := c.exec(first, "CREATE DATABASE IF NOT EXISTS "+galeraDatabase); err != nil {
+	if err := mysqlExec(first.admin(5*time.Second), "CREATE DATABASE IF NOT EXISTS "+galeraDatabase); err != nil {
 		return fail(err)
 	}
 	for _, n := range c.nodes[1:] {
@@ -196,19 +172,43 @@ func startGalera() (*Galera, error) {
 	if err := c.waitSize(first, galeraNodes); err != nil {
 		return fail(err)
 	}
-	db, err := gorm.Open(mysql.Open(first.dsn(nil)), quiet())
-	if err != nil {
+	if err := makeTables(mysql.Open(first.dsn(nil))); err != nil {
 		return fail(err)
-	}
-	defer closeDB(db)
-	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
-		return fail(fmt.Errorf("migrate: %w", err))
 	}
 	return c, nil
 }
 
-// own makes the nodes' user the owner of path, made if missing.
-func (c *Galera) own(path string) error {
+// newMariaHome finds mariadbd, mariadb-install-db and the other tools that
+// the servers need, and makes their directory, with a name that starts with
+// prefix. As root, the servers run as the "mysql" user: the rsync state
+// transfer fails as root.
+func newMariaHome(prefix string, tools ...string) (mariaHome, error) {
+	for _, tool := range append([]string{"mariadbd", "mariadb-install-db"}, tools...) {
+		if _, err := lookTool(tool); err != nil {
+			return mariaHome{}, err
+		}
+	}
+	h := mariaHome{uid: -1, gid: -1}
+	if os.Geteuid() == 0 {
+		var err error
+		if h.uid, h.gid, err = userIDs("mysql"); err != nil {
+			return mariaHome{}, &missingError{"running as root, and no mysql user to run MariaDB as"}
+		}
+	}
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return mariaHome{}, err
+	}
+	h.dir = dir
+	if err := h.own(dir); err != nil {
+		os.RemoveAll(dir)
+		return mariaHome{}, err
+	}
+	return h, nil
+}
+
+// own makes the servers' user the owner of path, made if missing.
+func (c mariaHome) own(path string) error {
 	if err := os.MkdirAll(path, 0o755); err != nil {
 		return err
 	}
@@ -219,7 +219,7 @@ func (c *Galera) own(path string) error {
 }
 
 // installDB makes the system tables of a new data directory.
-func (c *Galera) installDB(data string) error {
+func (c mariaHome) installDB(data string) error {
 	if err := c.own(data); err != nil {
 		return err
 	}
@@ -234,10 +234,10 @@ func (c *Galera) installDB(data string) error {
 	return nil
 }
 
-// as makes cmd run as the nodes' user.
-func (c *Galera) as(cmd *exec.Cmd) {
+// as makes cmd run as the servers' user.
+func (c mariaHome) as(cmd *exec.Cmd) {
 	if c.uid >= 0 {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(c.uid), Gid: uint32(c.gid)}}
+		runAs(cmd, c.uid, c.gid)
 	}
 }
 
@@ -270,11 +270,13 @@ func (n *GaleraNode) DSN(params map[string]string) string { return n.dsn(params)
 func (n *GaleraNode) Open(tb testing.TB, params map[string]string) *gorm.DB {
 	tb.Helper()
 	db, err := gorm.Open(mysql.Open(n.dsn(params)), quiet())
-	if err != nil {
-		tb.Fatalf("open Galera node %d: %v", n.n, err)
-	}
-	tb.Cleanup(func() { closeDB(db) })
-	return db
+	return keepPool(tb, fmt.Sprintf("Galera node %d", n.n), db, err)
+}
+
+// admin is the configuration of a connection as root to the node, outside
+// any database, for setup and for its status.
+func (n *GaleraNode) admin(timeout time.Duration) *mysqldriver.Config {
+	return mysqlRoot(n.Addr(), timeout)
 }
 
 // OpenVia returns a new pool on the node that connects to addr ("host:port")
@@ -317,7 +319,7 @@ func (n *GaleraNode) args(provider string) []string {
 		"--bind-address=127.0.0.1",
 		"--socket=" + sock,
 		"--pid-file=" + filepath.Join(n.c.dir, fmt.Sprintf("node%d.pid", n.n)),
-		"--log-error=" + n.logPath(),
+		"--log-error=" + n.proc.log,
 		"--innodb-buffer-pool-size=32M",
 		"--innodb-log-file-size=8M",
 		"--innodb-flush-log-at-trx-commit=0",
@@ -343,10 +345,6 @@ func (n *GaleraNode) args(provider string) []string {
 	}
 }
 
-func (n *GaleraNode) logPath() string {
-	return filepath.Join(n.c.dir, fmt.Sprintf("node%d.err", n.n))
-}
-
 // start starts the node's mariadbd with env added to its environment and
 // extra arguments, and waits until it is synced with the cluster.
 func (n *GaleraNode) start(provider string, env []string, extra ...string) error {
@@ -355,92 +353,32 @@ func (n *GaleraNode) start(provider string, env []string, extra ...string) error
 	cmd.Dir = n.c.dir
 	cmd.Env = append(os.Environ(), env...)
 	n.c.as(cmd)
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	if err := n.proc.start(cmd); err != nil {
+		return err
 	}
-	cmd.SysProcAttr.Setpgid = true // a kill reaches the state transfer's rsync too
-	// The node dies with the test process, even when that is killed and
-	// Close never runs.
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start node %d: %w", n.n, err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	n.mu.Lock()
-	n.cmd, n.exited, n.env = cmd, exited, env
-	n.mu.Unlock()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	return n.proc.waitReady(90*time.Second, 200*time.Millisecond, func() error {
 		var state string
-		err := n.c.queryRow(n, "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'wsrep_local_state_comment'", &state)
-		if err == nil && state == "Synced" {
-			return nil
+		if err := n.status("wsrep_local_state_comment", &state); err != nil {
+			return err
 		}
-		select {
-		case <-exited:
-			return fmt.Errorf("node %d exited while starting:\n%s", n.n, n.logTail())
-		case <-time.After(200 * time.Millisecond):
+		if state != "Synced" {
+			return fmt.Errorf("state %q", state)
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("node %d not synced after 90s (state %q, %v):\n%s", n.n, state, err, n.logTail())
-		}
-	}
-}
-
-// logTail is the end of the node's error log.
-func (n *GaleraNode) logTail() string {
-	b, _ := os.ReadFile(n.logPath())
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
-}
-
-func (n *GaleraNode) running() bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.cmd == nil {
-		return false
-	}
-	select {
-	case <-n.exited:
-		return false
-	default:
-		return true
-	}
+		return nil
+	})
 }
 
 // Kill kills the node's mariadbd with SIGKILL, as a crash would, and waits
 // until the process is gone.
 func (n *GaleraNode) Kill(tb testing.TB) {
 	tb.Helper()
-	n.signal(syscall.SIGKILL)
+	n.proc.kill()
 }
 
 // Stop shuts the node down cleanly, and waits until the process is gone.
 func (n *GaleraNode) Stop(tb testing.TB) {
 	tb.Helper()
-	n.signal(syscall.SIGTERM)
-}
-
-func (n *GaleraNode) signal(sig syscall.Signal) {
-	n.mu.Lock()
-	cmd, exited := n.cmd, n.exited
-	n.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = syscall.Kill(-cmd.Process.Pid, sig)
-	select {
-	case <-exited:
-	case <-time.After(60 * time.Second):
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-exited
-	}
+	n.proc.stop(syscall.SIGTERM, time.Minute)
 }
 
 // Start starts the node again, after Kill or Stop, with env added to its
@@ -452,7 +390,7 @@ func (n *GaleraNode) Start(tb testing.TB, env ...string) {
 	// A rejoin that fails (its state transfer can) is tried once more.
 	if err := n.start(provider, env); err != nil {
 		tb.Logf("start Galera node %d again, first try: %v", n.n, err)
-		n.signal(syscall.SIGKILL)
+		n.proc.kill()
 		if err := n.start(provider, env); err != nil {
 			tb.Fatal(err)
 		}
@@ -475,10 +413,10 @@ func (c *Galera) waitSize(n *GaleraNode, size int) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		var got int
-		err := c.queryRow(n, "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'wsrep_cluster_size'", &got)
+		err := n.status("wsrep_cluster_size", &got)
 		if err == nil && got == size {
 			var ready string
-			err = c.queryRow(n, "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'wsrep_ready'", &ready)
+			err = n.status("wsrep_ready", &ready)
 			if err == nil && ready == "ON" {
 				return nil
 			}
@@ -490,33 +428,17 @@ func (c *Galera) waitSize(n *GaleraNode, size int) error {
 	}
 }
 
-func (c *Galera) queryRow(n *GaleraNode, query string, dest ...any) error {
-	cfg := mysqldriver.NewConfig()
-	cfg.User, cfg.Net, cfg.Addr, cfg.Timeout = "root", "tcp", n.Addr(), 2*time.Second
-	db, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	return db.QueryRow(query).Scan(dest...)
-}
-
-func (c *Galera) exec(n *GaleraNode, query string) error {
-	cfg := mysqldriver.NewConfig()
-	cfg.User, cfg.Net, cfg.Addr, cfg.Timeout = "root", "tcp", n.Addr(), 5*time.Second
-	db, err := sql.Open("mysql", cfg.FormatDSN())
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	_, err = db.Exec(query)
-	return err
+// status reads the node's status variable name (a constant of the
+// callers) into dest.
+func (n *GaleraNode) status(name string, dest any) error {
+	return mysqlQueryRow(n.admin(2*time.Second),
+		"SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = '"+name+"'", dest)
 }
 
 // close stops every node and deletes the cluster's directory.
 func (c *Galera) close() error {
 	for _, n := range c.nodes {
-		n.signal(syscall.SIGKILL)
+		n.proc.kill()
 	}
 	return os.RemoveAll(c.dir)
 }

@@ -14,6 +14,8 @@ import (
 	"gorm.io/driver/mysql"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
+
+	"github.com/gormlease/gormlease/internal/dsn"
 )
 
 // MySQL returns the MySQL or MariaDB server, or skips (fails under CI) tb
@@ -126,8 +128,9 @@ func mysqlDSN(cfg *mysqldriver.Config, params map[string]string) (string, error)
 // mysqlConfig finds a MySQL or MariaDB server: from the environment, in a
 // container, or on this machine.
 func mysqlConfig() (*mysqldriver.Config, error) {
-	if dsn := os.Getenv("GORMLEASE_TEST_MYSQL_DSN"); dsn != "" {
-		cfg, err := mysqldriver.ParseDSN(dsn)
+	if s := os.Getenv("GORMLEASE_TEST_MYSQL_DSN"); s != "" {
+		// The driver's own DSN, or the commands' mysql:// form.
+		cfg, err := dsn.MySQL(s)
 		if err != nil {
 			return nil, fmt.Errorf("GORMLEASE_TEST_MYSQL_DSN: %w", err)
 		}
@@ -140,8 +143,7 @@ func mysqlConfig() (*mysqldriver.Config, error) {
 	if dockerRequired() {
 		return nil, fmt.Errorf("%s is set, and no container: %w", dockerEnv, derr)
 	}
-	cfg = mysqldriver.NewConfig()
-	cfg.User, cfg.Net, cfg.Addr, cfg.Timeout = "root", "tcp", "127.0.0.1:3306", 5*time.Second
+	cfg = mysqlRoot("127.0.0.1:3306", 5*time.Second)
 	if err := ping("mysql", cfg.FormatDSN()); err != nil {
 		return nil, fmt.Errorf("no DSN in GORMLEASE_TEST_MYSQL_DSN, no container (%v), and the local server: %w", derr, err)
 	}
@@ -152,9 +154,7 @@ func mysqlConfig() (*mysqldriver.Config, error) {
 // answers. Its server listens on a port of its own (--port) of 127.0.0.1.
 func dockerMySQL() (*mysqldriver.Config, error) {
 	config := func(port int) *mysqldriver.Config {
-		cfg := mysqldriver.NewConfig()
-		cfg.User, cfg.Net, cfg.Addr, cfg.Timeout = "root", "tcp", "127.0.0.1:"+strconv.Itoa(port), 5*time.Second
-		return cfg
+		return mysqlRoot("127.0.0.1:"+strconv.Itoa(port), 5*time.Second)
 	}
 	port, err := startContainer(containerSpec{
 		image: "mariadb:10.11",
@@ -170,6 +170,14 @@ func dockerMySQL() (*mysqldriver.Config, error) {
 	}
 	shareWithChildren("GORMLEASE_TEST_MYSQL_DSN", config(port).FormatDSN())
 	return config(port), nil
+}
+
+// mysqlRoot is the configuration of a connection as root, with no password,
+// to the server at addr ("host:port"), outside any database.
+func mysqlRoot(addr string, timeout time.Duration) *mysqldriver.Config {
+	cfg := mysqldriver.NewConfig()
+	cfg.User, cfg.Net, cfg.Addr, cfg.Timeout = "root", "tcp", addr, timeout
+	return cfg
 }
 
 // mysqlExec runs one statement on the server, outside any test database.

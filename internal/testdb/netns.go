@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -19,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"golang.org/x/sys/unix"
@@ -47,25 +45,24 @@ import (
 // one.
 //
 // The servers die with the test process (a parent-death signal); Close
-// stops them by pid and deletes the namespace, and each link and its rules
-// go when its test ends. A namespace left by a test process that was
-// killed is deleted by the next one. When a prerequisite is missing (root,
-// ip, iptables, the servers' binaries) the test is skipped loudly, or
-// fails under CI.
+// stops them, each with its process group, and deletes the namespace, and
+// each link and its rules go when its test ends. A namespace left by a
+// test process that was killed is deleted by the next one. When a
+// prerequisite is missing (root, ip, iptables, the servers' binaries) the
+// test is skipped loudly, or fails under CI.
 type Netns struct {
 	name  string
 	admin *Link // the link the servers are set up through
 
-	pgOnce, mariaOnce sync.Once
-	pg, maria         *NetServer
-	pgErr, mariaErr   error
+	pg, maria sharedHarness[*NetServer]
 }
 
 var (
-	netnsOnce   sync.Once
-	sharedNetns *Netns
-	netnsErr    error
-	linkSeq     atomic.Int64
+	sharedNetns = sharedHarness[*Netns]{
+		name:  "network namespace",
+		start: func(testing.TB) (*Netns, error) { return newNetns() },
+	}
+	linkSeq atomic.Int64
 )
 
 // netnsPrefix starts the name of every namespace that testdb makes.
@@ -79,22 +76,7 @@ const netnsLock = "/run/gormlease-netns.lock"
 // use, or skips (fails under CI) tb when it cannot be made.
 func SharedNetns(tb testing.TB) *Netns {
 	tb.Helper()
-	netnsOnce.Do(func() {
-		sharedNetns, netnsErr = newNetns()
-		if netnsErr == nil {
-			mu.Lock()
-			closers = append(closers, sharedNetns.close)
-			mu.Unlock()
-		}
-	})
-	if netnsErr != nil {
-		var missing *missingError
-		if errors.As(netnsErr, &missing) {
-			unavailable(tb, "network namespace", netnsErr)
-		}
-		tb.Fatalf("network namespace: %v", netnsErr)
-	}
-	return sharedNetns
+	return sharedNetns.get(tb)
 }
 
 func newNetns() (*Netns, error) {
@@ -113,6 +95,10 @@ func newNetns() (*Netns, error) {
 	removeStaleNetns()
 	unlock()
 	n := &Netns{name: fmt.Sprintf("%s%d", netnsPrefix, os.Getpid())}
+	n.pg.name = "PostgreSQL in a network namespace"
+	n.pg.start = func(testing.TB) (*NetServer, error) { return n.startPostgres() }
+	n.maria.name = "MariaDB in a network namespace"
+	n.maria.start = func(testing.TB) (*NetServer, error) { return n.startMariaDB() }
 	if err := run("ip", "netns", "add", n.name); err != nil {
 		return nil, err
 	}
@@ -160,14 +146,9 @@ func removeStaleNetns() {
 	}
 }
 
-// close stops the servers, by pid, and deletes the namespace with its
-// links.
+// close deletes the namespace with its links. Its servers, closed before
+// it, are gone.
 func (n *Netns) close() error {
-	for _, s := range []*NetServer{n.pg, n.maria} {
-		if s != nil {
-			s.stop()
-		}
-	}
 	if n.admin != nil {
 		n.admin.remove()
 	}
@@ -327,14 +308,12 @@ type NetServer struct {
 	// Name is the gorm dialector name: "postgres" or "mysql".
 	Name string
 	port int
-	dir  string // its data and logs, deleted by stop
-	log  string
+	dir  string // its data and logs, deleted by close
 	// open opens a pool; conns counts its connections not yet closed,
 	// and the attempts to open one.
-	open   func(host string, port int) (db *gorm.DB, conns *atomic.Int64, err error)
-	quit   syscall.Signal // what stops it at once
-	cmd    *exec.Cmd
-	exited chan struct{}
+	open func(host string, port int) (db *gorm.DB, conns *atomic.Int64, err error)
+	quit syscall.Signal // what stops it at once
+	proc process
 }
 
 // countedConn is a connection counted in open until it is closed.
@@ -384,30 +363,22 @@ func (s *NetServer) Open(tb testing.TB, addr string) *gorm.DB {
 // from the binaries that Cluster uses.
 func (n *Netns) Postgres(tb testing.TB) *NetServer {
 	tb.Helper()
-	n.pgOnce.Do(func() { n.pg, n.pgErr = n.startPostgres() })
-	return n.server(tb, "PostgreSQL", n.pg, n.pgErr)
+	return n.server(tb, &n.pg)
 }
 
 // MariaDB returns the namespace's MariaDB server, started on first use.
 func (n *Netns) MariaDB(tb testing.TB) *NetServer {
 	tb.Helper()
-	n.mariaOnce.Do(func() { n.maria, n.mariaErr = n.startMariaDB() })
-	return n.server(tb, "MariaDB", n.maria, n.mariaErr)
+	return n.server(tb, &n.maria)
 }
 
-func (n *Netns) server(tb testing.TB, what string, s *NetServer, err error) *NetServer {
+// server returns the server of h, started on first use, and fails tb when
+// it has exited since.
+func (n *Netns) server(tb testing.TB, h *sharedHarness[*NetServer]) *NetServer {
 	tb.Helper()
-	if err != nil {
-		var missing *missingError
-		if errors.As(err, &missing) {
-			unavailable(tb, what+" in a network namespace", err)
-		}
-		tb.Fatalf("%s in a network namespace: %v", what, err)
-	}
-	select {
-	case <-s.exited:
-		tb.Fatalf("%s in the network namespace has exited:\n%s", what, s.logTail())
-	default:
+	s := h.get(tb)
+	if !s.proc.running() {
+		tb.Fatalf("%s has exited:\n%s", h.name, s.proc.logTail())
 	}
 	return s
 }
@@ -431,7 +402,8 @@ func (n *Netns) startPostgres() (*NetServer, error) {
 		os.RemoveAll(c.dir)
 		return nil, err
 	}
-	s := &NetServer{Name: "postgres", port: 5432, dir: c.dir, log: filepath.Join(c.dir, "log"), quit: syscall.SIGQUIT}
+	s := &NetServer{Name: "postgres", port: 5432, dir: c.dir, quit: syscall.SIGQUIT}
+	s.proc = n.process("PostgreSQL", filepath.Join(c.dir, "log"))
 	s.open = func(host string, port int) (*gorm.DB, *atomic.Int64, error) {
 		cfg, err := pgx.ParseConfig(fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=5", host, port))
 		if err != nil {
@@ -460,42 +432,36 @@ func (n *Netns) startPostgres() (*NetServer, error) {
 	}
 	cmd := exec.Command(filepath.Join(c.bin, "postgres"), "-D", c.data, "-p", strconv.Itoa(s.port), "-k", c.dir,
 		"-c", "listen_addresses=*", "-c", "fsync=off", "-c", "shared_buffers=16MB", "-c", "max_connections=200")
-	return s, n.start(s, cmd, c.asUser)
+	if c.asUser != "" {
+		uid, gid, err := userIDs(c.asUser)
+		if err != nil {
+			os.RemoveAll(c.dir)
+			return nil, err
+		}
+		runAs(cmd, uid, gid)
+	}
+	if err := n.start(s, cmd); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 func (n *Netns) startMariaDB() (*NetServer, error) {
-	for _, tool := range []string{"mariadbd", "mariadb-install-db"} {
-		if _, err := lookTool(tool); err != nil {
-			return nil, err
-		}
-	}
-	dir, err := os.MkdirTemp("", "gormlease-netns-mariadb-")
+	// The directory and the user of galera.go's nodes, for one server.
+	home, err := newMariaHome("gormlease-netns-mariadb-")
 	if err != nil {
 		return nil, err
 	}
-	// The steps and the user of galera.go's nodes, for one server alone.
-	g := &Galera{dir: dir, uid: -1, gid: -1}
-	u, err := user.Lookup("mysql")
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, &missingError{"running as root, and no mysql user to run MariaDB as"}
-	}
-	g.uid, _ = strconv.Atoi(u.Uid)
-	g.gid, _ = strconv.Atoi(u.Gid)
-	data := filepath.Join(dir, "data")
-	if err := g.own(dir); err != nil {
-		os.RemoveAll(dir)
+	data := filepath.Join(home.dir, "data")
+	if err := home.installDB(data); err != nil {
+		os.RemoveAll(home.dir)
 		return nil, err
 	}
-	if err := g.installDB(data); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	s := &NetServer{Name: "mysql", port: 3306, dir: dir, log: filepath.Join(dir, "err"), quit: syscall.SIGKILL}
+	s := &NetServer{Name: "mysql", port: 3306, dir: home.dir, quit: syscall.SIGKILL}
+	s.proc = n.process("MariaDB", filepath.Join(home.dir, "err"))
 	s.open = func(host string, port int) (*gorm.DB, *atomic.Int64, error) {
-		cfg := mysqldriver.NewConfig()
-		cfg.User, cfg.Net, cfg.Addr, cfg.DBName = "root", "tcp", net.JoinHostPort(host, strconv.Itoa(port)), galeraDatabase
-		cfg.ParseTime, cfg.Loc, cfg.Timeout = true, time.UTC, 5*time.Second
+		cfg := mysqlRoot(net.JoinHostPort(host, strconv.Itoa(port)), 5*time.Second)
+		cfg.DBName, cfg.ParseTime, cfg.Loc = galeraDatabase, true, time.UTC
 		db, err := gorm.Open(mysql.Open(cfg.FormatDSN()), quiet())
 		return db, new(atomic.Int64), err // the driver dials on the caller's goroutine only
 	}
@@ -504,79 +470,54 @@ func (n *Netns) startMariaDB() (*NetServer, error) {
 	// addresses too; without name resolution, a connection waits for no
 	// DNS that the namespace does not have.
 	cmd := exec.Command(tool, "--no-defaults", "--datadir="+data, "--port="+strconv.Itoa(s.port),
-		"--bind-address=0.0.0.0", "--socket="+filepath.Join(dir, "sock"), "--pid-file="+filepath.Join(dir, "pid"),
-		"--log-error="+s.log, "--skip-grant-tables", "--skip-name-resolve", "--innodb-buffer-pool-size=32M",
+		"--bind-address=0.0.0.0", "--socket="+filepath.Join(home.dir, "sock"), "--pid-file="+filepath.Join(home.dir, "pid"),
+		"--log-error="+s.proc.log, "--skip-grant-tables", "--skip-name-resolve", "--innodb-buffer-pool-size=32M",
 		"--innodb-log-file-size=8M", "--innodb-flush-log-at-trx-commit=0", "--performance-schema=OFF",
 		"--max-connections=300")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(g.uid), Gid: uint32(g.gid)}}
-	if err := n.start(s, cmd, ""); err != nil {
-		return s, err
+	home.as(cmd)
+	if err := n.start(s, cmd); err != nil {
+		return nil, err
 	}
-	cfg := mysqldriver.NewConfig()
-	cfg.User, cfg.Net, cfg.Addr, cfg.Timeout = "root", "tcp", s.Addr(n.admin), 5*time.Second
-	if err := mysqlExec(cfg, "CREATE DATABASE IF NOT EXISTS "+galeraDatabase); err != nil {
-		return s, err
-	}
-	return s, n.migrate(s)
+	return s, nil
 }
 
-// start starts s's server with cmd inside the namespace, as user asUser
-// when set, and waits until it answers over the admin link; for
-// PostgreSQL it makes the gormlease tables.
-func (n *Netns) start(s *NetServer, cmd *exec.Cmd, asUser string) error {
-	logf, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o666)
+// process returns the process of a server called name that runs inside
+// the namespace, with its output in log.
+func (n *Netns) process(name, log string) process {
+	return process{name: name + " in " + n.name, log: log, launch: n.startIn}
+}
+
+// start starts s's server with cmd inside the namespace, waits until it
+// answers over the admin link, and makes the gormlease tables (on MariaDB,
+// in database galeraDatabase, which it makes first). When it fails, it
+// closes s.
+func (n *Netns) start(s *NetServer, cmd *exec.Cmd) (err error) {
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	cmd.Dir = s.dir
+	if err := s.proc.start(cmd); err != nil {
+		return err
+	}
+	err = s.proc.waitReady(60*time.Second, 100*time.Millisecond, func() error { return s.ping(n.admin.Host(), s.port) })
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
-	cmd.Stdout, cmd.Stderr, cmd.Dir = logf, logf, s.dir
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	if asUser != "" {
-		u, err := user.Lookup(asUser)
-		if err != nil {
+	if s.Name == "mysql" {
+		if err := mysqlExec(mysqlRoot(s.Addr(n.admin), 5*time.Second), "CREATE DATABASE IF NOT EXISTS "+galeraDatabase); err != nil {
 			return err
 		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	s.exited = make(chan struct{})
-	if err := n.startIn(cmd, s.exited); err != nil {
-		close(s.exited)
-		return err
-	}
-	s.cmd = cmd
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := s.ping(n.admin.Host(), s.port)
-		if err == nil {
-			break
-		}
-		select {
-		case <-s.exited:
-			return fmt.Errorf("%s exited while starting:\n%s", s.Name, s.logTail())
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s does not answer after 60s (%v):\n%s", s.Name, err, s.logTail())
-		}
-	}
-	if s.Name == "postgres" {
-		return n.migrate(s)
-	}
-	return nil
+	return n.migrate(s)
 }
 
 // ping connects to s at host and port, and pings it.
 func (s *NetServer) ping(host string, port int) error {
 	driver, dsn := "pgx", fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=2", host, port)
 	if s.Name == "mysql" {
-		cfg := mysqldriver.NewConfig()
-		cfg.User, cfg.Net, cfg.Addr, cfg.Timeout = "root", "tcp", net.JoinHostPort(host, strconv.Itoa(port)), 2*time.Second
-		driver, dsn = "mysql", cfg.FormatDSN()
+		driver, dsn = "mysql", mysqlRoot(net.JoinHostPort(host, strconv.Itoa(port)), 2*time.Second).FormatDSN()
 	}
 	return ping(driver, dsn)
 }
@@ -622,25 +563,8 @@ func (n *Netns) startIn(cmd *exec.Cmd, exited chan<- struct{}) error {
 	return <-started
 }
 
-// stop kills the server by its pid, waits until it is gone, and deletes its
-// directory.
-func (s *NetServer) stop() {
-	if s.cmd != nil {
-		_ = s.cmd.Process.Signal(s.quit)
-		select {
-		case <-s.exited:
-		case <-time.After(10 * time.Second):
-			_ = s.cmd.Process.Kill()
-			<-s.exited
-		}
-	}
-	os.RemoveAll(s.dir)
-}
-
-func (s *NetServer) logTail() string {
-	b, _ := os.ReadFile(s.log)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
+// close stops the server, and deletes its directory.
+func (s *NetServer) close() error {
+	s.proc.stop(s.quit, 10*time.Second)
+	return os.RemoveAll(s.dir)
 }

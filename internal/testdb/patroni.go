@@ -1,25 +1,20 @@
 package testdb
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
-
-	"github.com/gormlease/gormlease"
 )
 
 // Patroni is a PostgreSQL cluster managed by Patroni, as production runs
@@ -52,8 +47,7 @@ type Patroni struct {
 	dir      string
 	bin      string // PostgreSQL's binaries
 	uid, gid int    // the postgres user's
-	etcd     *exec.Cmd
-	etcdDone chan struct{}
+	etcd     process
 	etcdPort int
 	scope    string
 	members  []*PatroniMember
@@ -66,39 +60,27 @@ type PatroniMember struct {
 	name            string
 	pgPort, apiPort int
 	data, config    string
-	mu              sync.Mutex
-	cmd             *exec.Cmd // Patroni's
-	exited          chan struct{}
-	stopped         bool // SIGSTOPped, until Continue
+	proc            process // its Patroni
 }
 
 // patroniMembers is the size of the cluster.
 const patroniMembers = 3
 
-var (
-	patroniOnce    sync.Once
-	patroniCluster *Patroni
-	patroniErr     error
-)
+var sharedPatroni = sharedHarness[*Patroni]{
+	name:  "Patroni cluster",
+	start: func(testing.TB) (*Patroni, error) { return startPatroni() },
+}
 
 // SharedPatroni returns the process's Patroni cluster, starting it on first
 // use, or skips (fails under CI) tb when it cannot be started. It fails tb
 // when the cluster is not healthy: a test before it left it failed over.
 func SharedPatroni(tb testing.TB) *Patroni {
 	tb.Helper()
-	patroniOnce.Do(func() {
-		patroniCluster, patroniErr = startPatroni()
-		if patroniErr == nil {
-			closeAtEnd(patroniCluster.close)
-		}
-	})
-	if patroniErr != nil {
-		startFailed(tb, "Patroni cluster", patroniErr)
-	}
-	if err := patroniCluster.healthy(30 * time.Second); err != nil {
+	c := sharedPatroni.get(tb)
+	if err := c.healthy(30 * time.Second); err != nil {
 		tb.Fatalf("Patroni cluster not healthy: a test before this one did not heal it: %v", err)
 	}
-	return patroniCluster
+	return c
 }
 
 // startPatroni starts etcd, then the first member, which bootstraps the
@@ -115,7 +97,7 @@ func startPatroni() (*Patroni, error) {
 		return nil, &missingError{err.Error()}
 	}
 	os.RemoveAll(pg.dir)
-	u, err := user.Lookup("postgres")
+	uid, gid, err := userIDs("postgres")
 	if err != nil {
 		return nil, &missingError{"no postgres user to run Patroni as"}
 	}
@@ -128,9 +110,7 @@ func startPatroni() (*Patroni, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	c := &Patroni{dir: dir, bin: pg.bin, scope: filepath.Base(dir)}
-	c.uid, _ = strconv.Atoi(u.Uid)
-	c.gid, _ = strconv.Atoi(u.Gid)
+	c := &Patroni{dir: dir, bin: pg.bin, uid: uid, gid: gid, scope: filepath.Base(dir)}
 	if err := os.Chown(dir, c.uid, c.gid); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -153,6 +133,9 @@ func startPatroni() (*Patroni, error) {
 		ports = ports[2:]
 		m.data = filepath.Join(dir, m.name)
 		m.config = filepath.Join(dir, m.name+".yml")
+		// Patroni writes here, and PostgreSQL's stderr before its own
+		// logging starts.
+		m.proc.name, m.proc.log = "Patroni "+m.name, filepath.Join(dir, m.name+".log")
 		if err := c.writeFile(m.config, m.yaml()); err != nil {
 			return fail(err)
 		}
@@ -173,13 +156,8 @@ func startPatroni() (*Patroni, error) {
 	if err := c.healthy(90 * time.Second); err != nil {
 		return fail(err)
 	}
-	db, err := gorm.Open(postgres.Open(c.DSN()), quiet())
-	if err != nil {
+	if err := makeTables(postgres.Open(c.DSN())); err != nil {
 		return fail(err)
-	}
-	defer closeDB(db)
-	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
-		return fail(fmt.Errorf("migrate: %w", err))
 	}
 	return c, nil
 }
@@ -220,39 +198,15 @@ func (c *Patroni) startEtcd(client, peer int) error {
 	c.etcdPort = client
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peer)
 	clientURL := fmt.Sprintf("http://127.0.0.1:%d", client)
-	log, err := os.Create(filepath.Join(c.dir, "etcd.log"))
-	if err != nil {
-		return err
-	}
-	defer log.Close()
+	c.etcd.name, c.etcd.log = "etcd", filepath.Join(c.dir, "etcd.log")
 	cmd := exec.Command("etcd", "--name", "etcd", "--data-dir", filepath.Join(c.dir, "etcd"),
 		"--listen-client-urls", clientURL, "--advertise-client-urls", clientURL,
 		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
 		"--initial-cluster", "etcd="+peerURL, "--unsafe-no-fsync")
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start etcd: %w", err)
+	if err := c.etcd.start(cmd); err != nil {
+		return err
 	}
-	c.etcd, c.etcdDone = cmd, make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(c.etcdDone)
-	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if code, _ := httpStatus(clientURL + "/health"); code == http.StatusOK {
-			return nil
-		}
-		select {
-		case <-c.etcdDone:
-			return fmt.Errorf("etcd exited while starting:\n%s", tail(filepath.Join(c.dir, "etcd.log")))
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("etcd not healthy after 30s:\n%s", tail(filepath.Join(c.dir, "etcd.log")))
-		}
-	}
+	return c.etcd.waitReady(30*time.Second, 100*time.Millisecond, func() error { return httpOK(clientURL + "/health") })
 }
 
 // writeFile writes a file that the postgres user owns.
@@ -325,56 +279,21 @@ postgresql:
 		filepath.Join(c.dir, m.name+".pgpass"), c.dir)
 }
 
-// start starts the member's Patroni, which starts its PostgreSQL.
+// start starts the member's Patroni, which starts its PostgreSQL. Patroni
+// dies with the test process, but its postmaster does not (see
+// sweepPatroni): close kills it by its pid.
 func (m *PatroniMember) start() error {
-	log, err := os.OpenFile(m.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
 	cmd := exec.Command("patroni", m.config)
 	cmd.Dir = m.c.dir
-	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Env = append(os.Environ(), "HOME="+m.c.dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: uint32(m.c.uid), Gid: uint32(m.c.gid)},
-		Setpgid:    true,
-		// Patroni dies with the test process, even when that is killed
-		// and close never runs. Its postmaster does not (see
-		// sweepPatroni): close kills it by its pid.
-		Pdeathsig: syscall.SIGKILL,
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start Patroni %s: %w", m.name, err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	m.mu.Lock()
-	m.cmd, m.exited, m.stopped = cmd, exited, false
-	m.mu.Unlock()
-	return nil
+	runAs(cmd, m.c.uid, m.c.gid)
+	return m.proc.start(cmd)
 }
-
-// logPath is the file that the member's Patroni (and PostgreSQL's stderr
-// before its own logging starts) write to.
-func (m *PatroniMember) logPath() string { return filepath.Join(m.c.dir, m.name+".log") }
 
 // Log returns the member's Patroni log, and PostgreSQL's, since the cluster
 // started.
 func (m *PatroniMember) Log() string {
-	b, _ := os.ReadFile(m.logPath())
-	return string(b)
-}
-
-// tail is the end of the file at path.
-func tail(path string) string {
-	b, _ := os.ReadFile(path)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
+	b, _ := os.ReadFile(m.proc.log)
 	return string(b)
 }
 
@@ -389,6 +308,19 @@ func httpStatus(url string) (int, error) {
 	return resp.StatusCode, nil
 }
 
+// httpOK returns nil when a GET of url answers 200 OK, with a short
+// timeout, and what it answered otherwise.
+func httpOK(url string) error {
+	code, err := httpStatus(url)
+	if err != nil {
+		return err
+	}
+	if code != http.StatusOK {
+		return fmt.Errorf("GET %s: status %d", url, code)
+	}
+	return nil
+}
+
 // status returns the status code of the member's REST endpoint path
 // (/primary, /sync, /replica, /health), 0 when it does not answer.
 func (m *PatroniMember) status(path string) int {
@@ -398,32 +330,9 @@ func (m *PatroniMember) status(path string) int {
 
 // waitStatus waits until the member's endpoint path answers 200.
 func (m *PatroniMember) waitStatus(path string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for m.status(path) != http.StatusOK {
-		if !m.running() {
-			return fmt.Errorf("Patroni %s exited:\n%s", m.name, tail(m.logPath()))
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("Patroni %s: %s not 200 after %v:\n%s", m.name, path, timeout, tail(m.logPath()))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return nil
-}
-
-// running reports whether the member's Patroni process is alive.
-func (m *PatroniMember) running() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd == nil {
-		return false
-	}
-	select {
-	case <-m.exited:
-		return false
-	default:
-		return true
-	}
+	return m.proc.waitReady(timeout, 100*time.Millisecond, func() error {
+		return httpOK(fmt.Sprintf("http://127.0.0.1:%d%s", m.apiPort, path))
+	})
 }
 
 // healthy waits until one member is the primary, one the synchronous
@@ -433,7 +342,7 @@ func (c *Patroni) healthy(timeout time.Duration) error {
 	for {
 		var primary, sync, replica int
 		for _, m := range c.members {
-			if !m.running() {
+			if !m.proc.running() {
 				return fmt.Errorf("Patroni %s is not running", m.name)
 			}
 			switch {
@@ -547,17 +456,6 @@ func (c *Patroni) Open(tb testing.TB, first *PatroniMember) *gorm.DB {
 	return openPostgres(tb, c.DSNFirst(first))
 }
 
-// openPostgres opens a pool on dsn, closed when tb ends.
-func openPostgres(tb testing.TB, dsn string) *gorm.DB {
-	tb.Helper()
-	db, err := gorm.Open(postgres.Open(dsn), quiet())
-	if err != nil {
-		tb.Fatalf("open %s: %v", dsn, err)
-	}
-	tb.Cleanup(func() { closeDB(db) })
-	return db
-}
-
 // Name is the member's name in the cluster (m1, m2, m3).
 func (m *PatroniMember) Name() string { return m.name }
 
@@ -615,37 +513,20 @@ func killWait(pid int) {
 // without a watchdog. Start brings Patroni back.
 func (m *PatroniMember) KillPatroni(tb testing.TB) {
 	tb.Helper()
-	m.mu.Lock()
-	cmd, exited := m.cmd, m.exited
-	m.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-exited
+	m.proc.kill()
 }
 
 // StopPatroni stops the member's Patroni with SIGSTOP, as a hung process,
 // leaving its PostgreSQL running. Continue resumes it.
 func (m *PatroniMember) StopPatroni(tb testing.TB) {
 	tb.Helper()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd != nil {
-		_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGSTOP)
-		m.stopped = true
-	}
+	m.proc.pause()
 }
 
 // Continue resumes a Patroni that StopPatroni stopped.
 func (m *PatroniMember) Continue(tb testing.TB) {
 	tb.Helper()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd != nil && m.stopped {
-		_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGCONT)
-		m.stopped = false
-	}
+	m.proc.resume()
 }
 
 // Switchover asks Patroni (patronictl switchover) to hand the leadership
@@ -663,15 +544,34 @@ func (c *Patroni) Switchover(tb testing.TB, leader, candidate *PatroniMember) {
 // Heal brings every member back after a test's faults: it resumes a
 // stopped Patroni, starts a killed one again (which rewinds a diverged old
 // primary with pg_rewind and makes it a replica), and waits until the
-// cluster has a primary, a synchronous standby and a replica again.
+// cluster has a primary, a synchronous standby and a replica again. A
+// member that Patroni has not made a replica by then (a replica left
+// recovering on the old timeline after a switchover, seen once under
+// load) is made one anew from the primary (patronictl reinit), and the
+// cluster is waited for once more.
 func (c *Patroni) Heal(tb testing.TB) {
 	tb.Helper()
 	for _, m := range c.members {
 		m.Continue(tb)
-		if !m.running() {
+		if !m.proc.running() {
 			if err := m.start(); err != nil {
 				tb.Fatal(err)
 			}
+		}
+	}
+	err := c.healthy(120 * time.Second)
+	if err == nil {
+		return
+	}
+	tb.Logf("heal the Patroni cluster: %v; reinitializing the members that are not in it", err)
+	for _, m := range c.members {
+		if m.status("/primary") == http.StatusOK || m.status("/sync") == http.StatusOK || m.status("/replica?lag=1MB") == http.StatusOK {
+			continue
+		}
+		cmd := exec.Command("patronictl", "-c", m.config, "reinit", "--force", c.scope, m.name)
+		cmd.Env = append(os.Environ(), "HOME="+c.dir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			tb.Logf("patronictl reinit %s: %v\n%s", m.name, err, out)
 		}
 	}
 	if err := c.healthy(120 * time.Second); err != nil {
@@ -683,20 +583,11 @@ func (c *Patroni) Heal(tb testing.TB) {
 // directory.
 func (c *Patroni) close() error {
 	for _, m := range c.members {
-		m.mu.Lock()
-		cmd, exited := m.cmd, m.exited
-		m.mu.Unlock()
-		if cmd != nil {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-exited
-		}
+		m.proc.kill()
 		if pid := m.postmasterPID(); pid != 0 {
 			killWait(pid)
 		}
 	}
-	if c.etcd != nil {
-		_ = syscall.Kill(-c.etcd.Process.Pid, syscall.SIGKILL)
-		<-c.etcdDone
-	}
+	c.etcd.kill()
 	return os.RemoveAll(c.dir)
 }

@@ -1,7 +1,6 @@
 package testdb
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -10,7 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -124,25 +122,13 @@ func NewPgBouncer(tb testing.TB, s *Server, cfg PgBouncerConfig) *PgBouncer {
 		tb.Fatal(err)
 	}
 
-	var out syncBuffer
-	cmd := exec.Command(bin, append(runAs, ini)...)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		tb.Fatalf("start %s: %v", bin, err)
+	proc := &process{name: fmt.Sprintf("PgBouncer %s on port %d", version, port), log: filepath.Join(dir, "log")}
+	if err := proc.start(exec.Command(bin, append(runAs, ini)...)); err != nil {
+		tb.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	tb.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM) // immediate shutdown
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
-	if err := b.waitReady(exited); err != nil {
-		tb.Fatalf("PgBouncer %s on port %d: %v\n%s", version, port, err, out.String())
+	tb.Cleanup(func() { proc.stop(syscall.SIGTERM, 10*time.Second) }) // SIGTERM: immediate shutdown
+	if err := proc.waitReady(30*time.Second, 50*time.Millisecond, b.ping); err != nil {
+		tb.Fatal(err)
 	}
 	return b
 }
@@ -205,26 +191,7 @@ func writeFiles(dir string, files map[string]string, chown bool) error {
 	return nil
 }
 
-// waitReady waits until PgBouncer answers a query, for up to 30 s.
-func (b *PgBouncer) waitReady(exited <-chan error) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := b.ping()
-		if err == nil {
-			return nil
-		}
-		select {
-		case werr := <-exited:
-			return fmt.Errorf("exited: %v (last ping: %v)", werr, err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no answer within 30 s: %w", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
+// ping connects to PgBouncer and runs a query.
 func (b *PgBouncer) ping() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -337,22 +304,4 @@ func (b *PgBouncer) Pool(tb testing.TB) PgBouncerPool {
 	}
 	tb.Fatalf("SHOW POOLS: no pool for %s/%s in %v", b.server.Database, b.server.User, lines)
 	return PgBouncerPool{}
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's output and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

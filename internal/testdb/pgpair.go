@@ -9,10 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
-
-	"github.com/gormlease/gormlease"
 )
 
 // PgPair is a PostgreSQL primary and a standby that streams its WAL, two
@@ -87,15 +84,7 @@ func (p *PgPair) DSN() string {
 // closed when tb ends.
 func (p *PgPair) Open(tb testing.TB) *gorm.DB {
 	tb.Helper()
-	db, err := gorm.Open(postgres.Open(p.DSN()), quiet())
-	if err != nil {
-		tb.Fatalf("open pair: %v", err)
-	}
-	tb.Cleanup(func() { closeDB(db) })
-	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
-		tb.Fatalf("migrate pair: %v", err)
-	}
-	return db
+	return openPostgresTables(tb, p.DSN())
 }
 
 // Primary is the cluster that accepts writes now.

@@ -2,8 +2,10 @@
 // against. Each server is found once per test process, in this order:
 //
 //  1. a DSN from the environment: GORMLEASE_TEST_POSTGRES_DSN (or
-//     GORMLEASE_TEST_DSN) for PostgreSQL, GORMLEASE_TEST_MYSQL_DSN, in the
-//     go-sql-driver/mysql form, for MySQL or MariaDB;
+//     GORMLEASE_TEST_DSN) for PostgreSQL, as a URL or in the keyword form,
+//     GORMLEASE_TEST_MYSQL_DSN, in the go-sql-driver/mysql form (or with
+//     the commands' mysql:// before it), for MySQL or MariaDB: read by
+//     package dsn, as the commands read theirs;
 //  2. a container started with dockertest (postgres:15, mariadb:10.11) in
 //     the host's network, on a free port of 127.0.0.1, when a Docker engine
 //     answers a ping within a few seconds (see docker.go);
@@ -50,6 +52,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/dsn"
 )
 
 // Server is one database server reached by the tests, with a schema (or
@@ -131,25 +134,6 @@ func lookup(name string, find func() (*Server, error)) *Server {
 	return s
 }
 
-// Example returns the shared PostgreSQL pool for runnable examples, which
-// have no testing.TB, or the reason there is none.
-func Example() (*gorm.DB, error) {
-	s := lookup("postgres", findPostgres)
-	if s.findErr != nil {
-		return nil, s.findErr
-	}
-	return s.sharedDB()
-}
-
-// ExamplePool returns a new pool on the examples' PostgreSQL server, which
-// the caller closes: for an example that closes a pool of its own.
-func ExamplePool() (*gorm.DB, error) {
-	if _, err := Example(); err != nil {
-		return nil, err
-	}
-	return lookup("postgres", findPostgres).open(nil)
-}
-
 // unavailable skips tb, loudly, or fails it under CI or
 // GORMLEASE_TEST_DOCKER.
 func unavailable(tb testing.TB, name string, err error) {
@@ -213,11 +197,7 @@ func (s *Server) Open(tb testing.TB, params map[string]string) *gorm.DB {
 	tb.Helper()
 	s.DB(tb)
 	db, err := s.open(params)
-	if err != nil {
-		tb.Fatalf("open %s: %v", s.Name, err)
-	}
-	tb.Cleanup(func() { closeDB(db) })
-	return db
+	return keepPool(tb, s.Name, db, err)
 }
 
 // OpenVia returns a new pool on s that connects to addr ("host:port")
@@ -238,11 +218,7 @@ func (s *Server) OpenEmpty(tb testing.TB, params map[string]string) *gorm.DB {
 		withSpace[k] = v
 	}
 	db, err := s.open(withSpace)
-	if err != nil {
-		tb.Fatalf("open %s: %v", s.Name, err)
-	}
-	tb.Cleanup(func() { closeDB(db) })
-	return db
+	return keepPool(tb, s.Name, db, err)
 }
 
 // EmptyDSN returns a DSN, in the form of s.DSN, for a schema (PostgreSQL),
@@ -300,6 +276,31 @@ func Close() {
 		os.Unsetenv(key)
 	}
 	servers, closers, sharedEnv = map[string]*Server{}, nil, nil
+}
+
+// keepPool returns db, a pool that opening what returned with err, and
+// closes it when tb ends; it fails tb when err is not nil.
+func keepPool(tb testing.TB, what string, db *gorm.DB, err error) *gorm.DB {
+	tb.Helper()
+	if err != nil {
+		tb.Fatalf("open %s: %v", what, err)
+	}
+	tb.Cleanup(func() { closeDB(db) })
+	return db
+}
+
+// makeTables makes the gormlease tables through a pool of its own on
+// dialector, closed before it returns.
+func makeTables(dialector gorm.Dialector) error {
+	db, err := gorm.Open(dialector, quiet())
+	if err != nil {
+		return err
+	}
+	defer closeDB(db)
+	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	return nil
 }
 
 func closeDB(db *gorm.DB) {
@@ -409,8 +410,11 @@ func postgresURL(base *pgx.ConnConfig, schema string) string {
 // container, or on this machine.
 func postgresDSN() (string, error) {
 	for _, env := range []string{"GORMLEASE_TEST_POSTGRES_DSN", "GORMLEASE_TEST_DSN"} {
-		if dsn := os.Getenv(env); dsn != "" {
-			return dsn, ping("pgx", dsn)
+		if s := os.Getenv(env); s != "" {
+			if p, err := dsn.Parse(s); err != nil || p.Kind != dsn.KindPostgres {
+				return "", fmt.Errorf("%s is not a PostgreSQL DSN (postgres://… or host=… dbname=…): %v", env, err)
+			}
+			return s, ping("pgx", s)
 		}
 	}
 	dsn, derr := dockerPostgres()

@@ -69,10 +69,11 @@ var hubs = struct {
 }{m: map[Key]*hub{}}
 
 // watching counts the live watches of the process, so that a release with
-// no waiter skips the hubs' mutex, and for the tests' leak checks.
+// no waiter skips the hubs' mutex.
 var watching atomic.Int64
 
-// Watching returns the number of live watches of the process.
+// Watching returns the number of live watches of the process: zero
+// whenever no caller waits on a row.
 func Watching() int64 { return watching.Load() }
 
 // notifiedPolls is how many heartbeat intervals apart a watch polls a row
@@ -99,6 +100,10 @@ type Watch struct {
 	state   backend.State
 	read    bool          // state was read at least once
 	changed chan struct{} // closed, and replaced, at every read
+	// err is the error of the last read, when it failed in a way that
+	// waiting cannot cure (a closed pool, a missing table): the waiters
+	// stop waiting with it.
+	err error
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -184,14 +189,25 @@ func (w *Watch) Poke() {
 }
 
 // Next waits until the watch reads the row again after changed, or ctx is
-// done.
+// done. It returns the read's error when the read failed in a way that
+// waiting cannot cure (see Err).
 func (w *Watch) Next(ctx context.Context, changed <-chan struct{}) error {
 	select {
 	case <-changed:
-		return nil
+		return w.Err()
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// Err returns the error of the watch's last read when it failed in a way
+// that waiting cannot cure (a closed pool, a missing table, a permission),
+// and nil otherwise: a read that could not reach the database is simply
+// tried again at the next poll.
+func (w *Watch) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
 }
 
 // NextAny waits until one of the watches whose channels changed are, as
@@ -235,13 +251,16 @@ func (w *Watch) loop(ctx context.Context, initial *backend.State) {
 			if ctx.Err() != nil {
 				return
 			}
-			if err == nil {
+			switch {
+			case err == nil:
 				if st.Generation != last.Generation || st.Released != last.Released ||
-					st.SavedGeneration != last.SavedGeneration {
+					st.SavedGeneration != last.SavedGeneration || st.Paused != last.Paused {
 					pause = maxPause / 4
 				}
 				last = st
-				w.publish(st)
+				w.publish(st, nil)
+			case !backend.Unreachable(err):
+				w.publish(last, err)
 			}
 		}
 		if ended := h.markWaiting(ctx, w, &last, readTimeout); ended {
@@ -302,11 +321,14 @@ func untilExpiry(st backend.State) (time.Duration, bool) {
 	return st.Timeout - st.Age + expirySlack, true
 }
 
-// publish makes st the watch's state and tells the subscribers.
-func (w *Watch) publish(st backend.State) {
+// publish makes st the watch's state, and err the error of the read that
+// waiting cannot cure (nil after a read that worked), and tells the
+// subscribers.
+func (w *Watch) publish(st backend.State, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.state, w.read = st, true
+	w.state, w.err = st, err
+	w.read = w.read || err == nil
 	close(w.changed)
 	w.changed = make(chan struct{})
 }
@@ -353,12 +375,13 @@ func (h *hub) notified(table, target string) {
 }
 
 // markWaiting marks the row that w read as *st as waited on, when it shows
-// a live generation not marked yet and h's listener listens, so that the
+// a live generation, or a paused target, not marked yet and h's listener
+// listens, so that the
 // statement that ends the generation notifies. The statement is bounded by
 // timeout, as the reads are. It reports whether the mark found that
 // generation ended.
 func (h *hub) markWaiting(ctx context.Context, w *Watch, st *backend.State, timeout time.Duration) (ended bool) {
-	if !h.listener.listens() || !st.Found || st.Released || st.Waiting {
+	if !h.listener.listens() || !st.Found || (st.Released && !st.Paused) || st.Waiting {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -371,8 +394,9 @@ func (h *hub) markWaiting(ctx context.Context, w *Watch, st *backend.State, time
 	return ended
 }
 
-// Listening reports whether this process has a listener, on the pool of
-// db, that listens now. It is for tests.
+// Listening reports whether this process has a listener on the pool of
+// db that listens now: its waiters on that pool are woken by
+// notifications, and poll only to cover a lost one.
 func Listening(db *gorm.DB) bool {
 	hubs.Lock()
 	defer hubs.Unlock()
@@ -384,17 +408,28 @@ func Listening(db *gorm.DB) bool {
 	return false
 }
 
-// Find calls f with the watch on target's row of every hub whose table is
-// table, and its number of subscribers, under the hubs' mutex. It is for
-// tests.
-func Find(table, target string, f func(w *Watch, subs int)) {
+// Report describes one watch of a lease row.
+type Report struct {
+	// Subscribers is the number of waiters that share the watch.
+	Subscribers int
+	// State is the row as the watch last read it, when Read is true.
+	State backend.State
+	Read  bool
+}
+
+// Watches reports the watches of this process on target's row of the
+// lease table table: one for each pool whose waiters watch it.
+func Watches(table, target string) []Report {
 	hubs.Lock()
 	defer hubs.Unlock()
+	var out []Report
 	for _, h := range hubs.m {
 		if w := h.watches[target]; w != nil && h.key.Table == table {
-			f(w, w.subs)
+			st, read, _ := w.Current()
+			out = append(out, Report{Subscribers: w.subs, State: st, Read: read})
 		}
 	}
+	return out
 }
 
 const (

@@ -27,17 +27,22 @@ const (
 type Section struct{ Begin, End string }
 
 // Operations is the operations section of docs/performance.md, Roles its
-// roles section (the rolebench command's), and Capacity the capacity
+// roles section (the rolebench command's), Holding its holding section
+// (the bench command's -sections holding, with -holding-out), Notes its
+// sections written by hand from go test's benchmarks and short
+// measurements, which no command writes, and Capacity the capacity
 // section of docs/scaling.md.
 var (
 	Operations = Section{Begin, End}
 	Roles      = Section{"<!-- roles:begin -->", "<!-- roles:end -->"}
+	Holding    = Section{"<!-- holding:begin -->", "<!-- holding:end -->"}
+	Notes      = Section{"<!-- notes:begin -->", "<!-- notes:end -->"}
 	Capacity   = Section{"<!-- capacity:begin -->", "<!-- capacity:end -->"}
 )
 
-// carried are the sections of docs/performance.md that other commands
-// write, which Carry keeps.
-var carried = []Section{Operations, Roles}
+// carried are the sections of docs/performance.md that other commands, or
+// people, write, which Carry keeps.
+var carried = []Section{Operations, Roles, Holding, Notes}
 
 // Wrap returns section between the markers, as a block that Find finds.
 func Wrap(section string) string { return Operations.Wrap(section) }
@@ -96,7 +101,7 @@ func (s Section) PutIn(path, section string) (string, error) {
 }
 
 // Carry returns fresh with the marked blocks of old (the operations
-// section, then the roles section) at its end, or fresh alone when old has
+// section, the roles section, the holding section, then the notes) at its end, or fresh alone when old has
 // none: what a command that rewrites the rest of the file writes in place
 // of old.
 func Carry(old, fresh string) (string, error) {

@@ -102,3 +102,12 @@ func TestCarry_Roles(t *testing.T) {
 		t.Fatalf("Carry = %q, %v; want %q", got, err, want)
 	}
 }
+
+func TestCarry_HoldingAndNotes(t *testing.T) {
+	old := "# Old report\n\n" + Notes.Wrap("notes") + "\n" + Holding.Wrap("holding") + "\n" + Roles.Wrap("roles")
+	got, err := Carry(old, "# New report\n")
+	want := "# New report\n\n" + Roles.Wrap("roles") + "\n" + Holding.Wrap("holding") + "\n" + Notes.Wrap("notes")
+	if err != nil || got != want {
+		t.Fatalf("Carry = %q, %v; want %q", got, err, want)
+	}
+}

@@ -28,10 +28,15 @@
 //     that write: a heartbeat, fenced commit or release sent to node 2 just
 //     after the acquire on node 1 finds the row's old token and changes
 //     nothing; an acquire sent just after a release elsewhere finds the
-//     lease still held; ForceRelease finds nothing to release. So before
-//     such an outcome is reported, a causal read of the row checks it; when
-//     the row says otherwise, the node was behind, and the statement is
-//     sent again, up to Attempts times in all.
+//     lease still held, or the target still paused after a Resume elsewhere;
+//     ForceRelease finds nothing to release. So before such an outcome is
+//     reported, a causal read of the row checks it; when the row says
+//     otherwise, the node was behind, and the statement is sent again, up
+//     to Attempts times in all. An operator's Pause, Resume, RequestStop
+//     and ForceRelease make the causal read first, and their statement
+//     after it: a Resume on a node behind the Pause would find nothing to
+//     resume, a RequestStop or ForceRelease behind the acquire no live
+//     lease (of a slot, say, while it finds the others').
 //
 // The reads that a step decides on (Get) wait for the node to catch up,
 // with wsrep_sync_wait=1 for that statement alone.
@@ -40,8 +45,7 @@ package galera
 import (
 	"context"
 	"errors"
-	"strings"
-	"sync/atomic"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -60,62 +64,19 @@ const Attempts = 4
 // server is one.
 type Backend struct {
 	*mysql.Backend
-	// state is whether the server is a MariaDB Galera node: one of the
-	// constants below.
-	state atomic.Int32
 }
-
-const (
-	unknown int32 = iota
-	yes
-	no
-)
 
 // Wrap returns inner, wrapped.
 func Wrap(inner *mysql.Backend) *Backend { return &Backend{Backend: inner} }
 
-// probeSQL reads whether the server replicates with Galera (wsrep_on) and
-// whether it is MariaDB, whose SET STATEMENT the causal reads use. It runs
-// on MySQL too, where it finds no wsrep_on.
-const probeSQL = "SHOW VARIABLES WHERE Variable_name IN ('wsrep_on', 'version')"
-
-// On reports whether db's server is a MariaDB Galera node, asking it once.
-// When it cannot tell (the query fails), it reports false and asks again
-// next time.
+// On reports whether db's server is a MariaDB Galera node (the SET
+// STATEMENT of the causal reads is MariaDB's), asking it once, with the
+// MySQL backend's one probe of its server (mysql.Backend.Server). When it
+// cannot tell (the query fails), it reports false and asks again next
+// time.
 func (b *Backend) On(ctx context.Context, db *gorm.DB) bool {
-	switch b.state.Load() {
-	case yes:
-		return true
-	case no:
-		return false
-	}
-	rows, err := backend.Query(ctx, db, probeSQL)
-	if err != nil {
-		return false
-	}
-	defer rows.Close()
-	wsrep, mariaDB := false, false
-	for rows.Next() {
-		var name, value string
-		if err := rows.Scan(&name, &value); err != nil {
-			return false
-		}
-		switch strings.ToLower(name) {
-		case "wsrep_on":
-			wsrep = strings.EqualFold(value, "ON") || value == "1"
-		case "version":
-			mariaDB = strings.Contains(value, "MariaDB")
-		}
-	}
-	if rows.Err() != nil {
-		return false
-	}
-	state := no
-	if wsrep && mariaDB {
-		state = yes
-	}
-	b.state.Store(state)
-	return state == yes
+	s, ok := b.Server(ctx, db)
+	return ok && s.Galera && s.MariaDB
 }
 
 // Get reads the row with a causal read: on a Galera node it waits until the
@@ -137,13 +98,20 @@ func (b *Backend) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (
 }
 
 // Acquire sends the acquire again when it was refused only because the
-// node had not yet applied a release made elsewhere.
-func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {
+// node had not yet applied a release, or a Resume, made elsewhere.
+func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (backend.Acquired, error) {
 	wait := backend.StatementBackoff()
 	for attempt := 1; ; attempt++ {
-		gen, ok, err := b.Backend.Acquire(ctx, db, a)
-		if err != nil || ok || attempt >= Attempts || !b.behind(ctx, db, a.TargetID, released) || !wait.Wait(ctx) {
-			return gen, ok, err
+		got, err := b.Backend.Acquire(ctx, db, a)
+		if err != nil || got.Taken || attempt >= Attempts {
+			return got, err
+		}
+		cleared := released
+		if got.Paused {
+			cleared = notPaused
+		}
+		if !b.behind(ctx, db, a.TargetID, cleared) || !wait.Wait(ctx) {
+			return got, nil
 		}
 	}
 }
@@ -189,6 +157,13 @@ func (b *Backend) SlotRows(ctx context.Context, db *gorm.DB, targetID string, n 
 	return backend.ScanSlots(rows)
 }
 
+// CommitFenced runs the fenced commit with the statements on the caller's
+// row sent through UpdateOwn, which, on a known Galera node, takes a
+// serialization failure inside the transaction as RetryCommit's to decide.
+func (b *Backend) CommitFenced(ctx context.Context, db *gorm.DB, f backend.Fence) error {
+	return b.FenceWith(ctx, db, f, b.UpdateOwn, nil)
+}
+
 // UpdateOwn sends the statement again when it changed nothing only because
 // the node had not yet applied l. Inside a transaction (the fenced commit's
 // lock) that is RetryCommit's to decide, and on a known Galera node a
@@ -196,7 +171,7 @@ func (b *Backend) SlotRows(ctx context.Context, db *gorm.DB, targetID string, n 
 // not a fault for the logger.
 func (b *Backend) UpdateOwn(ctx context.Context, db *gorm.DB, op backend.Own, l backend.Lease, args ...any) (int64, error) {
 	if backend.InTx(db) {
-		if b.state.Load() == yes {
+		if s, ok := b.KnownServer(); ok && s.Galera && s.MariaDB {
 			ctx = backend.MarkRetried(ctx)
 		}
 		return b.Backend.UpdateOwn(ctx, db, op, l, args...)
@@ -223,12 +198,15 @@ func (b *Backend) UpdateOwn(ctx context.Context, db *gorm.DB, op backend.Own, l 
 
 // HeartbeatBatch checks again, lease by lease, those that the batch
 // reported lost: the node may only have been behind.
-func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]bool, error) {
+func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]backend.Ended, error) {
 	lost, err := b.Backend.HeartbeatBatch(ctx, db, leases)
 	if err != nil || len(lost) == 0 || !b.On(ctx, db) {
 		return lost, err
 	}
-	for l := range lost {
+	for l, e := range lost {
+		if e.Stop {
+			continue
+		}
 		n, err := b.UpdateOwn(ctx, db, backend.Renew, l)
 		if err != nil {
 			return nil, err
@@ -240,16 +218,70 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []back
 	return lost, nil
 }
 
-// ForceRelease sends the statement again when it found nothing to release
-// only because the node had not yet applied the acquire.
-func (b *Backend) ForceRelease(ctx context.Context, db *gorm.DB, targetID string, token uuid.UUID, failure string) (backend.Row, bool, error) {
+// ForceRelease ends the leases once the node has caught up (see
+// catchUp), and sends the statement again when it found nothing to end
+// only because the node had not yet applied the acquire of keys[0]'s row
+// (a pool spread over the nodes may send it to another node than the
+// causal read): on a node behind an acquire made elsewhere, the statement
+// would leave that lease live, the slots' among them.
+func (b *Backend) ForceRelease(ctx context.Context, db *gorm.DB, keys []string, token uuid.UUID, failure string) ([]backend.Row, error) {
+	if err := b.catchUp(ctx, db, keys[0]); err != nil {
+		return nil, err
+	}
 	wait := backend.StatementBackoff()
 	for attempt := 1; ; attempt++ {
-		row, found, err := b.Backend.ForceRelease(ctx, db, targetID, token, failure)
-		if err != nil || found || attempt >= Attempts || !b.behind(ctx, db, targetID, held) || !wait.Wait(ctx) {
-			return row, found, err
+		rows, err := b.Backend.ForceRelease(ctx, db, keys, token, failure)
+		if err != nil || len(rows) > 0 || attempt >= Attempts || !b.behind(ctx, db, keys[0], held) || !wait.Wait(ctx) {
+			return rows, err
 		}
 	}
+}
+
+// Pause marks the rows paused once the node has caught up (see catchUp):
+// a slot row made on another node a moment before is paused too.
+func (b *Backend) Pause(ctx context.Context, db *gorm.DB, keys []string, reason string) error {
+	if err := b.catchUp(ctx, db, keys[0]); err != nil {
+		return err
+	}
+	return b.Backend.Pause(ctx, db, keys, reason)
+}
+
+// Resume clears the pause once the node has caught up (see catchUp): on a
+// node that had not applied a Pause made elsewhere, the statement would
+// find nothing paused, change nothing, and leave the pause in place.
+func (b *Backend) Resume(ctx context.Context, db *gorm.DB, keys []string) (int64, error) {
+	if err := b.catchUp(ctx, db, keys[0]); err != nil {
+		return 0, err
+	}
+	return b.Backend.Resume(ctx, db, keys)
+}
+
+// RequestStop records the request once the node has caught up (see
+// catchUp): on a node that had not applied an acquire made elsewhere, the
+// statement would find no live lease, and RequestStop report
+// ErrNoLiveLease while the holder goes on.
+func (b *Backend) RequestStop(ctx context.Context, db *gorm.DB, keys []string, reason string) (int64, error) {
+	if err := b.catchUp(ctx, db, keys[0]); err != nil {
+		return 0, err
+	}
+	return b.Backend.RequestStop(ctx, db, keys, reason)
+}
+
+// catchUp makes a causal read of key's row, on a Galera node: it returns
+// once the node has applied every write that the cluster committed before
+// the read began, so that the statement sent after it (on any connection
+// to that node) sees them. The operator's steps, which are rare, pay this
+// round trip before their statement, rather than a read after an outcome
+// that only a lagging node would report: Resume's outcome is not even
+// reported.
+func (b *Backend) catchUp(ctx context.Context, db *gorm.DB, key string) error {
+	if !b.On(ctx, db) {
+		return nil
+	}
+	if _, _, err := b.Get(ctx, db, key); err != nil {
+		return fmt.Errorf("causal read before the statement: %w", err)
+	}
+	return nil
 }
 
 // RetryCommit decides, after the fenced commit of l failed with err, whether
@@ -291,5 +323,6 @@ func (b *Backend) behind(ctx context.Context, db *gorm.DB, targetID string, want
 	return err == nil && found && want(row)
 }
 
-func released(row backend.Row) bool { return row.ReleasedAt != nil }
-func held(row backend.Row) bool     { return row.ReleasedAt == nil }
+func released(row backend.Row) bool  { return row.ReleasedAt != nil }
+func held(row backend.Row) bool      { return row.ReleasedAt == nil }
+func notPaused(row backend.Row) bool { return row.PausedAt == nil }

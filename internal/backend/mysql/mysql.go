@@ -9,7 +9,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -23,7 +25,12 @@ type Backend struct {
 	lease                                       string
 	leaseDDL, resultDDL, takeOverSQL, insertSQL string
 	floorDDL, floorRow, stateSQL, slotSQL       string
-	readBackSQL                                 string
+	readBackSQL, heldSQL, upsertSQL             string
+	// rows are the targets whose rows Acquire has seen, and whether their
+	// last acquire was refused: what picks its first statement.
+	rows backend.Seen
+	// server is what the server is, once Server has asked it.
+	server atomic.Pointer[Server]
 }
 
 // New returns the MySQL backend for tables t.
@@ -49,9 +56,14 @@ func New(t backend.Tables) *Backend {
 			// READ COMMITTED, as on PostgreSQL. InnoDB's locking read sees
 			// the latest row at any level, but READ COMMITTED takes no gap
 			// locks, so the saver's writes block fewer other transactions.
-			TxOptions:    &sql.TxOptions{Isolation: sql.LevelReadCommitted},
-			Lock:         " FOR UPDATE",
+			TxOptions: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+			Lock:      " FOR UPDATE",
+			// SetSlots at REPEATABLE READ: its locking reads of rows that
+			// do not exist yet take gap locks, which a Pause's insert of the
+			// target's row waits for (see backend.Dialect.LockTarget).
+			SlotsTx:      &sql.TxOptions{Isolation: sql.LevelRepeatableRead},
 			InsertIgnore: "INSERT IGNORE INTO",
+			Earlier:      func(col string) string { return "(" + col + " - INTERVAL ? MICROSECOND)" },
 		}, t),
 		lease:       t.Lease,
 		leaseDDL:    t.Expand(leaseTable),
@@ -60,11 +72,14 @@ func New(t backend.Tables) *Backend {
 		slotSQL:     t.Expand(slotSQL),
 		insertSQL:   t.Expand(insertSQL),
 		readBackSQL: t.Expand(readBackSQL),
+		heldSQL:     t.Expand(heldSQL),
+		upsertSQL:   t.Expand(upsertSQL),
 		floorDDL:    t.Expand(floorTable),
 		floorRow:    t.Expand(floorRow),
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	TIMESTAMPDIFF(MICROSECOND, updated_at, UTC_TIMESTAMP(6)) / 1e6,
-	TIMESTAMPDIFF(MICROSECOND, saved_at, UTC_TIMESTAMP(6)) / 1e6, false, timeout_ms
+	TIMESTAMPDIFF(MICROSECOND, saved_at, UTC_TIMESTAMP(6)) / 1e6, false, timeout_ms, holder, paused_at IS NOT NULL, pause_reason,
+	COALESCE(stop_generation = generation, false)
 FROM ` + t.Lease + ` WHERE target_id = ?`,
 	}
 }
@@ -72,7 +87,7 @@ FROM ` + t.Lease + ` WHERE target_id = ?`,
 // Capabilities: batched heartbeats. MySQL has no notifications, and its
 // waiters poll.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{BatchHeartbeat: true}
+	return backend.Capabilities{}
 }
 
 // leaseTable and resultTable are the DDL of docs/schema-mysql.sql.
@@ -98,6 +113,11 @@ const (
 	failure     varchar(255) NULL,
 	timeout_ms  bigint NULL,
 	slots       int NULL,
+	hold_generation bigint NULL,
+	paused_at   datetime(6) NULL,
+	pause_reason varchar(255) NULL,
+	stop_generation bigint NULL,
+	stop_reason varchar(255) NULL,
 	PRIMARY KEY (target_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
 
@@ -142,6 +162,11 @@ var addedColumns = []backend.Column{
 	{Name: "failure", DDL: "varchar(255) NULL"},
 	{Name: "timeout_ms", DDL: "bigint NULL"},
 	{Name: "slots", DDL: "int NULL"},
+	{Name: "hold_generation", DDL: "bigint NULL"},
+	{Name: "paused_at", DDL: "datetime(6) NULL"},
+	{Name: "pause_reason", DDL: "varchar(255) NULL"},
+	{Name: "stop_generation", DDL: "bigint NULL"},
+	{Name: "stop_reason", DDL: "varchar(255) NULL"},
 }
 
 // CheckTimes makes sure that the DSN lets the lease rows be read: a
@@ -175,6 +200,14 @@ func CheckTimes(ctx context.Context, db *gorm.DB) error {
 // result says both whether it took the row and its generation, in one round
 // trip and whatever the DSN's clientFoundRows. (RowsAffected alone also
 // works: lease_token always changes, so a matched row is a changed row.)
+// A paused row (Repository.Pause) is never taken over. On a row that it
+// refuses, the WHERE puts the row's generation, times four, plus one when
+// the row is live and two when it is paused, in the insert ID instead,
+// writing nothing: a refusal says whether there is a row, a live one or a
+// paused one, without another statement. Its arguments are the token, the holder, the timeout in
+// milliseconds, the target, the timeout in microseconds, the generation to
+// take over from (see backend.AcquireArgs) twice, and the timeout in
+// microseconds again.
 const takeOverSQL = `UPDATE job_lease SET
 	lease_token = ?,
 	generation  = LAST_INSERT_ID(generation + 1),
@@ -184,8 +217,22 @@ const takeOverSQL = `UPDATE job_lease SET
 	failure     = NULL,
 	timeout_ms  = ?
 WHERE target_id = ?
-  AND (released_at IS NOT NULL OR updated_at < UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND)
-  AND (? < 0 OR generation = ?)`
+  AND CASE WHEN paused_at IS NULL
+            AND (released_at IS NOT NULL OR updated_at < UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND)
+            AND (? < 0 OR generation = ?) THEN TRUE
+       ELSE LAST_INSERT_ID(generation * 4 + 2 * (paused_at IS NOT NULL) + (released_at IS NULL
+            AND updated_at >= UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND)) < 0 END`
+
+// heldSQL reads the live lease, or the pause, that refused an acquire: the
+// holder, the generation, whether it is still live and its age in
+// microseconds, and its timeout in microseconds (the caller's, its one
+// argument after the target, for a row that records none), whether it is
+// paused, and the pause's reason.
+const heldSQL = `SELECT holder, generation,
+	released_at IS NULL AND updated_at >= UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND,
+	TIMESTAMPDIFF(MICROSECOND, updated_at, UTC_TIMESTAMP(6)), COALESCE(timeout_ms * 1000, ?),
+	paused_at IS NOT NULL, COALESCE(pause_reason, '')
+FROM job_lease WHERE target_id = ?`
 
 // insertSQL creates the row of a target never acquired before, or whose
 // row Prune deleted, above the generation floor; as in
@@ -200,42 +247,273 @@ const insertSQL = `INSERT IGNORE INTO job_lease
 SELECT ?, ?, LAST_INSERT_ID(COALESCE(MAX(generation), 0) + 1), ?, UTC_TIMESTAMP(6), NULL, ?
 FROM job_lease_floor`
 
-// Acquire cannot be one statement here: INSERT ... ON DUPLICATE KEY UPDATE
-// has no WHERE (gorm's OnConflict{Where} drops it silently), and its
-// RowsAffected means different things under clientFoundRows. So it is a
-// conditional UPDATE and, only when that took nothing, an INSERT. Every
-// acquire of a target whose row exists is the one UPDATE. When the INSERT
-// meets a row, another acquire created it after the UPDATE looked: the
-// lease was held during this call, and refusing is right. (Only Prune
-// deletes rows, and only rows not held.)
-func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {
-	ms := backend.TimeoutMillis(a.Timeout)
-	res, n, err := backend.Exec(ctx, db, b.takeOverSQL, a.Token.String(), a.Holder, ms, a.TargetID, a.Timeout.Microseconds(), a.From, a.From)
+// Server is what Backend knows of its server, which it asks once.
+type Server struct {
+	// MariaDB reports a MariaDB server, as opposed to MySQL.
+	MariaDB bool
+	// Returning reports that INSERT ... RETURNING is there: MariaDB 10.5
+	// or later. MySQL has no RETURNING.
+	Returning bool
+	// Galera reports that the server replicates with Galera (wsrep_on).
+	Galera bool
+}
+
+// probeSQL reads what the server is: its version, and whether it
+// replicates with Galera (wsrep_on, which MySQL does not have).
+const probeSQL = "SHOW VARIABLES WHERE Variable_name IN ('wsrep_on', 'version')"
+
+// Server reports what db's server is, asking it once, with probeSQL. When
+// it cannot tell (the query fails), it reports false and asks again next
+// time.
+func (b *Backend) Server(ctx context.Context, db *gorm.DB) (Server, bool) {
+	if s, ok := b.KnownServer(); ok {
+		return s, true
+	}
+	rows, err := backend.Query(ctx, db, probeSQL)
 	if err != nil {
-		return 0, false, fmt.Errorf("take over: %w", err)
+		return Server{}, false
+	}
+	defer rows.Close()
+	var s Server
+	for rows.Next() {
+		var name, value string
+		if err := rows.Scan(&name, &value); err != nil {
+			return Server{}, false
+		}
+		switch strings.ToLower(name) {
+		case "wsrep_on":
+			s.Galera = strings.EqualFold(value, "ON") || value == "1"
+		case "version":
+			s.MariaDB = strings.Contains(value, "MariaDB")
+			s.Returning = s.MariaDB && atLeast(value, 10, 5)
+		}
+	}
+	if rows.Err() != nil {
+		return Server{}, false
+	}
+	b.server.Store(&s)
+	return s, true
+}
+
+// KnownServer reports what b's server is, when Server has asked it,
+// without asking.
+func (b *Backend) KnownServer() (Server, bool) {
+	if s := b.server.Load(); s != nil {
+		return *s, true
+	}
+	return Server{}, false
+}
+
+// AssumeServer makes b take s as what its server is, without asking: the
+// tests run the statements of MySQL on MariaDB so.
+func (b *Backend) AssumeServer(s Server) { b.server.Store(&s) }
+
+// atLeast reports whether version, as the server reports it ("10.11.6-MariaDB-log"),
+// is major.minor or later.
+func atLeast(version string, major, minor int) bool {
+	parts := strings.SplitN(version, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	maj, err1 := strconv.Atoi(parts[0])
+	mnr, err2 := strconv.Atoi(strings.TrimRightFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return maj > major || maj == major && mnr >= minor
+}
+
+// takenSQL is the condition, in upsertSQL's assignments after the first,
+// that the first took the row: the row carries the acquire's token, which
+// is new at every acquire, so no row carried it before.
+const takenSQL = "job_lease.lease_token = VALUES(lease_token)"
+
+// upsertSQL is every acquire of a target on MariaDB, in one statement and
+// one round trip, whatever its outcome: an INSERT of the target's row,
+// above the generation floor (the highest generation that Prune ever
+// deleted), which, where the row exists, is the UPDATE of ON DUPLICATE KEY
+// UPDATE instead.
+//   - The UPDATE takes over a row that is free: not paused, and released or
+//     expired by the timeout its holder recorded (the caller's for a row
+//     that records none), on the database's clock, at the generation to
+//     take over from (see backend.AcquireArgs). ON DUPLICATE KEY UPDATE has
+//     no WHERE, and its assignments run left to right, each seeing the new
+//     values of those before it: the first, lease_token, judges the old row
+//     and takes the acquire's token only where the row is free; every later
+//     one keeps the old value unless the row now carries that token
+//     (takenSQL). The takeover is so one update of the row.
+//   - On a row that is not free every assignment keeps the old value, and
+//     InnoDB, finding the row unchanged, writes nothing (it locks the row
+//     for the statement, as the UPDATE of the other statements does).
+//   - RETURNING answers the row as the statement left it, also where it
+//     changed nothing: its token says whether the acquire took it, and for
+//     a refusal it is the lease that refused: the holder, the generation,
+//     whether it is live, its age and timeout in microseconds, whether it
+//     is paused and the pause's reason.
+//
+// The INSERT reads the floor as every INSERT ... SELECT does under
+// REPEATABLE READ, with a shared lock, so that a Prune, which locks the
+// floor first, runs before the acquire or after it, never between its read
+// and its write. Its arguments are the target, the token, the holder, the
+// timeout in milliseconds, the timeout in microseconds, the generation to
+// take over from twice, and the timeout in microseconds twice more. An
+// acquire from a generation above 0 must never make a row, which this
+// statement cannot promise: it is takeOverSQL's.
+const upsertSQL = `INSERT INTO job_lease
+	(target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT ?, ?, COALESCE(MAX(generation), 0) + 1, ?, UTC_TIMESTAMP(6), NULL, ?
+FROM job_lease_floor
+ON DUPLICATE KEY UPDATE
+	lease_token = IF(job_lease.paused_at IS NULL
+		AND (job_lease.released_at IS NOT NULL
+			OR job_lease.updated_at < UTC_TIMESTAMP(6) - INTERVAL COALESCE(job_lease.timeout_ms * 1000, ?) MICROSECOND)
+		AND (? < 0 OR job_lease.generation = ?), VALUES(lease_token), job_lease.lease_token),
+	generation  = IF(` + takenSQL + `, job_lease.generation + 1, job_lease.generation),
+	holder      = IF(` + takenSQL + `, VALUES(holder), job_lease.holder),
+	updated_at  = IF(` + takenSQL + `, VALUES(updated_at), job_lease.updated_at),
+	released_at = IF(` + takenSQL + `, NULL, job_lease.released_at),
+	failure     = IF(` + takenSQL + `, NULL, job_lease.failure),
+	timeout_ms  = IF(` + takenSQL + `, VALUES(timeout_ms), job_lease.timeout_ms)
+RETURNING lease_token, generation, holder,
+	released_at IS NULL AND updated_at >= UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND,
+	TIMESTAMPDIFF(MICROSECOND, updated_at, UTC_TIMESTAMP(6)), COALESCE(timeout_ms * 1000, ?),
+	paused_at IS NOT NULL, COALESCE(pause_reason, '')`
+
+// Acquire takes the lease. On MariaDB 10.5 or later (Server) every acquire
+// but one from a generation above 0 is upsertSQL, one statement whatever
+// its outcome. Elsewhere (MySQL, which has no RETURNING), and for that
+// one, it is acquireUpdate.
+//
+// A target whose last acquire here was refused (contended: RunWait and Do
+// try it again and again, and so do other callers) is read first, on
+// either path, with heldSQL, which does not lock: while its lease is live,
+// or it is paused, the refusal is that one statement; once it is free, the
+// acquire's statement follows. Both of those lock the row, even where they
+// refuse it, so that contenders would take their turns at the row's lock:
+// docs/performance.md measures the read first at twice the contended
+// attempts of upsertSQL alone. rows remembers which targets those are.
+func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (backend.Acquired, error) {
+	if held, _ := b.rows.Get(a.TargetID); held && a.From < 0 {
+		got, err := b.held(ctx, db, a.TargetID, a.Timeout.Microseconds())
+		if err == nil && (got.Held != nil || got.Paused) {
+			return got, nil
+		}
+	}
+	if a.From <= 0 {
+		if s, ok := b.Server(ctx, db); ok && s.Returning {
+			got, err := b.upsert(ctx, db, a)
+			if err == nil {
+				b.rows.Add(a.TargetID, got.Held != nil || got.Paused)
+			}
+			return got, err
+		}
+	}
+	return b.acquireUpdate(ctx, db, a)
+}
+
+// upsert runs upsertSQL and reads its answer.
+func (b *Backend) upsert(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (backend.Acquired, error) {
+	micros := a.Timeout.Microseconds()
+	token := a.Token.String()
+	// One value for all the columns: each would be an allocation of its
+	// own, as Scan's destinations escape.
+	r := new(struct {
+		token, holder, reason  string
+		generation, age, limit int64
+		live, paused           bool
+	})
+	found, err := backend.QueryRow(ctx, db, b.upsertSQL,
+		[]any{a.TargetID, token, a.Holder, backend.TimeoutMillis(a.Timeout), micros, a.From, a.From, micros, micros},
+		&r.token, &r.generation, &r.holder, &r.live, &r.age, &r.limit, &r.paused, &r.reason)
+	switch {
+	case err != nil:
+		return backend.Acquired{}, fmt.Errorf("acquire: %w", err)
+	case !found:
+		return backend.Acquired{}, errors.New("acquire: the statement answered no row")
+	case r.token == token:
+		return backend.Acquired{Taken: true, Generation: r.generation}, nil
+	}
+	got := backend.Acquired{Paused: r.paused}
+	if r.paused {
+		got.PauseReason = r.reason
+	}
+	if r.live {
+		got.Held = backend.NewHeld(r.holder, r.generation, time.Duration(r.limit)*time.Microsecond, time.Duration(r.age)*time.Microsecond)
+	}
+	return got, nil
+}
+
+// acquireUpdate is Acquire on MySQL, which has no RETURNING, and Acquire
+// from a generation above 0. It cannot be one statement there: INSERT ...
+// ON DUPLICATE KEY UPDATE cannot answer the row, and its RowsAffected means
+// different things under clientFoundRows. So it is a conditional UPDATE
+// and, only when that took nothing, a second statement: every acquire of a
+// target whose row exists and is free is the one UPDATE. When the UPDATE
+// found no row, the second is an INSERT: when that meets a row, another
+// acquire created it after the UPDATE looked, the lease was held during
+// this call, and refusing is right (only Prune deletes rows, and only rows
+// not held). When the UPDATE refused a live lease, the second is heldSQL,
+// which reads who holds it, or why it is paused: a statement answers a
+// string only in rows. An acquire from a generation (From > 0) refused by a
+// row that is neither live nor paused needs no second statement.
+func (b *Backend) acquireUpdate(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (backend.Acquired, error) {
+	ms, micros := backend.TimeoutMillis(a.Timeout), a.Timeout.Microseconds()
+	res, n, err := backend.Exec(ctx, db, b.takeOverSQL, a.Token.String(), a.Holder, ms, a.TargetID, micros, a.From, a.From, micros)
+	if err != nil {
+		return backend.Acquired{}, fmt.Errorf("take over: %w", err)
 	}
 	if n > 0 {
+		b.rows.Add(a.TargetID, false)
 		gen, err := b.generation(ctx, db, res, a.Token.String(), a.TargetID)
 		if err != nil {
-			return 0, false, fmt.Errorf("take over: %w", err)
+			return backend.Acquired{}, fmt.Errorf("take over: %w", err)
 		}
-		return gen, true, nil
+		return backend.Acquired{Taken: true, Generation: gen}, nil
 	}
-	if a.From > 0 {
-		return 0, false, nil // a row exists, or did: it is not a target never acquired
+	refused, _ := res.LastInsertId()
+	switch {
+	case refused%4 != 0:
+		b.rows.Add(a.TargetID, true)
+		return b.held(ctx, db, a.TargetID, micros)
+	case refused > 0 || a.From > 0:
+		b.rows.Drop(a.TargetID)
+		return backend.Acquired{}, nil // a row that is not live, or, for From, a row that exists or did
 	}
+	b.rows.Drop(a.TargetID)
 	res, n, err = backend.Exec(ctx, db, b.insertSQL, a.TargetID, a.Token.String(), a.Holder, ms)
 	if err != nil {
-		return 0, false, fmt.Errorf("insert: %w", err)
+		return backend.Acquired{}, fmt.Errorf("insert: %w", err)
 	}
 	if n != 1 {
-		return 0, false, nil
+		return backend.Acquired{}, nil
 	}
 	gen, err := b.generation(ctx, db, res, a.Token.String(), a.TargetID)
 	if err != nil {
-		return 0, false, fmt.Errorf("insert: %w", err)
+		return backend.Acquired{}, fmt.Errorf("insert: %w", err)
 	}
-	return gen, true, nil
+	return backend.Acquired{Taken: true, Generation: gen}, nil
+}
+
+// held reads the live lease, or the pause, on targetID that refused an
+// acquire whose timeout was micros microseconds. Held is nil, and Paused
+// false, when the lease ended (or the pause) since, or the read failed: the
+// acquire was refused either way.
+func (b *Backend) held(ctx context.Context, db *gorm.DB, targetID string, micros int64) (backend.Acquired, error) {
+	var (
+		holder, reason    string
+		gen, age, timeout int64
+		live, paused      bool
+	)
+	found, err := backend.QueryRow(ctx, db, b.heldSQL, []any{micros, micros, targetID}, &holder, &gen, &live, &age, &timeout,
+		&paused, &reason)
+	if err != nil || !found {
+		return backend.Acquired{}, nil // refused all the same: the read only says by whom
+	}
+	got := backend.Acquired{Paused: paused, PauseReason: reason}
+	if live {
+		got.Held = backend.NewHeld(holder, gen, time.Duration(timeout)*time.Microsecond, time.Duration(age)*time.Microsecond)
+	}
+	return got, nil
 }
 
 // readBackSQL reads which of the given rows an acquire took, by its token,
@@ -294,7 +572,7 @@ const slotSQL = `UPDATE job_lease SET
 	released_at = NULL,
 	failure     = NULL,
 	timeout_ms  = ?
-WHERE target_id IN (%s) AND slots = ?
+WHERE target_id IN (%s) AND slots = ? AND paused_at IS NULL
   AND (released_at IS NOT NULL OR updated_at < UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND)
 ORDER BY RAND() LIMIT 1`
 
@@ -340,8 +618,9 @@ func (b *Backend) AcquireSlot(ctx context.Context, db *gorm.DB, a backend.SlotAr
 // A lease that the SELECT finds was renewed by the UPDATE: tokens are never
 // reused, so a row that carries the token, unreleased, carried it before.
 // One taken over or released in between is reported lost, which only stops
-// its work early.
-func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]bool, error) {
+// its work early. The SELECT also reads the stop requests (RequestStop)
+// that apply to the leases, so that delivering them costs no statement.
+func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]backend.Ended, error) {
 	var sb strings.Builder
 	args := make([]any, 0, 2*len(leases))
 	for i, l := range leases {
@@ -356,7 +635,8 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []back
 	if _, _, err := backend.Exec(ctx, db, "UPDATE "+join+" SET j.updated_at = UTC_TIMESTAMP(6) WHERE j.released_at IS NULL", args...); err != nil {
 		return nil, err
 	}
-	rows, err := backend.Query(ctx, db, "SELECT j.target_id, j.lease_token FROM "+join+" WHERE j.released_at IS NULL", args...)
+	rows, err := backend.Query(ctx, db, "SELECT j.target_id, j.lease_token, "+backend.StopRequest("j")+
+		" FROM "+join+" WHERE j.released_at IS NULL", args...)
 	if err != nil {
 		return nil, err
 	}

@@ -33,12 +33,20 @@ type Backend struct {
 	lease                   string
 	schemaSQL, heartbeatSQL string
 	heartbeatParts          [3]string // heartbeatSQL before $1, between $1 and $2, and after $2
-	takeOverSQL, insertSQL  string
+	saveReleaseParts        [3]string // the statement of backend.SaveRelease, cut so too (see beginLocked)
+	acquireSQL, rowSQL      string
+	takeOverSQL             string
 	stateSQL, markSQL       string
 	slotSQL, readSavedSQL   string
+	// oneTripRefused is set once the driver refused to begin the fenced
+	// transaction and lock the row in one query (see beginOnConn).
+	oneTripRefused atomic.Bool
 	// bytewise is 1 once List found that target_id orders byte for byte,
 	// -1 once it found not, 0 before it looked.
 	bytewise atomic.Int32
+	// rows are the targets whose rows Acquire has seen exist, and whether
+	// their last acquire found them held: what picks its statement.
+	rows backend.Seen
 
 	mu     sync.Mutex
 	config *pgx.ConnConfig // the pool's connection settings, once Listen read them
@@ -49,21 +57,24 @@ func New(t backend.Tables) *Backend {
 	b := &Backend{
 		lease:        t.Lease,
 		schemaSQL:    t.Expand(Schema),
+		acquireSQL:   t.Expand(AcquireSQL),
+		rowSQL:       t.Expand(AcquireRowSQL),
 		takeOverSQL:  t.Expand(TakeOverSQL),
-		insertSQL:    t.Expand(InsertSQL),
 		heartbeatSQL: t.Expand(heartbeatBatchSQL),
 		slotSQL:      t.Expand(slotSQL),
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
-	EXTRACT(EPOCH FROM clock_timestamp() - updated_at), EXTRACT(EPOCH FROM clock_timestamp() - saved_at), waiting, timeout_ms
+	EXTRACT(EPOCH FROM clock_timestamp() - updated_at), EXTRACT(EPOCH FROM clock_timestamp() - saved_at), waiting, timeout_ms, holder, paused_at IS NOT NULL, pause_reason,
+	COALESCE(stop_generation = generation, false)
 FROM ` + t.Lease + ` WHERE target_id = $1`,
 		readSavedSQL: `SELECT COALESCE(saved_generation, 0), lease_token, released_at IS NOT NULL FROM ` + t.Lease +
 			` WHERE target_id = $1 FOR UPDATE`,
-		// markSQL marks the row of a live generation as waited on, so that
-		// the statement that ends it notifies. It locks the row: it runs
-		// wholly before that statement, which then sees the mark, or wholly
-		// after it, when it finds the generation ended and changes nothing.
+		// markSQL marks the row of a live generation, or of a paused
+		// target, as waited on, so that the statement that ends it, or the
+		// Resume, notifies. It locks the row: it runs wholly before that
+		// statement, which then sees the mark, or wholly after it, when it
+		// finds the generation ended (or the pause) and changes nothing.
 		markSQL: `UPDATE ` + t.Lease + ` SET waiting = true
-WHERE target_id = $1 AND generation = $2 AND released_at IS NULL AND NOT waiting`,
+WHERE target_id = $1 AND generation = $2 AND (released_at IS NULL OR paused_at IS NOT NULL) AND NOT waiting`,
 	}
 	head, rest, _ := strings.Cut(b.heartbeatSQL, "$1")
 	mid, tail, _ := strings.Cut(rest, "$2")
@@ -71,6 +82,9 @@ WHERE target_id = $1 AND generation = $2 AND released_at IS NULL AND NOT waiting
 	d := dialect(t)
 	d.PrefixRange = b.bytewiseOrder
 	b.Common = backend.NewCommon(d, t)
+	head, rest, _ = strings.Cut(b.OwnSQL(backend.SaveRelease), "$1")
+	mid, tail, _ = strings.Cut(rest, "$2")
+	b.saveReleaseParts = [3]string{head, mid, tail}
 	return b
 }
 
@@ -96,10 +110,18 @@ func dialect(t backend.Tables) backend.Dialect {
 		// READ COMMITTED whatever the session default: under REPEATABLE
 		// READ, a heartbeat committed after the transaction's snapshot
 		// makes the locking read fail with a serialization error (40001).
-		TxOptions:    &sql.TxOptions{Isolation: sql.LevelReadCommitted},
-		Lock:         " FOR UPDATE",
+		TxOptions: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+		Lock:      " FOR UPDATE",
+		// A transaction-scoped advisory lock (it works through pgbouncer's
+		// transaction pooling), in a key space of two int4 keys apart from
+		// the bigint one of the migration's lock.
+		LockTarget:   "SELECT pg_advisory_xact_lock(hashtext(?), hashtext(?))",
+		SlotsTx:      &sql.TxOptions{Isolation: sql.LevelReadCommitted},
 		InsertIgnore: "INSERT INTO",
 		IgnoreSuffix: " ON CONFLICT (target_id) DO NOTHING",
+		Earlier: func(col string) string {
+			return "(" + col + " - CAST(? AS bigint) * interval '1 microsecond')"
+		},
 	}
 }
 
@@ -113,10 +135,9 @@ func notifySuffix(lease string) string {
 	return " RETURNING CASE WHEN waiting THEN pg_notify('" + Channel + "', '" + lease + " ' || target_id) END"
 }
 
-// Capabilities: notifications, BEGIN sent with the locking statement, and
-// batched heartbeats.
+// Capabilities: notifications and batched heartbeats.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Notify: true, OneTripBegin: true, BatchHeartbeat: true}
+	return backend.Capabilities{Notify: true}
 }
 
 // Schema is the DDL of docs/schema.sql. updated_at and released_at
@@ -137,7 +158,12 @@ ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS failure          varchar(255),
 	ADD COLUMN IF NOT EXISTS waiting          boolean NOT NULL DEFAULT false,
 	ADD COLUMN IF NOT EXISTS timeout_ms       bigint,
-	ADD COLUMN IF NOT EXISTS slots            integer;
+	ADD COLUMN IF NOT EXISTS slots            integer,
+	ADD COLUMN IF NOT EXISTS hold_generation  bigint,
+	ADD COLUMN IF NOT EXISTS paused_at        timestamptz,
+	ADD COLUMN IF NOT EXISTS pause_reason     varchar(255),
+	ADD COLUMN IF NOT EXISTS stop_generation  bigint,
+	ADD COLUMN IF NOT EXISTS stop_reason      varchar(255);
 CREATE TABLE IF NOT EXISTS job_lease_floor (
 	id         smallint PRIMARY KEY CHECK (id = 1),
 	generation bigint   NOT NULL
@@ -224,7 +250,18 @@ func migrationCollision(err error) bool {
 // CockroachDB lacks (see docs/scaling.md). docs/performance.md measures this
 // shape against the INSERT ... ON CONFLICT DO UPDATE of earlier versions.
 const TakeOverSQL = `
-UPDATE job_lease AS l SET
+UPDATE job_lease AS l SET` + takeOverSetSQL + `
+WHERE l.target_id = CAST($1 AS varchar)
+  AND ` + freeSQL + `
+  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
+RETURNING l.generation`
+
+// takeOverSetSQL is the SET list of every takeover, of a target's row
+// (TakeOverSQL) or of a slot's (slotSQL): a fresh token ($2), the next
+// generation, the caller's holder name ($3) and timeout in milliseconds
+// ($6), the database's time, and the last lease's release, failure and
+// waiters cleared. A column that a takeover sets is added here, once.
+const takeOverSetSQL = `
 	lease_token = CAST($2 AS uuid),
 	generation  = l.generation + 1,
 	holder      = CAST($3 AS varchar),
@@ -232,61 +269,178 @@ UPDATE job_lease AS l SET
 	released_at = NULL,
 	failure     = NULL,
 	waiting     = false,
-	timeout_ms  = CAST($6 AS bigint)
-WHERE l.target_id = CAST($1 AS varchar)
-  AND (l.released_at IS NOT NULL
-    OR l.updated_at < clock_timestamp() - COALESCE(l.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
-  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
-RETURNING l.generation`
+	timeout_ms  = CAST($6 AS bigint)`
 
-// InsertSQL creates the row of a target when TakeOverSQL took nothing and
-// the statement's snapshot shows no live row there: a target never acquired,
-// or whose row Prune deleted. Where the snapshot shows a live lease it
-// inserts nothing, and its ON CONFLICT DO NOTHING refuses, writing nothing,
-// when another acquire's row is there by then. The new row starts above the
-// row that the snapshot shows, if any (a Prune that deletes it while the
-// statement runs has not committed its raise of the floor yet, see
-// Common.PruneBatch), and otherwise above the generation floor, the highest
-// generation that Prune ever deleted: a row's generation is the highest its
-// target ever had, and COALESCE reads the floor only without a row. Its
-// arguments are the target, the token, the holder, the timeout in
-// microseconds and in milliseconds.
-const InsertSQL = `
-INSERT INTO job_lease (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
-SELECT CAST($1 AS varchar), CAST($2 AS uuid),
-	COALESCE(cur.generation, (SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1,
-	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($5 AS bigint)
-FROM (VALUES (1)) AS one (x) LEFT JOIN job_lease AS cur ON cur.target_id = CAST($1 AS varchar)
-WHERE cur.target_id IS NULL OR cur.released_at IS NOT NULL
-   OR cur.updated_at < clock_timestamp() - COALESCE(cur.timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond'
-ON CONFLICT (target_id) DO NOTHING
-RETURNING generation`
+// freeSQL is the condition that a row may be taken over: not paused
+// (Repository.Pause), and released, or its last heartbeat older than the
+// timeout its holder recorded, or, for a row that records none, the
+// caller's timeout in microseconds ($4). A paused row so refuses every
+// takeover in the takeover's own statement, writing nothing.
+const freeSQL = `(paused_at IS NULL AND (released_at IS NOT NULL
+    OR updated_at < clock_timestamp() - COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond'))`
 
-// Acquire runs TakeOverSQL and, only when that took nothing, InsertSQL:
-// every acquire of a target whose row is free is the one UPDATE, and so is
-// every acquire refused by a live lease but for the second statement's read
-// of the row. One statement for both, as a data-modifying CTE, measured
-// slower (see docs/performance.md): its plan opens both parts on every call.
-// A caller that takes over from a given generation (From > 0) wants that
-// row, which exists or did, and makes none.
-func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {
-	var generation int64
-	micros, millis := timeoutMicros(a.Timeout), backend.TimeoutMillis(a.Timeout)
-	sending := func() {
-		if a.Sending != nil {
-			a.Sending()
+// curSQL reads, as the CTE cur of AcquireSQL, the target's row as the
+// statement's snapshot shows it: its generation and holder, whether it is
+// unreleased, its age on the database's clock (one reading of
+// clock_timestamp(), which judges the row and measures what is left of it
+// alike), and its timeout in microseconds, the caller's for a row that
+// records none, and whether it is paused, with the pause's reason. Its
+// arguments are the target ($1) and the caller's timeout in microseconds
+// ($4).
+const curSQL = `cur AS (
+	SELECT generation, holder, released_at IS NULL AS unreleased, clock_timestamp() - updated_at AS age,
+		COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) AS micros, paused_at IS NOT NULL AS paused, pause_reason
+	FROM job_lease WHERE target_id = CAST($1 AS varchar)
+)`
+
+// liveSQL is the condition, on cur, that its row is a live lease: the
+// negation of TakeOverSQL's.
+const liveSQL = `COALESCE(cur.unreleased AND cur.age <= cur.micros * interval '1 microsecond', false)`
+
+// pausedSQL is the condition, on cur, that its row is paused.
+const pausedSQL = `COALESCE(cur.paused, false)`
+
+// refusalSQL is what AcquireSQL answers after the generation that it took
+// (NULL when it took nothing), on one row whatever it did: the row that cur
+// read: holder, generation, whether it is live, its age in seconds and its
+// timeout in microseconds (NULLs without a row), whether it is paused and
+// the pause's reason.
+const refusalSQL = `cur.holder, cur.generation, ` + liveSQL + `,
+	CAST(EXTRACT(EPOCH FROM cur.age) AS double precision), cur.micros, ` + pausedSQL + `, cur.pause_reason
+FROM (VALUES (1)) AS one (x) LEFT JOIN cur ON true`
+
+// AcquireSQL is every acquire of a target, in one statement and one round
+// trip, whatever its outcome: a data-modifying CTE whose parts all see one
+// snapshot of the row (cur).
+//   - took is TakeOverSQL: a free row (released or expired) is taken by the
+//     one UPDATE, a HOT update in place. A live row it neither locks nor
+//     writes. When it waits for another acquire's lock on the row, it
+//     judges the row that acquire left.
+//   - ins creates the row only where the snapshot shows none: a target
+//     never acquired, or whose row Prune deleted. It starts above the
+//     generation floor, the highest generation that Prune ever deleted
+//     (Prune raises the floor in the transaction that deletes, so one
+//     snapshot shows both or neither). Where another acquire's row is there
+//     by then, ON CONFLICT DO NOTHING refuses, writing nothing. Where the
+//     snapshot shows a row, ins does not run its INSERT at all: a refusal
+//     by a live lease writes nothing.
+//   - The answer is one row: the generation taken, by either part (NULL
+//     when neither took), then the row as cur read it (refusalSQL), so that
+//     a refusal says which lease refused it with no statement of its own.
+//
+// Its arguments are TakeOverSQL's: the target, the token, the holder, the
+// timeout in microseconds, the generation to take over from (see
+// backend.AcquireArgs: a row is made only for AnyGeneration and 0) and the
+// timeout in milliseconds. docs/performance.md measures this shape against
+// an UPDATE followed, when that took nothing, by an INSERT.
+const AcquireSQL = `
+WITH ` + curSQL + `, took AS (` + TakeOverSQL + `
+), ins AS (
+	INSERT INTO job_lease (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+	SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+		COALESCE((SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1,
+		CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
+	WHERE NOT EXISTS (SELECT 1 FROM cur) AND CAST($5 AS bigint) <= 0
+	ON CONFLICT (target_id) DO NOTHING
+	RETURNING generation
+)
+SELECT COALESCE((SELECT generation FROM took), (SELECT generation FROM ins)), ` + refusalSQL
+
+// AcquireRowSQL is AcquireSQL for a target whose row is known to exist:
+// the same statement without its INSERT, whose part of the plan an acquire
+// of such a row pays for in every call (docs/performance.md measures it).
+// Its arguments and answer are AcquireSQL's.
+const AcquireRowSQL = `
+WITH ` + curSQL + `, took AS (` + TakeOverSQL + `
+)
+SELECT (SELECT generation FROM took), ` + refusalSQL
+
+// Acquire takes the lease in one statement, or answers the live lease (or
+// the pause) that refused it, choosing the statement from what it has seen
+// of the target (rows):
+//   - a target it has not seen: AcquireSQL, for any outcome;
+//   - a target whose last acquire it saw refused (contended), and every
+//     takeover from a generation above 0 (which never makes a row):
+//     AcquireRowSQL, AcquireSQL without the INSERT;
+//   - a target whose last acquire it saw take the row (acquired again and
+//     again, one holder after another): TakeOverSQL alone, the cheapest
+//     takeover, and, only when that took nothing, AcquireRowSQL for the
+//     answer.
+//
+// When a statement took nothing from a row, or an absence of one, that it
+// would have taken as its snapshot showed it, another statement changed the
+// row while it ran: an acquire took it over or made it first, or Prune
+// deleted it (AcquireRowSQL then finds no row). The statement then runs
+// again, up to raceAttempts times in all, on a snapshot that shows what
+// that statement did: a live lease to answer, or no row to make.
+func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (backend.Acquired, error) {
+	args := []any{a.TargetID, a.Token.String(), a.Holder, timeoutMicros(a.Timeout), a.From, backend.TimeoutMillis(a.Timeout)}
+	held, seen := b.rows.Get(a.TargetID)
+	if seen && !held && a.From < 0 {
+		var generation int64
+		taken, err := backend.QueryRow(ctx, db, b.takeOverSQL, args, &generation)
+		if err != nil || taken {
+			return backend.Acquired{Taken: taken, Generation: generation}, err
 		}
 	}
-	sending()
-	ok, err := backend.QueryRow(ctx, db, b.takeOverSQL,
-		[]any{a.TargetID, a.Token.String(), a.Holder, micros, a.From, millis}, &generation)
-	if err != nil || ok || a.From > 0 {
-		return generation, ok, err
+	for attempt := 1; ; attempt++ {
+		query := b.acquireSQL
+		if a.From > 0 || b.rows.Has(a.TargetID) {
+			query = b.rowSQL
+		}
+		got, row, raced, err := b.acquireAnswer(ctx, db, query, args, a.From)
+		if err != nil {
+			return got, err
+		}
+		if row {
+			b.rows.Add(a.TargetID, !got.Taken)
+		} else {
+			b.rows.Drop(a.TargetID)
+		}
+		if !raced || attempt >= raceAttempts {
+			return got, nil
+		}
 	}
-	sending()
-	ok, err = backend.QueryRow(ctx, db, b.insertSQL,
-		[]any{a.TargetID, a.Token.String(), a.Holder, micros, millis}, &generation)
-	return generation, ok, err
+}
+
+// raceAttempts bounds how often Acquire runs its statement while other
+// statements change the row under it.
+const raceAttempts = 3
+
+// acquireAnswer runs query, AcquireSQL or AcquireRowSQL, with args, for an
+// acquire from generation from, and reads its answer. row reports that the
+// target has a row: the statement took one, or read one. raced reports
+// that it took nothing from a row, or an absence of one, that it would
+// have taken as its snapshot showed it.
+func (b *Backend) acquireAnswer(ctx context.Context, db *gorm.DB, query string, args []any, from int64) (_ backend.Acquired, row, raced bool, _ error) {
+	// One value for all the columns: each would be an allocation of its
+	// own, as Scan's destinations escape.
+	a := new(struct {
+		taken, generation, micros sql.NullInt64
+		holder, reason            sql.NullString
+		live, paused              bool
+		age                       sql.NullFloat64
+	})
+	if _, err := backend.QueryRow(ctx, db, query, args, &a.taken, &a.holder, &a.generation, &a.live, &a.age, &a.micros, &a.paused, &a.reason); err != nil {
+		return backend.Acquired{}, false, false, err
+	}
+	taken, generation, micros, holder, reason, live, paused, age := a.taken, a.generation, a.micros, a.holder, a.reason, a.live, a.paused, a.age
+	switch {
+	case taken.Valid:
+		return backend.Acquired{Taken: true, Generation: taken.Int64}, true, false, nil
+	case paused:
+		got := backend.Acquired{Paused: true, PauseReason: reason.String}
+		if live {
+			timeout := time.Duration(micros.Int64) * time.Microsecond
+			got.Held = backend.NewHeld(holder.String, generation.Int64, timeout, backend.Seconds(age.Float64))
+		}
+		return got, true, false, nil
+	case !live:
+		raced = from < 0 || (from == 0 && !generation.Valid) || (from > 0 && generation.Int64 == from)
+		return backend.Acquired{}, generation.Valid, raced, nil
+	}
+	timeout := time.Duration(micros.Int64) * time.Microsecond
+	return backend.Acquired{Held: backend.NewHeld(holder.String, generation.Int64, timeout, backend.Seconds(age.Float64))}, true, false, nil
 }
 
 // slotSQL takes a free slot in one statement. The subquery picks one of
@@ -297,22 +451,13 @@ func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArg
 // again, and goes on to the next when it no longer qualifies. When no row
 // qualifies, nothing is locked or written. Its arguments are the keys of
 // the slot rows as an array literal, the token, the holder, the timeout in
-// microseconds and in milliseconds, and the count.
+// microseconds, the count, and the timeout in milliseconds.
 const slotSQL = `
-UPDATE job_lease AS l SET
-	lease_token = CAST($2 AS uuid),
-	generation  = l.generation + 1,
-	holder      = CAST($3 AS varchar),
-	updated_at  = clock_timestamp(),
-	released_at = NULL,
-	failure     = NULL,
-	waiting     = false,
-	timeout_ms  = CAST($5 AS bigint)
+UPDATE job_lease AS l SET` + takeOverSetSQL + `
 WHERE l.target_id = (
 	SELECT target_id FROM job_lease
-	WHERE target_id = ANY(CAST($1 AS varchar[])) AND slots = CAST($6 AS integer)
-	  AND (released_at IS NOT NULL
-	    OR updated_at < clock_timestamp() - COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond')
+	WHERE target_id = ANY(CAST($1 AS varchar[])) AND slots = CAST($5 AS integer)
+	  AND ` + freeSQL + `
 	ORDER BY random() LIMIT 1
 	FOR UPDATE SKIP LOCKED)
 RETURNING l.target_id, l.generation`
@@ -323,7 +468,7 @@ func (b *Backend) AcquireSlot(ctx context.Context, db *gorm.DB, a backend.SlotAr
 	var generation int64
 	ok, err := backend.QueryRow(ctx, db, b.slotSQL,
 		[]any{array(backend.SlotKeys(a.TargetID, a.Slots)), a.Token.String(), a.Holder, timeoutMicros(a.Timeout),
-			backend.TimeoutMillis(a.Timeout), a.Slots}, &key, &generation)
+			a.Slots, backend.TimeoutMillis(a.Timeout)}, &key, &generation)
 	if err != nil || !ok {
 		return 0, 0, false, err
 	}
@@ -340,8 +485,11 @@ func timeoutMicros(d time.Duration) int64 {
 // heartbeatBatchSQL renews many leases in one statement. The leases
 // travel as two array literals, so that the statement's text, and its
 // prepared plan, is the same whatever their number. It returns the
-// positions in them (from 1) of the leases it did not renew, and so, as a
-// rule, nothing: the client reads no row for a lease renewed.
+// positions in them (from 1) of the leases it did not renew, with a NULL
+// reason, and, negated, those of the leases it renewed whose holder an
+// operator asked to stop (RequestStop), with the request's reason, read
+// from the row that the UPDATE renewed; and so, as a rule, nothing: the
+// client reads no row for a lease renewed that nobody asked to stop.
 //
 // Each array is read in a scalar subquery, so that the planner, which then
 // does not see how many leases there are, looks each one up by the primary
@@ -358,11 +506,13 @@ WITH b AS (
 	UPDATE job_lease AS l SET updated_at = clock_timestamp()
 	FROM b
 	WHERE l.target_id = b.target_id AND l.lease_token = b.lease_token AND l.released_at IS NULL
-	RETURNING b.i
+	RETURNING b.i, CASE WHEN l.stop_generation = l.generation THEN COALESCE(l.stop_reason, '') END AS stop
 )
-SELECT i FROM b EXCEPT ALL SELECT i FROM renewed`
+SELECT i, CAST(NULL AS text) FROM (SELECT i FROM b EXCEPT ALL SELECT i FROM renewed) AS lost
+UNION ALL SELECT -i, stop FROM renewed WHERE stop IS NOT NULL`
 
-// array writes values as a text[] literal.
+// array writes values as a text[] array literal, for a statement's
+// argument.
 func array(values []string) string {
 	var b strings.Builder
 	b.WriteByte('{')
@@ -370,7 +520,7 @@ func array(values []string) string {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		writeQuoted(&b, v, '"')
+		writeElement(&b, v)
 	}
 	b.WriteByte('}')
 	return b.String()
@@ -389,26 +539,6 @@ func tokenText(text *[36]byte, token uuid.UUID) {
 		text[j], text[j+1] = digits[c>>4], digits[c&0x0f]
 		j += 2
 	}
-}
-
-// BeginLocked begins the fenced transaction at READ COMMITTED and runs op,
-// which locks the lease row, in the same query. pgx (and lib/pq) send a
-// query without arguments as a simple query, which may hold several
-// statements; its rows affected are the last statement's. The statement's
-// $1 and $2, the target and the token, are written in as literals: the
-// target as an escape string literal, the token as a UUID's text.
-func (b *Backend) BeginLocked(op backend.Own, l backend.Lease) string {
-	return "BEGIN ISOLATION LEVEL READ COMMITTED; " + strings.NewReplacer(
-		"$1", literal(l.TargetID),
-		"$2", "'"+l.Token.String()+"'",
-	).Replace(b.OwnSQL(op))
-}
-
-// RefusesQueries reports whether err is the server refusing several
-// statements in one prepared statement: the driver sent the query through
-// the extended protocol.
-func (b *Backend) RefusesQueries(err error) bool {
-	return backend.SQLState(err) == "42601" && strings.Contains(err.Error(), "multiple commands")
 }
 
 // State reads what a waiter needs of the row.
@@ -465,30 +595,4 @@ func numbered(query string) string {
 		b.WriteString(strconv.Itoa(n))
 		query = query[i+1:]
 	}
-}
-
-// literal writes s, valid UTF-8 without NUL (as the steps make sure), as an
-// escape string literal: E'...' with backslashes and quotes escaped. An
-// escape string reads the same whatever standard_conforming_strings says,
-// and in UTF-8, the client encoding of pgx and lib/pq, neither byte occurs
-// inside a multi-byte character.
-func literal(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 4)
-	b.WriteString("E")
-	writeQuoted(&b, s, '\'')
-	return b.String()
-}
-
-// writeQuoted writes s to b between quote characters, with each backslash
-// and quote character in s escaped by a backslash.
-func writeQuoted(b *strings.Builder, s string, quote byte) {
-	b.WriteByte(quote)
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' || s[i] == quote {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	b.WriteByte(quote)
 }

@@ -59,7 +59,7 @@ type pgxConn interface{ Conn() *pgx.Conn }
 // simpleResult is what a simple query answered.
 type simpleResult struct {
 	rows [][]string // the last statement's rows, each column as text ("" for NULL)
-	tag  pgconn.CommandTag
+	n    int64      // the rows the last statement affected, from its command tag
 }
 
 // errNotPgx says that a connection is not pgx's: simpleQuery sent nothing.
@@ -72,16 +72,20 @@ var errNotPgx = errors.New("not a pgx connection")
 // replication, or errNotPgx, having sent nothing, when conn's driver is not
 // pgx. A connection whose answer was not read to its end (ctx ended, the
 // connection broke) is closed, after a cancel request for the statement
-// when ctx ended. The statement is reported to db's logger and
-// ctx's statement hook, as backend.Query reports its own, unless it is the
-// fenced transaction's COMMIT, which, like gorm's, is not.
-func simpleQuery(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string, report bool) (simpleResult, error) {
+// when ctx ended. The statement is reported to db's logger and ctx's
+// statement hook, as backend.Query reports its own, as reported: the text
+// with placeholders where query has the values written in (the lease
+// tokens among them, which logs and traces should not carry), or "" for
+// none, as for the fenced transaction's COMMIT, which, like gorm's, is not
+// reported.
+func simpleQuery(ctx context.Context, db *gorm.DB, conn *sql.Conn, query, reported string) (simpleResult, error) {
 	var res simpleResult
 	sent := false
 	begin := time.Now()
 	var end func(error)
+	report := reported != ""
 	if report {
-		ctx, end = backend.StartStatement(ctx, db, query)
+		ctx, end = backend.StartStatement(ctx, db, reported)
 	}
 	err := conn.Raw(func(dc any) error {
 		c, ok := dc.(pgxConn)
@@ -106,7 +110,7 @@ func simpleQuery(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string,
 		end(err)
 	}
 	if report {
-		backend.Trace(ctx, db, begin, query, res.tag.RowsAffected(), err)
+		backend.Trace(ctx, db, begin, reported, res.n, err)
 	}
 	return res, err
 }
@@ -164,7 +168,7 @@ func readAnswer(ctx context.Context, pg *pgconn.PgConn, res *simpleResult) error
 			}
 			res.rows = append(res.rows, row)
 		case *pgproto3.CommandComplete:
-			res.tag = pgconn.NewCommandTag(string(m.CommandTag))
+			res.n = rowsAffected(m.CommandTag)
 		case *pgproto3.ErrorResponse:
 			if serverErr == nil {
 				serverErr = pgconn.ErrorResponseToPgError(m)
@@ -183,23 +187,23 @@ func readAnswer(ctx context.Context, pg *pgconn.PgConn, res *simpleResult) error
 	}
 }
 
-// CommitOn sends query, which ends the fenced transaction with COMMIT, on
-// conn, and returns an error wrapping backend.ErrReplicationCancelled when
-// the server committed locally but cut short its wait for the synchronous
-// standbys (see syncRepWarned).
-func (b *Backend) CommitOn(ctx context.Context, db *gorm.DB, conn *sql.Conn, query string) error {
-	_, err := simpleQuery(ctx, db, conn, query, false)
-	if errors.Is(err, errNotPgx) {
-		return b.Common.CommitOn(ctx, db, conn, query)
+// rowsAffected returns the rows affected that a statement's command tag
+// ends with ("UPDATE 3"), or 0, as pgconn.CommandTag.RowsAffected does,
+// without a copy of the tag: the message's buffer is reused.
+func rowsAffected(tag []byte) int64 {
+	var n, unit int64 = 0, 1
+	for i := len(tag) - 1; i >= 0 && '0' <= tag[i] && tag[i] <= '9'; i-- {
+		n += int64(tag[i]-'0') * unit
+		unit *= 10
 	}
-	return err
+	return n
 }
 
 // HeartbeatBatch runs heartbeatBatchSQL. On a pool of pgx connections it
 // is sent as a simple query with the leases written in as literals, so
 // that a heartbeat whose wait for the synchronous standbys was cut short
 // is an error (backend.ErrReplicationCancelled), not a renewal.
-func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]bool, error) {
+func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]backend.Ended, error) {
 	if sqlDB, ok := db.Statement.ConnPool.(*sql.DB); ok {
 		lost, err := b.heartbeatSimple(ctx, db, sqlDB, leases)
 		if !errors.Is(err, errNotPgx) {
@@ -212,13 +216,17 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []back
 		return nil, err
 	}
 	defer rows.Close()
-	lost := map[backend.Lease]bool{}
+	var lost map[backend.Lease]backend.Ended
 	for rows.Next() {
 		var i int
-		if err := rows.Scan(&i); err != nil {
+		var stop sql.NullString
+		if err := rows.Scan(&i, &stop); err != nil {
 			return nil, err
 		}
-		if err := markLost(lost, leases, i); err != nil {
+		if lost == nil {
+			lost = map[backend.Lease]backend.Ended{}
+		}
+		if err := markLost(lost, leases, i, stop.String); err != nil {
 			return nil, err
 		}
 	}
@@ -228,26 +236,33 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []back
 // heartbeatSimple is HeartbeatBatch as a simple query on a connection of
 // sqlDB.
 func (b *Backend) heartbeatSimple(ctx context.Context, db *gorm.DB, sqlDB *sql.DB, leases []backend.Lease,
-) (map[backend.Lease]bool, error) {
+) (map[backend.Lease]backend.Ended, error) {
 	conn, err := sqlDB.Conn(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	res, err := simpleQuery(ctx, db, conn, b.heartbeatQuery(leases), true)
+	query, err := b.heartbeatQuery(leases)
 	if err != nil {
 		return nil, err
 	}
-	lost := map[backend.Lease]bool{}
+	res, err := simpleQuery(ctx, db, conn, query, b.heartbeatSQL)
+	if err != nil {
+		return nil, err
+	}
+	var lost map[backend.Lease]backend.Ended // nil while none ended: a round of leases all renewed allocates none
 	for _, row := range res.rows {
-		if len(row) != 1 {
-			return nil, fmt.Errorf("heartbeat: %d columns returned, want 1", len(row))
+		if len(row) != 2 {
+			return nil, fmt.Errorf("heartbeat: %d columns returned, want 2", len(row))
 		}
 		i, err := strconv.Atoi(row[0])
 		if err != nil {
 			return nil, fmt.Errorf("heartbeat: position %q: %w", row[0], err)
 		}
-		if err := markLost(lost, leases, i); err != nil {
+		if lost == nil {
+			lost = make(map[backend.Lease]backend.Ended, len(res.rows))
+		}
+		if err := markLost(lost, leases, i, row[1]); err != nil {
 			return nil, err
 		}
 	}
@@ -258,72 +273,59 @@ func (b *Backend) heartbeatSimple(ctx context.Context, db *gorm.DB, sqlDB *sql.D
 // escape string literals of its two arrays, as literal would write the
 // arrays that leaseArrays writes, in one pass and one allocation: a
 // heartbeat of 1,000 leases is some 60 kB of text, a hundred a second
-// for 100,000 leases held.
-func (b *Backend) heartbeatQuery(leases []backend.Lease) string {
+// for 100,000 leases held. It returns an error for a target that no
+// literal can carry (see checkLiteral).
+func (b *Backend) heartbeatQuery(leases []backend.Lease) (string, error) {
 	n := len(b.heartbeatParts[0]) + len(b.heartbeatParts[1]) + len(b.heartbeatParts[2]) + 2*len("E'{}'")
 	for _, l := range leases {
+		if err := checkLiteral(l.TargetID); err != nil {
+			return "", fmt.Errorf("heartbeat %q: %w", l.TargetID, err)
+		}
 		n += len(l.TargetID) + len(`"",`) + 36 + len(",")
 	}
 	var q strings.Builder
 	q.Grow(n)
+	text := literalText{&q}
 	q.WriteString(b.heartbeatParts[0])
 	q.WriteString("E'{")
 	for i, l := range leases {
 		if i > 0 {
 			q.WriteByte(',')
 		}
-		q.WriteByte('"')
-		writeElement(&q, l.TargetID)
-		q.WriteByte('"')
+		writeElement(text, l.TargetID)
 	}
 	q.WriteString("}'")
 	q.WriteString(b.heartbeatParts[1])
 	q.WriteString("E'{")
-	var text [36]byte
+	var token [36]byte
 	for i, l := range leases {
 		if i > 0 {
 			q.WriteByte(',')
 		}
-		tokenText(&text, l.Token)
-		q.Write(text[:])
+		tokenText(&token, l.Token)
+		q.Write(token[:]) // hex digits and dashes: nothing to escape
 	}
 	q.WriteString("}'")
 	q.WriteString(b.heartbeatParts[2])
-	return q.String()
+	return q.String(), nil
 }
 
-// writeElement writes s as the inside of a quoted element of an array
-// literal that is itself inside an escape string literal: a backslash or a
-// double quote is escaped by a backslash for the array, and then each
-// backslash and single quote by a backslash for the string.
-func writeElement(q *strings.Builder, s string) {
-	plain := 0 // s[plain:i] needs no escape
-	for i := 0; i < len(s); i++ {
-		var esc string
-		switch s[i] {
-		case '\\':
-			esc = `\\\\`
-		case '"':
-			esc = `\\"`
-		case '\'':
-			esc = `\'`
-		default:
-			continue
-		}
-		q.WriteString(s[plain:i])
-		q.WriteString(esc)
-		plain = i + 1
+// markLost records what heartbeatBatchSQL answered of the lease at
+// position i (from 1) of leases: lost, or, for -i, renewed and asked to
+// stop for reason.
+func markLost(lost map[backend.Lease]backend.Ended, leases []backend.Lease, i int, reason string) error {
+	stop := i < 0
+	if stop {
+		i = -i
 	}
-	q.WriteString(s[plain:])
-}
-
-// markLost records as lost the lease at position i (from 1) of leases, as
-// heartbeatBatchSQL names it.
-func markLost(lost map[backend.Lease]bool, leases []backend.Lease, i int) error {
 	if i < 1 || i > len(leases) {
 		return fmt.Errorf("heartbeat: the database named lease %d of %d", i, len(leases))
 	}
-	lost[leases[i-1]] = true
+	if stop {
+		lost[leases[i-1]] = backend.Ended{Stop: true, Reason: reason}
+	} else {
+		lost[leases[i-1]] = backend.Ended{}
+	}
 	return nil
 }
 
@@ -341,7 +343,7 @@ func leaseArrays(leases []backend.Lease) (targets, tokens string) {
 			tb.WriteByte(',')
 			kb.WriteByte(',')
 		}
-		writeQuoted(&tb, l.TargetID, '"')
+		writeElement(&tb, l.TargetID)
 		tokenText(&text, l.Token)
 		kb.Write(text[:])
 	}
@@ -367,8 +369,12 @@ func (b *Backend) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (
 		return backend.Saved{}, false, err
 	}
 	defer conn.Close()
-	res, err := simpleQuery(ctx, db, conn, "BEGIN ISOLATION LEVEL READ COMMITTED; "+
-		strings.ReplaceAll(b.readSavedSQL, "$1", literal(targetID))+"; COMMIT", true)
+	target, err := literal(targetID)
+	if err != nil {
+		return backend.Saved{}, false, fmt.Errorf("read saved %q: %w", targetID, err)
+	}
+	res, err := simpleQuery(ctx, db, conn, beginSQL+"; "+strings.ReplaceAll(b.readSavedSQL, "$1", target)+"; COMMIT",
+		beginSQL+"; "+b.readSavedSQL+"; COMMIT")
 	switch {
 	case errors.Is(err, errNotPgx):
 		return b.readSavedTx(ctx, db, targetID)

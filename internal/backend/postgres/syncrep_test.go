@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/gormlease/gormlease/internal/backend"
 )
@@ -22,7 +23,21 @@ func TestHeartbeatQueryWritesTheArraysAsLiterals(t *testing.T) {
 	}
 	for n := range len(leases) + 1 {
 		arrays, tokens := leaseArrays(leases[:n])
-		want := strings.NewReplacer("$1", literal(arrays), "$2", literal(tokens)).Replace(b.heartbeatSQL)
-		assert.Equal(t, want, b.heartbeatQuery(leases[:n]), "%d leases", n)
+		arraysLit, err := literal(arrays)
+		require.NoError(t, err)
+		tokensLit, err := literal(tokens)
+		require.NoError(t, err)
+		want := strings.NewReplacer("$1", arraysLit, "$2", tokensLit).Replace(b.heartbeatSQL)
+		got, err := b.heartbeatQuery(leases[:n])
+		require.NoError(t, err)
+		assert.Equal(t, want, got, "%d leases", n)
 	}
+}
+
+// A target that no literal can carry makes the heartbeat's text an error,
+// not a statement.
+func TestHeartbeatQueryRefusesNUL(t *testing.T) {
+	b := New(backend.Tables{Lease: "job_lease", Result: "job_result"})
+	_, err := b.heartbeatQuery([]backend.Lease{{TargetID: "ok", Token: uuid.New()}, {TargetID: "n\x00l", Token: uuid.New()}})
+	require.ErrorContains(t, err, "NUL")
 }

@@ -30,7 +30,7 @@ type Backend struct {
 	backend.Common
 	lease                                         string
 	schemaSQL, acquireSQL, heartbeatSQL, stateSQL string
-	slotSQL                                       string
+	slotSQL, heldSQL                              string
 }
 
 // now is the database's current time as the text the tables hold: UTC,
@@ -55,17 +55,24 @@ func New(t backend.Tables) *Backend {
 			// refuses READ COMMITTED; SQLite transactions are serializable
 			// anyway.)
 			TxOptions:    &sql.TxOptions{Isolation: sql.LevelSerializable},
+			SlotsTx:      &sql.TxOptions{Isolation: sql.LevelSerializable},
 			InsertIgnore: "INSERT INTO",
 			IgnoreSuffix: " ON CONFLICT (target_id) DO NOTHING",
+			// In the text that now writes.
+			Earlier: func(col string) string {
+				return "strftime('%Y-%m-%d %H:%M:%f', julianday(" + col + ") - ? / 86400000000.0)"
+			},
 		}, t),
 		lease:        t.Lease,
 		schemaSQL:    t.Expand(schema),
 		acquireSQL:   t.Expand(acquireSQL),
 		heartbeatSQL: t.Expand(heartbeatBatchSQL),
 		slotSQL:      t.Expand(slotSQL),
+		heldSQL:      t.Expand(heldSQL),
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	(julianday('now') - julianday(updated_at)) * 86400.0,
-	(julianday('now') - julianday(saved_at)) * 86400.0, 0, timeout_ms
+	(julianday('now') - julianday(saved_at)) * 86400.0, 0, timeout_ms, holder, paused_at IS NOT NULL, pause_reason,
+	COALESCE(stop_generation = generation, false)
 FROM ` + t.Lease + ` WHERE target_id = ?`,
 	}
 }
@@ -73,7 +80,7 @@ FROM ` + t.Lease + ` WHERE target_id = ?`,
 // Capabilities: batched heartbeats. SQLite has no notifications, and its
 // waiters poll.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{BatchHeartbeat: true}
+	return backend.Capabilities{}
 }
 
 // addedColumns are the columns that later versions added to job_lease,
@@ -84,6 +91,11 @@ var addedColumns = []backend.Column{
 	{Name: "failure", DDL: "text"},
 	{Name: "timeout_ms", DDL: "integer"},
 	{Name: "slots", DDL: "integer"},
+	{Name: "hold_generation", DDL: "integer"},
+	{Name: "paused_at", DDL: "datetime"},
+	{Name: "pause_reason", DDL: "text"},
+	{Name: "stop_generation", DDL: "integer"},
+	{Name: "stop_reason", DDL: "text"},
 }
 
 // schema is the DDL of docs/sqlite.md. The datetime column type makes
@@ -100,7 +112,12 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	saved_at    datetime,
 	failure     text,
 	timeout_ms  integer,
-	slots       integer
+	slots       integer,
+	hold_generation integer,
+	paused_at   datetime,
+	pause_reason text,
+	stop_generation integer,
+	stop_reason text
 );
 CREATE TABLE IF NOT EXISTS job_lease_floor (
 	id         integer NOT NULL PRIMARY KEY CHECK (id = 1),
@@ -128,7 +145,8 @@ func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
 // acquireSQL takes the lease in one statement, as postgresAcquire does:
 // the NOT EXISTS guard makes a refused acquire write nothing, and the
 // ON CONFLICT ... WHERE re-checks the row under the write lock; both judge
-// the row by the timeout its holder recorded. Ages are
+// the row by the timeout its holder recorded, and the DO UPDATE never
+// takes a paused row (Repository.Pause). Ages are
 // compared in seconds through julianday(). A target without a row starts
 // above the generation floor; the statement holds the write
 // lock from its start, so no Prune can commit while it runs.
@@ -147,17 +165,52 @@ ON CONFLICT (target_id) DO UPDATE SET
 	released_at = NULL,
 	failure     = NULL,
 	timeout_ms  = excluded.timeout_ms
-WHERE (l.released_at IS NOT NULL
+WHERE l.paused_at IS NULL
+  AND (l.released_at IS NOT NULL
     OR (julianday('now') - julianday(l.updated_at)) * 86400.0 > COALESCE(l.timeout_ms / 1000.0, ?4))
   AND (?5 < 0 OR l.generation = ?5)
 RETURNING generation`
 
-// Acquire runs acquireSQL.
-func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (int64, bool, error) {
+// heldSQL reads the live lease, or the pause, that refused an acquire: the
+// holder, the generation, whether it is live, its age in seconds and its
+// timeout in seconds, the caller's (the second argument) for a row that
+// records none, whether it is paused and the pause's reason.
+const heldSQL = `
+SELECT holder, generation,
+	released_at IS NULL AND (julianday('now') - julianday(updated_at)) * 86400.0 <= COALESCE(timeout_ms / 1000.0, ?2),
+	(julianday('now') - julianday(updated_at)) * 86400.0, COALESCE(timeout_ms / 1000.0, ?2),
+	paused_at IS NOT NULL, COALESCE(pause_reason, '')
+FROM job_lease WHERE target_id = ?1`
+
+// Acquire runs acquireSQL and, when it refused, heldSQL: SQLite's RETURNING
+// answers only the rows that a statement wrote, and a refusal writes none.
+// The database is in the process, so the second statement costs no round
+// trip over a network; the lease it reads is the one that refused, unless
+// another connection ended it in between, or the read failed, when Held is
+// nil.
+func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (backend.Acquired, error) {
 	var generation int64
 	ok, err := backend.QueryRow(ctx, db, b.acquireSQL,
 		[]any{a.TargetID, a.Token.String(), a.Holder, a.Timeout.Seconds(), a.From, backend.TimeoutMillis(a.Timeout)}, &generation) // the token as text
-	return generation, ok, err
+	if err != nil || ok {
+		return backend.Acquired{Taken: ok, Generation: generation}, err
+	}
+	var (
+		holder, reason string
+		live, paused   bool
+		age, timeout   float64
+		heldGeneration int64
+	)
+	found, err := backend.QueryRow(ctx, db, b.heldSQL, []any{a.TargetID, a.Timeout.Seconds()}, &holder, &heldGeneration, &live,
+		&age, &timeout, &paused, &reason)
+	if err != nil || !found {
+		return backend.Acquired{}, nil // refused all the same: the read only says by whom
+	}
+	got := backend.Acquired{Paused: paused, PauseReason: reason}
+	if live {
+		got.Held = backend.NewHeld(holder, heldGeneration, backend.Seconds(timeout), backend.Seconds(age))
+	}
+	return got, nil
 }
 
 // slotSQL takes a free slot in one statement: the subquery picks one of
@@ -178,7 +231,7 @@ UPDATE job_lease SET
 	timeout_ms  = ?5
 WHERE target_id = (
 	SELECT target_id FROM job_lease
-	WHERE target_id IN (SELECT value FROM json_each(?1)) AND slots = ?6
+	WHERE target_id IN (SELECT value FROM json_each(?1)) AND slots = ?6 AND paused_at IS NULL
 	  AND (released_at IS NOT NULL
 	    OR (julianday('now') - julianday(updated_at)) * 86400.0 > COALESCE(timeout_ms / 1000.0, ?4))
 	ORDER BY random() LIMIT 1)
@@ -228,17 +281,19 @@ func (b *Backend) CheckSettings(ctx context.Context, db *gorm.DB) error {
 
 // heartbeatBatchSQL renews many leases in one statement. The leases
 // travel as one JSON array of [target, token] pairs, so that the statement's
-// text is the same whatever their number.
+// text is the same whatever their number. It answers each lease renewed,
+// with the stop request (RequestStop) that applies to it, if any (see
+// backend.StopRequest).
 const heartbeatBatchSQL = `
 UPDATE job_lease AS l SET updated_at = ` + now + `
 FROM (SELECT json_extract(value, '$[0]') AS b_target, json_extract(value, '$[1]') AS b_token
       FROM json_each(?)) AS b
 WHERE l.target_id = b.b_target AND l.lease_token = b.b_token
   AND l.released_at IS NULL
-RETURNING target_id, lease_token`
+RETURNING target_id, lease_token, CASE WHEN stop_generation = generation THEN COALESCE(stop_reason, '') END`
 
 // HeartbeatBatch runs heartbeatBatchSQL.
-func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]bool, error) {
+func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []backend.Lease) (map[backend.Lease]backend.Ended, error) {
 	pairs := make([][2]string, len(leases))
 	for i, l := range leases {
 		pairs[i] = [2]string{l.TargetID, l.Token.String()}

@@ -1,0 +1,187 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/gormlease/gormlease"
+)
+
+// maxReason is the longest reason, in bytes, that an action takes: the
+// longest that Repository.Pause and RequestStop record (the columns hold
+// 255).
+const maxReason = 255
+
+// act is what an action is asked to do: on target, or with slot > 0 on
+// that slot of it (stop and release only), for reason.
+type act struct {
+	target, reason string
+	slot           int
+}
+
+// actions are what the console can do to a target, by name: each is a
+// POST to its name under the console's root.
+var actions = map[string]func(h *handler, ctx context.Context, a act) error{
+	"pause": func(h *handler, ctx context.Context, a act) error {
+		return h.repo.Pause(ctx, a.target, a.reason)
+	},
+	"resume": func(h *handler, ctx context.Context, a act) error {
+		return h.repo.Resume(ctx, a.target)
+	},
+	"stop": func(h *handler, ctx context.Context, a act) error {
+		if a.slot > 0 {
+			return h.repo.RequestStopSlot(ctx, a.target, a.slot, a.reason)
+		}
+		return h.repo.RequestStop(ctx, a.target, a.reason)
+	},
+	"release": func(h *handler, ctx context.Context, a act) error {
+		var err error
+		if a.slot > 0 {
+			_, err = h.repo.ForceReleaseSlot(ctx, a.target, a.slot)
+		} else {
+			_, err = h.repo.ForceRelease(ctx, a.target)
+		}
+		return err
+	},
+}
+
+// slotActions are the actions that take the form field slot.
+var slotActions = map[string]bool{"stop": true, "release": true}
+
+// isAction reports whether name is one of the console's actions.
+func isAction(name string) bool {
+	_, ok := actions[name]
+	return ok
+}
+
+// parseSlot reads the form field slot of the action name: 0 when it is
+// absent or empty, else a number from 1 to gormlease.MaxSlots, which only
+// stop and release take.
+func parseSlot(name, field string) (int, error) {
+	if field == "" {
+		return 0, nil
+	}
+	if !slotActions[name] {
+		return 0, fmt.Errorf("%s applies to the whole target and takes no slot: only stop and release take the form field slot", name)
+	}
+	slot, err := strconv.Atoi(field)
+	if err != nil || slot < 1 || slot > gormlease.MaxSlots {
+		return 0, fmt.Errorf("the form field slot must be a slot's number, from 1 to %d, got %q", gormlease.MaxSlots, field)
+	}
+	return slot, nil
+}
+
+// sameOrigin is the check of the request's origin: Go's, which reads
+// Sec-Fetch-Site, or else compares Origin with Host.
+var sameOrigin = http.NewCrossOriginProtection()
+
+// action runs the action name on the form's target (or, given the form
+// field slot, on that slot of it), when the request is a same-origin POST
+// that the authorizer allows; it answers 303 to the target's page when
+// done.
+func (h *handler) action(w http.ResponseWriter, r *http.Request, name string) {
+	log := h.logger.With("action", name, "remote", r.RemoteAddr)
+	refuse := func(status int, msg string) {
+		log.Warn("console: action refused", "status", status, "why", msg)
+		h.fail(w, r, status, msg)
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		refuse(http.StatusMethodNotAllowed, name+" is a POST, with the form fields target and reason (and, for stop and release, slot)")
+		return
+	}
+	if err := checkOrigin(r); err != nil {
+		refuse(http.StatusForbidden, err.Error())
+		return
+	}
+	if h.authorize == nil {
+		refuse(http.StatusForbidden, "this console is read-only: it was built without WithAuthorizer, so it takes no actions")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if err := r.ParseForm(); err != nil {
+		refuse(http.StatusBadRequest, "the form could not be read: "+err.Error())
+		return
+	}
+	target, reason := r.PostFormValue("target"), r.PostFormValue("reason")
+	log = log.With("target", target, "reason", reason)
+	slot, slotErr := parseSlot(name, r.PostFormValue("slot"))
+	if slot > 0 {
+		log = log.With("slot", slot)
+	}
+	switch {
+	case target == "":
+		refuse(http.StatusBadRequest, "give the target, in the form field target")
+		return
+	case slotErr != nil:
+		refuse(http.StatusBadRequest, slotErr.Error())
+		return
+	case len(reason) > maxReason || !utf8.ValidString(reason):
+		refuse(http.StatusBadRequest, fmt.Sprintf("the reason must be UTF-8 text of at most %d bytes", maxReason))
+		return
+	case reason == "" && name != "resume":
+		refuse(http.StatusBadRequest, "give a reason, in the form field reason: it is logged, and a pause records it in the row")
+		return
+	}
+	if err := h.authorize(r, name, target); err != nil {
+		refuse(http.StatusForbidden, "not allowed: "+err.Error())
+		return
+	}
+	ctx, cancel := dbContext(r)
+	defer cancel()
+	if err := actions[name](h, ctx, act{target: target, reason: reason, slot: slot}); err != nil {
+		status := actionStatus(err)
+		if status == http.StatusInternalServerError {
+			log.Error("console: action failed", "err", err)
+		} else {
+			log.Warn("console: action refused", "status", status, "err", err)
+		}
+		h.fail(w, r, status, fmt.Sprintf("%s %q: %v", name, target, err))
+		return
+	}
+	log.Info("console: action done")
+	done := url.Values{"id": {target}, "done": {name}}
+	if slot > 0 {
+		done.Set("slot", strconv.Itoa(slot))
+	}
+	seeOther(w, "target?"+done.Encode())
+}
+
+// checkOrigin returns an error unless r says, by its Sec-Fetch-Site or
+// Origin header, that it comes from the console's own origin. A request
+// with neither is refused too: a script that posts an action says where
+// it comes from with either header.
+func checkOrigin(r *http.Request) error {
+	if r.Header.Get("Sec-Fetch-Site") == "" && r.Header.Get("Origin") == "" {
+		return errors.New("cross-origin check: the request has neither a Sec-Fetch-Site nor an Origin header; " +
+			"a browser sends them, and a script must send one: Origin: the console's scheme://host, or Sec-Fetch-Site: same-origin")
+	}
+	if err := sameOrigin.Check(r); err != nil {
+		return fmt.Errorf("cross-origin check: refused (%v): actions are taken only from the console's own pages", err)
+	}
+	return nil
+}
+
+// actionStatus is the HTTP status for an action's error.
+func actionStatus(err error) int {
+	switch {
+	case errors.Is(err, gormlease.ErrInvalidArgument):
+		return http.StatusBadRequest
+	case errors.Is(err, gormlease.ErrNoLiveLease):
+		return http.StatusConflict
+	}
+	return http.StatusInternalServerError
+}
+
+// seeOther answers 303 See Other to location, a URL relative to the
+// console's root, as it is: http.Redirect would resolve it against the
+// request's path, from which http.StripPrefix took the prefix away.
+func seeOther(w http.ResponseWriter, location string) {
+	w.Header().Set("Location", location)
+	w.WriteHeader(http.StatusSeeOther)
+}

@@ -1,0 +1,217 @@
+package browsertest
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/console"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// TestMain runs the tests; goroutine leaks fail the run (see testdb.Main).
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// chromiumPath is Debian's Chromium, which .ci/run installs.
+const chromiumPath = "/usr/bin/chromium"
+
+// browser starts headless Chromium with a fresh profile, for tb, and
+// returns a context of a tab in it. It skips tb, loudly, when Chromium is
+// missing, or fails it under CI.
+func browser(tb testing.TB) context.Context {
+	tb.Helper()
+	path := chromiumPath
+	if _, err := os.Stat(path); err != nil {
+		found, lookErr := exec.LookPath("chromium")
+		if lookErr != nil {
+			msg := fmt.Sprintf("BROWSER TESTS NOT RUN: no Chromium at %s nor on PATH: apt-get install -y chromium", chromiumPath)
+			if os.Getenv("CI") != "" {
+				tb.Fatal(msg + " (CI is set, so this fails instead of skipping)")
+			}
+			tb.Skip(msg)
+		}
+		path = found
+	}
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(path),
+		chromedp.UserDataDir(tb.TempDir()),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.WindowSize(1400, 900),
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(allocCtx)
+	tb.Cleanup(func() {
+		cancelTab()
+		cancelAlloc() // waits for the browser to exit
+	})
+	// Start the browser now, on a context without a timeout (which would
+	// stop the browser), so that a failure to start says so.
+	if err := chromedp.Do(ctx); err != nil {
+		tb.Fatalf("start Chromium %s: %v", path, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	tb.Cleanup(cancel)
+	return ctx
+}
+
+// screenshot saves the page as name.png in the test's artifact directory
+// (kept with go test -artifacts), and logs where.
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)) // 100: a PNG
+	require.NoError(t, err)
+	path := filepath.Join(t.ArtifactDir(), name+".png")
+	require.NoError(t, os.WriteFile(path, png, 0o644))
+	t.Logf("screenshot: %s (%d bytes)", path, len(png))
+}
+
+// rows makes, under a prefix of its own, a live lease, an expired one, a
+// released one and a target with two slots of which one is held, and
+// a paused target, and returns the prefix.
+func rows(t *testing.T, s *testdb.Server, db *gorm.DB) (prefix string) {
+	t.Helper()
+	ctx := context.Background()
+	prefix = fmt.Sprintf("browser/%s/%d/", s.Name, time.Now().UnixNano())
+	repo, err := gormlease.NewRepository(db, gormlease.WithHolder("worker-7"))
+	require.NoError(t, err)
+	_, err = repo.Acquire(ctx, prefix+"report:user-42", time.Minute)
+	require.NoError(t, err)
+	_, err = repo.Acquire(ctx, prefix+"sync:crm", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, db.Table("job_lease").Where("target_id = ?", prefix+"sync:crm").Update("updated_at", s.Ago(50*time.Second)).Error)
+	_, err = repo.Acquire(ctx, prefix+"export:daily", 10*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, db.Table("job_lease").Where("target_id = ?", prefix+"export:daily").Update("updated_at", s.Ago(time.Hour)).Error)
+	l, err := repo.Acquire(ctx, prefix+"invoice:2026-11", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, repo.Release(ctx, l))
+	_, err = repo.AcquireSlot(ctx, prefix+"thumbnails", 3, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, repo.Pause(ctx, prefix+"backup:nightly", "storage migration until 14:00"))
+	return prefix
+}
+
+// In Chromium, the list shows the live, expired, released, paused and
+// slotted rows with their states; on a target's page, typing a reason and
+// clicking Pause pauses it, and a Run on it is then refused with
+// ErrPaused; clicking Release on another ends its lease; clicking a slot's
+// own Release on a semaphore's page ends that slot's lease.
+func TestBrowser_ListAndActOnEveryDatabase(t *testing.T) {
+	for _, s := range testdb.All(t) {
+		t.Run(s.Name, func(t *testing.T) {
+			db := s.DB(t)
+			prefix := rows(t, s, db)
+			h, err := console.New(db, console.WithAuthorizer(func(*http.Request, string, string) error { return nil }))
+			require.NoError(t, err)
+			mux := http.NewServeMux()
+			mux.Handle("/ops/leases/", http.StripPrefix("/ops/leases", h))
+			srv := httptest.NewServer(mux)
+			defer srv.Close()
+			ctx := browser(t)
+
+			require.NoError(t, chromedp.Do(ctx,
+				chromedp.Navigate(srv.URL+"/ops/leases/?prefix="+url.QueryEscape(prefix)),
+				chromedp.WaitVisible(chromedp.CSS("#leases")),
+			))
+			got, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
+				`Array.from(document.querySelectorAll('#leases tbody tr')).map(tr => tr.cells[0].innerText.trim() + ' ' + tr.cells[1].innerText.trim())`))
+			require.NoError(t, err)
+			for _, want := range []string{"backup:nightly released paused", "export:daily expired", "invoice:2026-11 released",
+				"report:user-42 live", "sync:crm live", "thumbnails live"} {
+				assert.Contains(t, got, prefix+want)
+			}
+			assert.Len(t, got, 8, "five rows and three slot rows")
+			text, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("#leases")))
+			require.NoError(t, err)
+			assert.Contains(t, text, "worker-7")
+			screenshot(t, ctx, "list")
+
+			assert.Equal(t, "pause: done.", act(t, ctx, "invoice%3a2026-11", "#actions", "#pause", "month end: hold the invoices"))
+			reason, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("#pause-reason")))
+			require.NoError(t, err)
+			assert.Equal(t, "month end: hold the invoices", strings.TrimSpace(reason))
+			screenshot(t, ctx, "target-paused")
+			runner, err := gormlease.NewRunner[int](db)
+			require.NoError(t, err)
+			ran := false
+			_, err = runner.Run(context.Background(), prefix+"invoice:2026-11", func(context.Context) (int, error) { ran = true; return 1, nil },
+				func(*gorm.DB, int) error { return nil })
+			require.ErrorIs(t, err, gormlease.ErrPaused)
+			assert.Contains(t, err.Error(), "month end: hold the invoices")
+			assert.False(t, ran, "the work ran on a paused target")
+
+			target := prefix + "report:user-42"
+			require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/ops/leases/?prefix="+url.QueryEscape(prefix))))
+			assert.Equal(t, "release: done.", act(t, ctx, "report%3auser-42", "#actions", "#release", "the worker's host is gone"))
+			screenshot(t, ctx, "target-released")
+			repo, err := gormlease.NewRepository(db)
+			require.NoError(t, err)
+			page, err := repo.List(context.Background(), gormlease.ListOptions{Prefix: target, Limit: 1})
+			require.NoError(t, err)
+			require.Len(t, page, 1)
+			assert.Equal(t, gormlease.StateReleased, page[0].State)
+
+			// One slot of a semaphore: its own form, on the target's page.
+			// (Held, or expired if this machine is slow: either is released.)
+			thumbs := prefix + "thumbnails"
+			held := func() []string {
+				page, err := repo.List(context.Background(), gormlease.ListOptions{Prefix: thumbs})
+				require.NoError(t, err)
+				var slots []string
+				for _, li := range page {
+					if li.Slot > 0 && li.State != gormlease.StateReleased {
+						slots = append(slots, fmt.Sprint(li.Slot))
+					}
+				}
+				return slots
+			}
+			slots := held()
+			require.Len(t, slots, 1, "the held slot")
+			slot := slots[0]
+			require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/ops/leases/?prefix="+url.QueryEscape(prefix))))
+			assert.Equal(t, "release slot "+slot+": done.",
+				act(t, ctx, "thumbnails", "#slot-"+slot, "#release-slot-"+slot, "the slot's worker is gone"))
+			screenshot(t, ctx, "target-slot-released")
+			assert.Empty(t, held(), "a slot still held")
+		})
+	}
+}
+
+// act follows the list's link whose href contains link to the target's
+// page, types reason in the form that form selects and clicks button, and
+// returns the notice of the page that the action answers with.
+func act(t *testing.T, ctx context.Context, link, form, button, reason string) string {
+	t.Helper()
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS(`a[href*="`+link+`"]`)),
+		chromedp.WaitVisible(chromedp.CSS(form)),
+		chromedp.SendKeys(chromedp.CSS(form+` input[name=reason]`), reason),
+		chromedp.Click(chromedp.CSS(button)),
+		chromedp.WaitVisible(chromedp.CSS("#done")),
+	))
+	done, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("#done")))
+	require.NoError(t, err)
+	return strings.TrimSpace(done)
+}

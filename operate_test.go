@@ -1,0 +1,449 @@
+package gormlease_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// runNothing is work that fails the test if it ever runs.
+func runNothing(t *testing.T) func(context.Context) (string, error) {
+	return func(context.Context) (string, error) {
+		t.Errorf("work ran on a paused target")
+		return "", nil
+	}
+}
+
+// A paused target refuses Run at once with ErrPaused, which also matches
+// ErrLeaseHeld and names the target and the reason, and the refused
+// acquire writes nothing: the row is the same before and after. Resume
+// lets the next Run take it.
+func TestPause_RefusesRunAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx := context.Background()
+		r := newRunner(t, db)
+		repo := r.Repository()
+		for _, ran := range []bool{false, true} { // a target never acquired, and one acquired before
+			target := newTarget(t)
+			if ran {
+				_, err := r.Run(ctx, target, func(context.Context) (string, error) { return "x", nil }, func(*gorm.DB, string) error { return nil })
+				require.NoError(t, err)
+			}
+			require.NoError(t, repo.Pause(ctx, target, "deploy in progress"))
+			before := leaseRow(t, db, target)
+			require.NotNil(t, before.PausedAt)
+			require.NotNil(t, before.PauseReason)
+			assert.Equal(t, "deploy in progress", *before.PauseReason)
+
+			_, err := r.Run(ctx, target, runNothing(t), noSave(t))
+			require.ErrorIs(t, err, gormlease.ErrPaused)
+			require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
+			assert.NotErrorIs(t, err, gormlease.ErrLeaseLost)
+			var pe *gormlease.PausedError
+			require.ErrorAs(t, err, &pe)
+			assert.Equal(t, target, pe.Target)
+			assert.Contains(t, err.Error(), target)
+			assert.Contains(t, err.Error(), "deploy in progress")
+			_, err = repo.Acquire(ctx, target, time.Minute)
+			require.ErrorIs(t, err, gormlease.ErrPaused)
+			after := leaseRow(t, db, target)
+			assert.Equal(t, before.Generation, after.Generation, "a refused acquire wrote the row")
+			assert.Equal(t, before.LeaseToken, after.LeaseToken, "a refused acquire wrote the row")
+			assert.True(t, before.UpdatedAt.Equal(after.UpdatedAt), "a refused acquire wrote the row")
+
+			require.NoError(t, repo.Pause(ctx, target, "still deploying"))
+			again := leaseRow(t, db, target)
+			assert.Equal(t, "still deploying", *again.PauseReason, "pausing again updates the reason")
+			assert.True(t, before.PausedAt.Equal(*again.PausedAt), "pausing again keeps the time of the pause")
+
+			require.NoError(t, repo.Resume(ctx, target))
+			got, err := r.Run(ctx, target, func(context.Context) (string, error) { return "ran", nil }, func(*gorm.DB, string) error { return nil })
+			require.NoError(t, err)
+			assert.Equal(t, "ran", got)
+			row := leaseRow(t, db, target)
+			assert.Nil(t, row.PausedAt)
+			assert.Equal(t, before.Generation+1, row.Generation)
+		}
+	})
+}
+
+// List shows a paused target as paused, with the reason.
+func TestPause_ListShowsIt(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx := context.Background()
+		repo := newRepository(t, db)
+		target := newTarget(t)
+		require.NoError(t, repo.Pause(ctx, target, "maintenance"))
+		page, err := repo.List(ctx, gormlease.ListOptions{Prefix: target})
+		require.NoError(t, err)
+		require.Len(t, page, 1)
+		assert.True(t, page[0].Paused)
+		assert.Equal(t, "maintenance", page[0].PauseReason)
+		assert.Equal(t, gormlease.StateReleased, page[0].State)
+		require.NoError(t, repo.Resume(ctx, target))
+		page, err = repo.List(ctx, gormlease.ListOptions{Prefix: target})
+		require.NoError(t, err)
+		require.Len(t, page, 1)
+		assert.False(t, page[0].Paused)
+		assert.Empty(t, page[0].PauseReason)
+	})
+}
+
+// RunWait and Do wait while their target is paused, and run the work once
+// it is resumed.
+func TestPause_RunWaitAndDoWaitForResume(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		r := newRunner(t, db, fast(100*time.Millisecond, time.Second)...)
+		waitTarget, doTarget := newTarget(t), newTarget(t)
+		repo := r.Repository()
+		require.NoError(t, repo.Pause(ctx, waitTarget, "hold on"))
+		require.NoError(t, repo.Pause(ctx, doTarget, "hold on"))
+		resumed := make(chan struct{})
+		work := func(context.Context) (string, error) {
+			select {
+			case <-resumed:
+				return "ran", nil
+			default:
+				t.Errorf("work ran before Resume")
+				return "", nil
+			}
+		}
+		save := func(*gorm.DB, string) error { return nil }
+		waitDone, doDone := make(chan error, 1), make(chan error, 1)
+		go func() { _, err := r.RunWait(ctx, waitTarget, work, save); waitDone <- err }()
+		go func() {
+			_, _, err := r.Do(ctx, doTarget, work, save, func(*gorm.DB) (string, error) { return "loaded", nil })
+			doDone <- err
+		}()
+		select {
+		case err := <-waitDone:
+			t.Fatalf("RunWait returned while paused: %v", err)
+		case err := <-doDone:
+			t.Fatalf("Do returned while paused: %v", err)
+		case <-time.After(500 * time.Millisecond): // several polls, none of which may run the work
+		}
+		close(resumed)
+		require.NoError(t, repo.Resume(ctx, waitTarget))
+		require.NoError(t, repo.Resume(ctx, doTarget))
+		require.NoError(t, recv(t, waitDone, 10*time.Second, "RunWait"))
+		require.NoError(t, recv(t, doDone, 10*time.Second, "Do"))
+	})
+}
+
+// A RunWait whose context ends while the target is paused returns an
+// error wrapping ErrPaused and the context's error.
+func TestPause_RunWaitStopsWaitingWithErrPaused(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		r := newRunner(t, db, fast(100*time.Millisecond, time.Second)...)
+		target := newTarget(t)
+		require.NoError(t, r.Repository().Pause(context.Background(), target, "frozen"))
+		ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+		defer cancel()
+		_, err := r.RunWait(ctx, target, runNothing(t), noSave(t))
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorIs(t, err, gormlease.ErrPaused)
+		assert.Contains(t, err.Error(), "frozen")
+	})
+}
+
+// RequestStop stops a Run within about a heartbeat interval: its work's
+// context is cancelled with a cause wrapping ErrStopRequested, not
+// ErrLeaseLost; nothing is saved; Run returns the error with the reason;
+// and the lease is released, at once, so that the next Run takes it.
+func TestRequestStop_StopsRunWithoutSaving(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx := context.Background()
+		const interval = 100 * time.Millisecond
+		r := newRunner(t, db, fast(interval, 10*time.Second)...)
+		repo := r.Repository()
+		target := newTarget(t)
+		started := make(chan struct{})
+		var cause error
+		var stoppedAt time.Time
+		var requested time.Time
+		go func() {
+			<-started
+			requested = time.Now()
+			assert.NoError(t, repo.RequestStop(ctx, target, "drain"))
+		}()
+		_, err := r.Run(ctx, target, func(work context.Context) (string, error) {
+			close(started)
+			<-work.Done()
+			stoppedAt = time.Now()
+			cause = context.Cause(work)
+			return "result", nil
+		}, noSave(t))
+		require.ErrorIs(t, err, gormlease.ErrStopRequested)
+		assert.NotErrorIs(t, err, gormlease.ErrLeaseLost)
+		assert.Contains(t, err.Error(), "drain")
+		require.ErrorIs(t, cause, gormlease.ErrStopRequested)
+		assert.NotErrorIs(t, cause, gormlease.ErrLeaseLost)
+		// Within an interval of the request, and a margin for a loaded
+		// machine: the request rides on the next heartbeat.
+		assert.Less(t, stoppedAt.Sub(requested), interval+2*time.Second)
+		row := leaseRow(t, db, target)
+		require.NotNil(t, row.ReleasedAt, "the lease was not released")
+		assert.Nil(t, row.SavedGeneration, "something was saved")
+
+		// The request applied to that lease only: the next one runs to its end.
+		got, err := r.Run(ctx, target, func(context.Context) (string, error) { return "next", nil },
+			func(*gorm.DB, string) error { return nil })
+		require.NoError(t, err)
+		assert.Equal(t, "next", got)
+	})
+}
+
+// A stop request applies to the lease live when it was made, never to a
+// later one: once that lease has ended, the next holder's heartbeats do
+// not stop it.
+func TestRequestStop_DoesNotHitALaterLease(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx := context.Background()
+		const interval = 50 * time.Millisecond
+		r := newRunner(t, db, fast(interval, 10*time.Second)...)
+		repo := r.Repository()
+		target, l := acquireNew(t, repo, time.Minute)
+		require.NoError(t, repo.RequestStop(ctx, target, "old"))
+		require.NoError(t, repo.Release(ctx, l))
+		page, err := repo.List(ctx, gormlease.ListOptions{Prefix: target})
+		require.NoError(t, err)
+		require.Len(t, page, 1)
+		assert.False(t, page[0].StopRequested, "a released lease shows a pending stop")
+
+		beats := 0
+		_, err = r.Run(ctx, target, func(work context.Context) (string, error) {
+			// Several heartbeats, each of which would find a request that
+			// applied to this lease.
+			for beats = 0; beats < 5; beats++ {
+				before := leaseRow(t, db, target).UpdatedAt
+				waitFor(t, 10*time.Second, "a heartbeat", func() bool {
+					return work.Err() != nil || leaseRow(t, db, target).UpdatedAt.After(before)
+				})
+				if work.Err() != nil {
+					return "", context.Cause(work)
+				}
+			}
+			return "done", nil
+		}, func(*gorm.DB, string) error { return nil })
+		require.NoError(t, err)
+		assert.Equal(t, 5, beats)
+	})
+}
+
+// A request made again, with the same reason, while the lease is still
+// held is no error: the lease is held, and the request stands (MySQL counts
+// the rows a statement changed, and this one changes none).
+func TestRequestStop_AgainWhileHeld(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx := context.Background()
+		repo := newRepository(t, db)
+		target, l := acquireNew(t, repo, time.Minute)
+		require.NoError(t, repo.RequestStop(ctx, target, "drain"))
+		require.NoError(t, repo.RequestStop(ctx, target, "drain"), "asked again")
+		row := leaseRow(t, db, target)
+		require.NotNil(t, row.StopGeneration)
+		assert.Equal(t, l.Generation, *row.StopGeneration)
+	})
+}
+
+// With no live lease, RequestStop returns ErrNoLiveLease, as ForceRelease
+// does, and writes nothing.
+func TestRequestStop_NoLiveLease(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx := context.Background()
+		repo := newRepository(t, db)
+		require.ErrorIs(t, repo.RequestStop(ctx, newTarget(t), "x"), gormlease.ErrNoLiveLease, "never acquired")
+		target, l := acquireNew(t, repo, time.Minute)
+		require.NoError(t, repo.Release(ctx, l))
+		require.ErrorIs(t, repo.RequestStop(ctx, target, "x"), gormlease.ErrNoLiveLease, "released")
+		assert.Nil(t, leaseRow(t, db, target).StopGeneration)
+	})
+}
+
+// Prune never deletes a paused target's row, however long ago it was
+// released; ForceRelease ends a live lease but leaves the pause in place.
+func TestPause_SurvivesPruneAndForceRelease(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		ctx := context.Background()
+		db := emptyDB(t, s)
+		repo := newRepository(t, db)
+		l, err := repo.Acquire(ctx, "paused", time.Minute)
+		require.NoError(t, err)
+		require.NoError(t, repo.Pause(ctx, "paused", "keep"))
+		_, err = repo.ForceRelease(ctx, "paused")
+		require.NoError(t, err)
+		assert.NotNil(t, leaseRow(t, db, "paused").PausedAt, "ForceRelease resumed the target")
+		_, err = repo.Acquire(ctx, "paused", time.Minute)
+		require.ErrorIs(t, err, gormlease.ErrPaused)
+		ageRelease(t, s, db, "paused", 2*time.Hour)
+		_, err = repo.Acquire(ctx, "unpaused", time.Minute)
+		require.NoError(t, err)
+		age(t, s, db, "unpaused", 2*time.Hour)
+
+		deleted, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour})
+		require.NoError(t, err)
+		assert.EqualValues(t, 1, deleted, "only the row that is not paused")
+		row := leaseRow(t, db, "paused")
+		assert.NotNil(t, row.PausedAt)
+		assert.Equal(t, l.Generation+1, row.Generation)
+	})
+}
+
+// With WithSlots, pausing the target pauses every slot, those that exist
+// and those made later; RequestStop on the target stops every slot's
+// holder, and RequestStopSlot one.
+func TestPause_Slots(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx := context.Background()
+		r := newRunner(t, db, append(fast(50*time.Millisecond, 10*time.Second), gormlease.WithSlots(2))...)
+		repo := r.Repository()
+		save := func(*gorm.DB, string) error { return nil }
+		ok := func(context.Context) (string, error) { return "ok", nil }
+
+		fresh := newTarget(t) // paused before its slot rows exist
+		require.NoError(t, repo.Pause(ctx, fresh, "no slots yet"))
+		_, err := r.Run(ctx, fresh, runNothing(t), noSave(t))
+		require.ErrorIs(t, err, gormlease.ErrPaused)
+		assert.Contains(t, err.Error(), "no slots yet")
+
+		target := newTarget(t) // paused after
+		_, err = r.Run(ctx, target, ok, save)
+		require.NoError(t, err)
+		require.NoError(t, repo.Pause(ctx, target, "slots"))
+		_, err = r.Run(ctx, target, runNothing(t), noSave(t))
+		require.ErrorIs(t, err, gormlease.ErrPaused)
+		require.NoError(t, repo.Resume(ctx, target))
+		require.NoError(t, repo.Resume(ctx, fresh))
+		_, err = r.Run(ctx, fresh, ok, save)
+		require.NoError(t, err)
+
+		// Two holders, one per slot: RequestStop on the target stops both.
+		started := make(chan struct{}, 2)
+		work := func(w context.Context) (string, error) {
+			started <- struct{}{}
+			<-w.Done()
+			return "", context.Cause(w)
+		}
+		first, second := goRun(t, ctx, r, target, work, noSave(t)), goRun(t, ctx, r, target, work, noSave(t))
+		recv(t, started, 10*time.Second, "the first holder")
+		recv(t, started, 10*time.Second, "the second holder")
+		require.NoError(t, repo.RequestStop(ctx, target, "all slots"))
+		require.ErrorIs(t, recv(t, first, 10*time.Second, "the first Run").err, gormlease.ErrStopRequested)
+		require.ErrorIs(t, recv(t, second, 10*time.Second, "the second Run").err, gormlease.ErrStopRequested)
+
+		// RequestStopSlot stops one slot's holder only.
+		one := goRun(t, ctx, r, target, work, noSave(t))
+		recv(t, started, 10*time.Second, "a holder")
+		l := recvLease(t, repo, target)
+		require.ErrorIs(t, repo.RequestStopSlot(ctx, target, 3-l, "other slot"), gormlease.ErrNoLiveLease)
+		require.NoError(t, repo.RequestStopSlot(ctx, target, l, "this slot"))
+		require.ErrorIs(t, recv(t, one, 10*time.Second, "the Run").err, gormlease.ErrStopRequested)
+	})
+}
+
+// recvLease returns the slot of target whose lease is live.
+func recvLease(t *testing.T, repo *gormlease.Repository, target string) int {
+	t.Helper()
+	page, err := repo.List(context.Background(), gormlease.ListOptions{Prefix: target, State: gormlease.StateLive})
+	require.NoError(t, err)
+	require.Len(t, page, 1)
+	return page[0].Slot
+}
+
+// When an operator stops a job that callers of Do wait for, in this
+// process and in another (a Runner of its own), they do not get a
+// SharedJobError: one of them takes over and runs the work.
+func TestRequestStop_DoWaitersTakeOver(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		holder := newRunner(t, db, fast(50*time.Millisecond, 10*time.Second)...)
+		other := newRunner(t, db, fast(50*time.Millisecond, 10*time.Second)...)
+		target := newTarget(t)
+		save := func(*gorm.DB, string) error { return nil }
+		load := func(*gorm.DB) (string, error) { return "loaded", nil }
+		started := make(chan struct{})
+		stopped := func(w context.Context) (string, error) {
+			close(started)
+			<-w.Done()
+			return "", context.Cause(w)
+		}
+		type out struct {
+			v   string
+			err error
+		}
+		first, local, remote := make(chan out, 1), make(chan out, 1), make(chan out, 1)
+		go func() { v, _, err := holder.Do(ctx, target, stopped, save, load); first <- out{v, err} }()
+		recv(t, started, 10*time.Second, "the job")
+		takeOver := func(context.Context) (string, error) { return "taken over", nil }
+		go func() { v, _, err := holder.Do(ctx, target, takeOver, save, load); local <- out{v, err} }()
+		go func() { v, _, err := other.Do(ctx, target, takeOver, save, load); remote <- out{v, err} }()
+		// Whether they wait for the job, or come after it ended, neither
+		// may share its failure.
+		require.NoError(t, holder.Repository().RequestStop(ctx, target, "redo"))
+		require.ErrorIs(t, recv(t, first, 10*time.Second, "the stopped Do").err, gormlease.ErrStopRequested)
+		for _, ch := range []chan out{local, remote} {
+			o := recv(t, ch, 10*time.Second, "a waiting Do")
+			require.NoError(t, o.err)
+			assert.Contains(t, []string{"taken over", "loaded"}, o.v)
+		}
+	})
+}
+
+// An Elector's term ends when an operator asks the leader to stop: Lead
+// returns an error wrapping ErrStopRequested, and a standby leads. While
+// the role is paused, no Elector leads; Resume lets one lead.
+func TestRequestStop_ElectorTermEnds(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		role := newTarget(t)
+		a, b := newElector(t, db, role), newElector(t, db, role)
+		leading := make(chan string, 2)
+		lead := func(name string) func(context.Context) error {
+			return func(term context.Context) error {
+				leading <- name
+				<-term.Done()
+				return context.Cause(term)
+			}
+		}
+		aDone := goLead(t, ctx, a, lead("a"))
+		require.Equal(t, "a", recv(t, leading, 10*time.Second, "a leads"))
+		require.NoError(t, a.Repository().Pause(ctx, role, "no leader"))
+		bDone := goLead(t, ctx, b, lead("b"))
+		require.NoError(t, a.Repository().RequestStop(ctx, role, "step down"))
+		err := recv(t, aDone, 10*time.Second, "a's Lead")
+		require.ErrorIs(t, err, gormlease.ErrStopRequested)
+		assert.NotErrorIs(t, err, gormlease.ErrLeaseLost)
+		select {
+		case name := <-leading:
+			t.Fatalf("%s leads a paused role", name)
+		case err := <-bDone:
+			t.Fatalf("b's Lead returned while paused: %v", err)
+		case <-time.After(500 * time.Millisecond): // several polls of b's
+		}
+		require.NoError(t, a.Repository().Resume(ctx, role))
+		require.Equal(t, "b", recv(t, leading, 10*time.Second, "b leads"))
+	})
+}
