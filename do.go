@@ -75,7 +75,8 @@ const endedWithoutSaving = "ended without saving a result"
 //     ErrSharedJobFailed, and does not run the work itself.
 //   - When the holder dies or freezes and its lease expires, one of the
 //     waiting callers takes the target over and runs the work; the others
-//     wait for its result.
+//     wait for its result. A holder that was only late, and saves before
+//     the takeover, is not overtaken: the waiters load what it saved.
 //   - With WithReuseFor(d), a result saved less than d ago is returned at
 //     once, through load, as shared.
 //   - While the target is paused (Repository.Pause), Do waits, holding no
@@ -214,7 +215,11 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			}
 			tried = time.Now()
 			held.Store(nil)
-			v, err := r.run(ctx, targetID, work, save, st.Generation)
+			// A lease seen expired is taken over only while it is still
+			// unreleased: its holder may yet save, and then this call loads
+			// that result rather than make it again.
+			expired := st.Found && !st.Released
+			v, err := r.run(ctx, targetID, work, save, takeover{generation: st.Generation, expired: expired})
 			if !errors.Is(err, ErrLeaseHeld) {
 				return v, true, err
 			}
@@ -225,13 +230,22 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 				// Paused since the row was read: wait for the Resume.
 				held.Store(&refusal{p})
 			case errors.As(err, &h):
+				// A live lease refused it: wait for its end, whether it is
+				// a later generation or the one seen expired, renewed by a
+				// late heartbeat.
 				held.Store(&refusal{h})
-				fallthrough
-			default:
+				waitFor = h.Generation
+			case !expired:
 				// Another caller took the target first, with the next
 				// generation (or a later one): wait for the end of that
 				// one, as read after the refusal.
 				waitFor = st.Generation + 1
+			default:
+				// The expired lease ended since the row was read: its holder
+				// saved, or failed, or another caller took it over. Its end
+				// is what this call waits for; a later generation, read
+				// live, is waited for in its turn.
+				waitFor = st.Generation
 			}
 			refused = true
 		}

@@ -424,3 +424,65 @@ func TestDo_PostgresWaiterWokenByNotification(t *testing.T) {
 	assert.Equal(t, "report", res.value)
 	t.Logf("woken %v after the holder returned", time.Since(committed))
 }
+
+// A Do that finds the lease expired, and tries to take it over while its
+// holder, late but still the holder, saves, loads what the holder saved
+// once the save commits: it neither runs the work again nor saves a
+// second result under a generation of its own.
+func TestDo_LoadsWhatAnExpiredHolderSavedDuringTheTakeover(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		// A short lease timeout, so that the lease soon looks expired while
+		// the holder's saver runs.
+		const timeout = 300 * time.Millisecond
+		holder := newRunner(t, db, fast(100*time.Millisecond, timeout)...)
+		waiterDB := s.Open(t, nil)
+		waiter := newRunner(t, waiterDB, fast(100*time.Millisecond, timeout)...)
+		target := newTarget(t)
+		type outcome struct {
+			v      string
+			shared bool
+			err    error
+		}
+		done := make(chan outcome, 1)
+		var generation int64
+		_, err := holder.Run(context.Background(), target, func(ctx context.Context) (string, error) {
+			l, _ := gormlease.LeaseFromContext(ctx)
+			generation = l.Generation
+			return "the holder's", nil
+		}, func(tx *gorm.DB, result string) error {
+			waitLooksExpired(t, s, waiterDB, target, timeout)
+			go func() {
+				v, shared, err := waiter.Do(context.Background(), target, func(context.Context) (string, error) {
+					return "the waiter's", nil
+				}, gormlease.SaveJSON[string], loadJSON(target))
+				done <- outcome{v, shared, err}
+			}()
+			waitDoTakeoverBlocked(t, s, waiterDB)
+			return gormlease.SaveJSON(tx, result)
+		})
+		require.NoError(t, err)
+		o := recv(t, done, 10*time.Second, "the Do")
+		require.NoError(t, o.err)
+		assert.Equal(t, "the holder's", o.v, "the Do ran the work again")
+		assert.True(t, o.shared)
+		row := leaseRow(t, db, target)
+		assert.Equal(t, generation, row.Generation, "the Do took a generation of its own")
+		assert.NotNil(t, row.ReleasedAt)
+	})
+}
+
+// waitDoTakeoverBlocked waits until the takeover of a Do on waiterDB, from
+// the generation it saw expire, waits for the lock that a fenced commit
+// holds.
+func waitDoTakeoverBlocked(t *testing.T, s *testdb.Server, waiterDB *gorm.DB) {
+	t.Helper()
+	switch s.Name {
+	case "postgres":
+		waitLockWait(t, s, "the takeover", "%UPDATE job_lease AS l SET%lease_token%")
+	case "mysql":
+		waitLockWait(t, s, "the takeover", "%UPDATE job_lease SET%lease_token%")
+	default:
+		waitTakeoverBlocked(t, s, waiterDB)
+	}
+}

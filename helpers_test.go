@@ -100,6 +100,18 @@ func age(t *testing.T, s *testdb.Server, db *gorm.DB, target string, d time.Dura
 	require.EqualValues(t, 1, res.RowsAffected)
 }
 
+// waitLooksExpired waits until target's last heartbeat, as committed, is
+// older than timeout on the database's clock.
+func waitLooksExpired(t *testing.T, s *testdb.Server, db *gorm.DB, target string, timeout time.Duration) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the lease to look expired", func() bool {
+		var n int64
+		require.NoError(t, db.Model(&gormlease.JobLease{}).
+			Where("target_id = ? AND updated_at < ?", target, s.Ago(timeout+50*time.Millisecond)).Count(&n).Error)
+		return n == 1
+	})
+}
+
 // waitFor polls cond until it holds, failing t after timeout.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()

@@ -190,7 +190,7 @@ const acquireBound = DefaultOperationTimeout
 func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.Duration, from int64) (Lease, error) {
 	ctx, cancel := context.WithTimeout(ctx, acquireBound)
 	defer cancel()
-	l, _, err := r.acquireEach(ctx, targetID, timeout, from, 0)
+	l, _, err := r.acquireEach(ctx, targetID, timeout, takeover{generation: from}, 0)
 	return l, err
 }
 
@@ -198,7 +198,7 @@ func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.
 // ctx (0: by ctx alone), and no bound of its own (see tryAcquire). With the
 // lease it returns when the statement that took it was sent, from which
 // its holder counts its trust.
-func (r *Repository) acquireEach(ctx context.Context, targetID string, timeout time.Duration, from int64,
+func (r *Repository) acquireEach(ctx context.Context, targetID string, timeout time.Duration, from takeover,
 	attempt time.Duration,
 ) (Lease, time.Time, error) {
 	if err := checkTargetID(targetID); err != nil {
@@ -320,7 +320,7 @@ func adopted(row backend.Row, unanswered []sentAcquire) (sentAcquire, bool) {
 // acquireOnce is one attempt of acquire, under a token of its own, which it
 // reports with whether its statement failed because the database could not
 // be reached.
-func (r *Repository) acquireOnce(ctx context.Context, targetID string, timeout time.Duration, from int64) (Lease, sentAcquire, error) {
+func (r *Repository) acquireOnce(ctx context.Context, targetID string, timeout time.Duration, from takeover) (Lease, sentAcquire, error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
 		return Lease{}, sentAcquire{}, wrapf(err, "acquire %q: mint token", targetID)
@@ -330,7 +330,8 @@ func (r *Repository) acquireOnce(ctx context.Context, targetID string, timeout t
 	err = r.retry(ctx, func(ctx context.Context) (err error) {
 		a.sent = time.Now()
 		got, err = r.backend.Acquire(ctx, r.db, backend.AcquireArgs{
-			TargetID: targetID, Token: token, Holder: r.holder, Timeout: timeout, From: from,
+			TargetID: targetID, Token: token, Holder: r.holder, Timeout: timeout,
+			From: from.generation, FromExpired: from.expired,
 		})
 		return err
 	})

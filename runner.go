@@ -150,14 +150,22 @@ func (r *Runner[T]) Run(ctx context.Context, targetID string,
 	return r.run(ctx, targetID, work, save, anyGeneration)
 }
 
-// anyGeneration is run's from when any generation may be taken over.
-const anyGeneration = -1
+// takeover is the generation that an acquire may take over: any
+// (anyGeneration), or only generation (0: only when the target has no row;
+// see Repository.AcquireFrom), and, with expired, only while that
+// generation is unreleased.
+type takeover struct {
+	generation int64
+	expired    bool
+}
 
-// run is Run, taking the target over only from generation from (see
-// Repository.AcquireFrom) unless it is anyGeneration, and with its
+// anyGeneration is run's from when any generation may be taken over.
+var anyGeneration = takeover{generation: backend.AnyGeneration}
+
+// run is Run, taking the target over only as from allows, and with its
 // arguments checked.
 func (r *Runner[T]) run(ctx context.Context, targetID string,
-	work func(ctx context.Context) (T, error), save func(tx *gorm.DB, result T) error, from int64,
+	work func(ctx context.Context) (T, error), save func(tx *gorm.DB, result T) error, from takeover,
 ) (_ T, err error) {
 	var zero T
 	m := &r.mon

@@ -282,12 +282,7 @@ func TestRun_TakeoverWaitsForFencedCommit(t *testing.T) {
 			close(inSaver)
 			// The heartbeats have stopped: wait until the last one, as
 			// committed, is older than the lease timeout.
-			waitFor(t, 10*time.Second, "the lease to look expired", func() bool {
-				var n int64
-				require.NoError(t, takeoverDB.Model(&gormlease.JobLease{}).
-					Where("target_id = ? AND updated_at < ?", target, s.Ago(timeout+50*time.Millisecond)).Count(&n).Error)
-				return n == 1
-			})
+			waitLooksExpired(t, s, takeoverDB, target, timeout)
 			go func() {
 				_, err := other.Acquire(context.Background(), target, time.Microsecond)
 				takeoverDone <- err

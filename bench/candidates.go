@@ -50,10 +50,16 @@ WHERE (l.released_at IS NOT NULL
   AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
 RETURNING l.generation`
 
+// rawTakeOver is this version's takeover alone: the UPDATE of
+// rawAcquireSQL's CTE.
+var rawTakeOver = between(rawAcquireSQL, "took AS (\n", "\n), ins AS (")
+
 // pairTakeOver and pairInsert are the acquire of the version before this
 // one (cf335ea): the UPDATE, then, only when it took nothing, the INSERT,
-// which answers the lease that refused it.
-var pairTakeOver = between(rawAcquireSQL, "took AS (\n", "\n), ins AS (")
+// which answers the lease that refused it. The UPDATE is rawTakeOver
+// without the later FromExpired predicate.
+var pairTakeOver = cut(rawTakeOver,
+	"(l.generation = $5 AND (NOT CAST($7 AS boolean) OR l.released_at IS NULL))", "l.generation = $5")
 
 const (
 	pairInsert = `
@@ -75,6 +81,14 @@ SELECT (SELECT generation FROM ins), cur.holder, cur.generation, COALESCE(cur.un
 	CAST(EXTRACT(EPOCH FROM cur.age) AS double precision), cur.micros
 FROM (VALUES (1)) AS one (x) LEFT JOIN cur ON true`
 )
+
+// cut returns s with its first old replaced by new.
+func cut(s, old, new string) string {
+	if !strings.Contains(s, old) {
+		panic("candidate: no " + old)
+	}
+	return strings.Replace(s, old, new, 1)
+}
 
 // between returns the part of s between the first from and the next to.
 func between(s, from, to string) string {
@@ -166,12 +180,6 @@ type candidate struct {
 
 // candidates are the statements measured apart.
 func candidates() []candidate {
-	cut := func(s, old, new string) string {
-		if !strings.Contains(s, old) {
-			panic("candidate: no " + old)
-		}
-		return strings.Replace(s, old, new, 1)
-	}
 	noNotify := cut(committedRelease, ` RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'T ' || target_id) END`, "")
 	plainT := strings.NewReplacer("plain_lease", "T")
 	wideAcquire := `INSERT INTO T (target_id, lease_token, generation, updated_at) VALUES ($1, $2, 1, now())

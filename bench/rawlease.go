@@ -36,7 +36,7 @@ UPDATE raw_lease AS l SET
 WHERE l.target_id = CAST($1 AS varchar)
   AND (paused_at IS NULL AND (released_at IS NOT NULL
     OR updated_at < clock_timestamp() - COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) * interval '1 microsecond'))
-  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
+  AND (CAST($5 AS bigint) < 0 OR (l.generation = $5 AND (NOT CAST($7 AS boolean) OR l.released_at IS NULL)))
 RETURNING l.generation
 ), ins AS (
 	INSERT INTO raw_lease (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
@@ -104,7 +104,7 @@ func newRawLease(ctx context.Context, dsn string, conns int) (*impl, error) {
 // is the generation it took first, NULL when it took nothing.
 func rawAcquire(ctx context.Context, pool *pgxpool.Pool, acquire, target string, token uuid.UUID) (bool, error) {
 	micros, millis := leaseTimeout.Microseconds(), leaseTimeout.Milliseconds()
-	return answered(pool.Query(ctx, acquire, target, token, "bench", micros, -1, millis))
+	return answered(pool.Query(ctx, acquire, target, token, "bench", micros, -1, millis, false))
 }
 
 // answered reports whether the acquire whose answer rows holds took the
@@ -155,7 +155,7 @@ func (s *rawSeen) acquire(ctx context.Context, pool *pgxpool.Pool, target string
 	held, seen := s.held.Load(target)
 	if seen && !held.(bool) {
 		var gen int64
-		err := pool.QueryRow(ctx, pairTakeOver, target, token, "bench", micros, -1, millis).Scan(&gen)
+		err := pool.QueryRow(ctx, rawTakeOver, target, token, "bench", micros, -1, millis, false).Scan(&gen)
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return err == nil, err
 		}
@@ -169,7 +169,7 @@ func (s *rawSeen) acquire(ctx context.Context, pool *pgxpool.Pool, target string
 		var holder, reason *string
 		var live, paused bool
 		var age *float64
-		if err := pool.QueryRow(ctx, query, target, token, "bench", micros, -1, millis).Scan(&taken, &holder, &gen, &live, &age, &us, &paused, &reason); err != nil {
+		if err := pool.QueryRow(ctx, query, target, token, "bench", micros, -1, millis, false).Scan(&taken, &holder, &gen, &live, &age, &us, &paused, &reason); err != nil {
 			return false, err
 		}
 		if taken != nil || gen != nil {

@@ -257,6 +257,11 @@ type AcquireArgs struct {
 	// caller that waited for a generation to end takes over from that one
 	// only, never from one that began and ended since it looked.
 	From int64
+	// FromExpired, with From above 0, takes the row over only while From
+	// is still unreleased: the caller saw that lease expire, and must not
+	// take over once its holder has ended it since (with a save, which the
+	// caller would rather load than make again).
+	FromExpired bool
 }
 
 // Acquired is the outcome of an Acquire.

@@ -204,10 +204,10 @@ func CheckTimes(ctx context.Context, db *gorm.DB) error {
 // refuses, the WHERE puts the row's generation, times four, plus one when
 // the row is live and two when it is paused, in the insert ID instead,
 // writing nothing: a refusal says whether there is a row, a live one or a
-// paused one, without another statement. Its arguments are the token, the holder, the timeout in
-// milliseconds, the target, the timeout in microseconds, the generation to
-// take over from (see backend.AcquireArgs) twice, and the timeout in
-// microseconds again.
+// paused one, without another statement. Its arguments are the token,
+// the holder, the timeout in milliseconds, the target, the timeout in
+// microseconds, the generation to take over from (see backend.AcquireArgs)
+// twice, FromExpired (1 or 0), and the timeout in microseconds again.
 const takeOverSQL = `UPDATE job_lease SET
 	lease_token = ?,
 	generation  = LAST_INSERT_ID(generation + 1),
@@ -219,7 +219,7 @@ const takeOverSQL = `UPDATE job_lease SET
 WHERE target_id = ?
   AND CASE WHEN paused_at IS NULL
             AND (released_at IS NOT NULL OR updated_at < UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND)
-            AND (? < 0 OR generation = ?) THEN TRUE
+            AND (? < 0 OR (generation = ? AND (? = 0 OR released_at IS NULL))) THEN TRUE
        ELSE LAST_INSERT_ID(generation * 4 + 2 * (paused_at IS NOT NULL) + (released_at IS NULL
             AND updated_at >= UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND)) < 0 END`
 
@@ -458,7 +458,11 @@ func (b *Backend) upsert(ctx context.Context, db *gorm.DB, a backend.AcquireArgs
 // row that is neither live nor paused needs no second statement.
 func (b *Backend) acquireUpdate(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (backend.Acquired, error) {
 	ms, micros := backend.TimeoutMillis(a.Timeout), a.Timeout.Microseconds()
-	res, n, err := backend.Exec(ctx, db, b.takeOverSQL, a.Token.String(), a.Holder, ms, a.TargetID, micros, a.From, a.From, micros)
+	expired := 0
+	if a.FromExpired {
+		expired = 1
+	}
+	res, n, err := backend.Exec(ctx, db, b.takeOverSQL, a.Token.String(), a.Holder, ms, a.TargetID, micros, a.From, a.From, expired, micros)
 	if err != nil {
 		return backend.Acquired{}, fmt.Errorf("take over: %w", err)
 	}

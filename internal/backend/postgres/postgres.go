@@ -244,7 +244,8 @@ func migrationCollision(err error) bool {
 // over a lease that its holder still trusts; a row without one (written
 // before the column existed) by the caller's. Its arguments are the target,
 // the token, the holder, the timeout in microseconds, the generation to take
-// over from (see backend.AcquireArgs) and the timeout in milliseconds; the
+// over from (see backend.AcquireArgs), the timeout in milliseconds, and
+// whether that generation must still be unreleased (FromExpired); the
 // casts give each the one type that all its uses agree on. The timeout is an
 // integer times interval '1 microsecond', not make_interval, which
 // CockroachDB lacks (see docs/scaling.md). docs/performance.md measures this
@@ -253,7 +254,7 @@ const TakeOverSQL = `
 UPDATE job_lease AS l SET` + takeOverSetSQL + `
 WHERE l.target_id = CAST($1 AS varchar)
   AND ` + freeSQL + `
-  AND (CAST($5 AS bigint) < 0 OR l.generation = $5)
+  AND (CAST($5 AS bigint) < 0 OR (l.generation = $5 AND (NOT CAST($7 AS boolean) OR l.released_at IS NULL)))
 RETURNING l.generation`
 
 // takeOverSetSQL is the SET list of every takeover, of a target's row
@@ -330,8 +331,8 @@ FROM (VALUES (1)) AS one (x) LEFT JOIN cur ON true`
 //
 // Its arguments are TakeOverSQL's: the target, the token, the holder, the
 // timeout in microseconds, the generation to take over from (see
-// backend.AcquireArgs: a row is made only for AnyGeneration and 0) and the
-// timeout in milliseconds. docs/performance.md measures this shape against
+// backend.AcquireArgs: a row is made only for AnyGeneration and 0), the
+// timeout in milliseconds and FromExpired. docs/performance.md measures this shape against
 // an UPDATE followed, when that took nothing, by an INSERT.
 const AcquireSQL = `
 WITH ` + curSQL + `, took AS (` + TakeOverSQL + `
@@ -374,7 +375,7 @@ SELECT (SELECT generation FROM took), ` + refusalSQL
 // again, up to raceAttempts times in all, on a snapshot that shows what
 // that statement did: a live lease to answer, or no row to make.
 func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (backend.Acquired, error) {
-	args := []any{a.TargetID, a.Token.String(), a.Holder, timeoutMicros(a.Timeout), a.From, backend.TimeoutMillis(a.Timeout)}
+	args := []any{a.TargetID, a.Token.String(), a.Holder, timeoutMicros(a.Timeout), a.From, backend.TimeoutMillis(a.Timeout), a.FromExpired}
 	held, seen := b.rows.Get(a.TargetID)
 	if seen && !held && a.From < 0 {
 		var generation int64
@@ -388,7 +389,7 @@ func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArg
 		if a.From > 0 || b.rows.Has(a.TargetID) {
 			query = b.rowSQL
 		}
-		got, row, raced, err := b.acquireAnswer(ctx, db, query, args, a.From)
+		got, row, raced, err := b.acquireAnswer(ctx, db, query, args, a)
 		if err != nil {
 			return got, err
 		}
@@ -407,12 +408,12 @@ func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArg
 // statements change the row under it.
 const raceAttempts = 3
 
-// acquireAnswer runs query, AcquireSQL or AcquireRowSQL, with args, for an
-// acquire from generation from, and reads its answer. row reports that the
+// acquireAnswer runs query, AcquireSQL or AcquireRowSQL, with args, for
+// the acquire acq, and reads its answer. row reports that the
 // target has a row: the statement took one, or read one. raced reports
 // that it took nothing from a row, or an absence of one, that it would
 // have taken as its snapshot showed it.
-func (b *Backend) acquireAnswer(ctx context.Context, db *gorm.DB, query string, args []any, from int64) (_ backend.Acquired, row, raced bool, _ error) {
+func (b *Backend) acquireAnswer(ctx context.Context, db *gorm.DB, query string, args []any, acq backend.AcquireArgs) (_ backend.Acquired, row, raced bool, _ error) {
 	// One value for all the columns: each would be an allocation of its
 	// own, as Scan's destinations escape.
 	a := new(struct {
@@ -436,7 +437,10 @@ func (b *Backend) acquireAnswer(ctx context.Context, db *gorm.DB, query string, 
 		}
 		return got, true, false, nil
 	case !live:
-		raced = from < 0 || (from == 0 && !generation.Valid) || (from > 0 && generation.Int64 == from)
+		// From an expired generation that the snapshot shows, the row may
+		// have been released since: a refusal either way.
+		from := acq.From
+		raced = from < 0 || (from == 0 && !generation.Valid) || (from > 0 && generation.Int64 == from && !acq.FromExpired)
 		return backend.Acquired{}, generation.Valid, raced, nil
 	}
 	timeout := time.Duration(micros.Int64) * time.Microsecond

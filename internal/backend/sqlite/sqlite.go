@@ -168,7 +168,7 @@ ON CONFLICT (target_id) DO UPDATE SET
 WHERE l.paused_at IS NULL
   AND (l.released_at IS NOT NULL
     OR (julianday('now') - julianday(l.updated_at)) * 86400.0 > COALESCE(l.timeout_ms / 1000.0, ?4))
-  AND (?5 < 0 OR l.generation = ?5)
+  AND (?5 < 0 OR (l.generation = ?5 AND (NOT ?7 OR l.released_at IS NULL)))
 RETURNING generation`
 
 // heldSQL reads the live lease, or the pause, that refused an acquire: the
@@ -191,7 +191,7 @@ FROM job_lease WHERE target_id = ?1`
 func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArgs) (backend.Acquired, error) {
 	var generation int64
 	ok, err := backend.QueryRow(ctx, db, b.acquireSQL,
-		[]any{a.TargetID, a.Token.String(), a.Holder, a.Timeout.Seconds(), a.From, backend.TimeoutMillis(a.Timeout)}, &generation) // the token as text
+		[]any{a.TargetID, a.Token.String(), a.Holder, a.Timeout.Seconds(), a.From, backend.TimeoutMillis(a.Timeout), a.FromExpired}, &generation) // the token as text
 	if err != nil || ok {
 		return backend.Acquired{Taken: ok, Generation: generation}, err
 	}
