@@ -474,15 +474,8 @@ func TestDo_LoadsWhatAnExpiredHolderSavedDuringTheTakeover(t *testing.T) {
 
 // waitDoTakeoverBlocked waits until the takeover of a Do on waiterDB, from
 // the generation it saw expire, waits for the lock that a fenced commit
-// holds.
+// holds. Such a takeover is an UPDATE on MariaDB too, never its upsert.
 func waitDoTakeoverBlocked(t *testing.T, s *testdb.Server, waiterDB *gorm.DB) {
 	t.Helper()
-	switch s.Name {
-	case "postgres":
-		waitLockWait(t, s, "the takeover", "%UPDATE job_lease AS l SET%lease_token%")
-	case "mysql":
-		waitLockWait(t, s, "the takeover", "%UPDATE job_lease SET%lease_token%")
-	default:
-		waitTakeoverBlocked(t, s, waiterDB)
-	}
+	waitTakeoverBlockedLike(t, s, waiterDB, acquireSQL[s.Name])
 }

@@ -318,8 +318,15 @@ var acquireSQL = map[string]string{
 // lock that the fenced commit holds.
 func waitTakeoverBlocked(t *testing.T, s *testdb.Server, takeoverDB *gorm.DB) {
 	t.Helper()
+	waitTakeoverBlockedLike(t, s, takeoverDB, acquireSQL[flavour(s)])
+}
+
+// waitTakeoverBlockedLike is waitTakeoverBlocked for a takeover whose
+// statement matches the LIKE pattern like (on SQLite, any acquire).
+func waitTakeoverBlockedLike(t *testing.T, s *testdb.Server, takeoverDB *gorm.DB, like string) {
+	t.Helper()
 	if s.Name != "sqlite" {
-		waitLockWait(t, s, "the takeover", acquireSQL[flavour(s)])
+		waitLockWait(t, s, "the takeover", like)
 		return
 	}
 	// SQLite has one write lock per file, and no view of who waits for it:
