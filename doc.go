@@ -110,9 +110,9 @@
 // still taken. An error that waiting cannot cure (a closed pool, a
 // missing table, bad SQL, a permission, SQLite's errors but "database is
 // locked" and "interrupted") every step returns at once, and so do Run,
-// RunWait, Do and Elector.Lead. The Repository's acquires are bounded as a
-// Run's are, even under a context without a deadline (see
-// Repository.Acquire).
+// RunWait, Do and Elector.Lead. The Repository's acquires stop trying
+// again as a Run's do, whatever their context, and under a context
+// without a deadline bound each statement too (see Repository.Acquire).
 //
 // Release runs on a context that survives the caller's cancellation; if it
 // fails, the lease expires after the timeout.

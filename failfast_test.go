@@ -136,10 +136,7 @@ func TestAcquire_BoundedWithoutDeadline(t *testing.T) {
 		defer cancel()
 		target := newTarget(t)
 		var wg sync.WaitGroup
-		for name, acquire := range map[string]func() error{
-			"Acquire":     func() error { _, err := repo.Acquire(ctx, target, time.Minute); return err },
-			"AcquireSlot": func() error { _, err := repo.AcquireSlot(ctx, target, 3, time.Minute); return err },
-		} {
+		for name, acquire := range repositoryAcquires(ctx, repo, target) {
 			wg.Go(func() {
 				begin := time.Now()
 				err := acquire()
@@ -151,6 +148,43 @@ func TestAcquire_BoundedWithoutDeadline(t *testing.T) {
 		}
 		wg.Wait()
 		proxy.Restore()
+	})
+}
+
+// repositoryAcquires are the Repository's own acquires of target, by name.
+func repositoryAcquires(ctx context.Context, repo *gormlease.Repository, target string) map[string]func() error {
+	return map[string]func() error{
+		"Acquire":     func() error { _, err := repo.Acquire(ctx, target, time.Minute); return err },
+		"AcquireSlot": func() error { _, err := repo.AcquireSlot(ctx, target, 3, time.Minute); return err },
+	}
+}
+
+// Under a context whose deadline is far off, an acquire on a database that
+// cannot be reached stops trying again within DefaultOperationTimeout of
+// its call, as under one without a deadline.
+func TestAcquire_RetriesBoundedUnderFarDeadline(t *testing.T) {
+	t.Parallel()
+	eachServerDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		proxy := testdb.NewProxy(t, s.Addr)
+		repo := newRepository(t, s.OpenVia(t, proxy.Addr()))
+		proxy.Close() // every connection is refused from now on
+		ctx, cancel := context.WithTimeout(context.Background(), 4*gormlease.DefaultOperationTimeout)
+		defer cancel()
+		target := newTarget(t)
+		var wg sync.WaitGroup
+		for name, acquire := range repositoryAcquires(ctx, repo, target) {
+			wg.Go(func() {
+				begin := time.Now()
+				err := acquire()
+				took := time.Since(begin)
+				assert.Error(t, err, name)
+				assert.NotErrorIs(t, err, gormlease.ErrLeaseHeld, name)
+				assert.NoError(t, ctx.Err(), "%s returned only when its context ended", name)
+				assert.GreaterOrEqual(t, took, gormlease.DefaultOperationTimeout-time.Second, "%s tried again while the bound lasted", name)
+				assert.Less(t, took, gormlease.DefaultOperationTimeout+5*time.Second, name)
+			})
+		}
+		wg.Wait()
 	})
 }
 

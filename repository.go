@@ -137,10 +137,13 @@ func newRepository(db *gorm.DB, cfg config) (*Repository, error) {
 // be reached (a failover, a switchover, a restart: no connection, or none to
 // a server that accepts writes), it tries again, under a new token each
 // time, and then returns the last error. It is bounded as a Run with the
-// default settings is, even under a context without a deadline: its
-// attempts end within DefaultOperationTimeout of its call, or when ctx
-// ends, whichever is first, and the release of a lease that its last
-// attempt may have taken within as long again. Any other error, which
+// default settings is, whatever ctx: it sends no attempt later than
+// DefaultOperationTimeout after its call, and stops when ctx ends. Under a
+// context without a deadline, its attempts also end within
+// DefaultOperationTimeout of its call, so that it does not wait for ever
+// on a database that does not answer; under a deadline, a statement that
+// gets no answer lasts until the deadline. The release of a lease that its
+// last attempt may have taken takes at most as long again. Any other error, which
 // waiting cannot cure (a closed pool, a missing table, bad SQL, a
 // permission), it returns at once.
 func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.Duration) (Lease, error) {
@@ -172,8 +175,8 @@ const acquireCleanupTimeout = 10 * time.Second
 // acquireBound bounds the attempts of the Repository's own acquires
 // (Acquire, AcquireFrom, AcquireSlot), whatever their context, as a Run's
 // are bounded by its reconnect window, which is DefaultOperationTimeout
-// unless set: a caller without a deadline does not wait for ever on a
-// database that is gone.
+// unless set: a caller does not wait for ever on a database that is gone
+// (see withAcquireBound).
 const acquireBound = DefaultOperationTimeout
 
 // acquire is Acquire, taking over only from generation from unless it is
@@ -188,18 +191,36 @@ const acquireBound = DefaultOperationTimeout
 // switchover, a restart), the acquire is tried again, each time under a
 // token of its own, until ctx ends or acquireBound has passed.
 func (r *Repository) acquire(ctx context.Context, targetID string, timeout time.Duration, from int64) (Lease, error) {
-	ctx, cancel := context.WithTimeout(ctx, acquireBound)
+	ctx, cancel, until := withAcquireBound(ctx)
 	defer cancel()
-	l, _, err := r.acquireEach(ctx, targetID, timeout, takeover{generation: from}, 0)
+	l, _, err := r.acquireEach(ctx, targetID, timeout, takeover{generation: from}, 0, until)
 	return l, err
 }
 
+// withAcquireBound returns ctx for one of the Repository's own acquires,
+// the function that releases it, and the time after which the acquire
+// sends no attempt (acquireBound from now). When ctx has a deadline, it is
+// returned as it is: the deadline bounds each statement as the caller
+// chose. Otherwise it is bounded by acquireBound, so that a statement on a
+// database that does not answer ends. A bound of the acquire's own on
+// every call would cost each of its statements a watch of that context,
+// in database/sql and in the driver.
+func withAcquireBound(ctx context.Context) (context.Context, context.CancelFunc, time.Time) {
+	until := time.Now().Add(acquireBound)
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}, until
+	}
+	ctx, cancel := context.WithDeadline(ctx, until)
+	return ctx, cancel, until
+}
+
 // acquireEach is acquire with each attempt bounded by attempt as well as
-// ctx (0: by ctx alone), and no bound of its own (see tryAcquire). With the
+// ctx (0: by ctx alone), and no attempt sent after until (zero: while ctx
+// lasts), and no bound of its own (see tryAcquire). With the
 // lease it returns when the statement that took it was sent, from which
 // its holder counts its trust.
 func (r *Repository) acquireEach(ctx context.Context, targetID string, timeout time.Duration, from takeover,
-	attempt time.Duration,
+	attempt time.Duration, until time.Time,
 ) (Lease, time.Time, error) {
 	if err := checkTargetID(targetID); err != nil {
 		return Lease{}, time.Time{}, err
@@ -207,7 +228,7 @@ func (r *Repository) acquireEach(ctx context.Context, targetID string, timeout t
 	if timeout <= 0 {
 		return Lease{}, time.Time{}, invalidf("lease timeout must be > 0, got %v", timeout)
 	}
-	return tryAcquire(ctx, attempt, func(ctx context.Context, _ []sentAcquire) (Lease, sentAcquire, error) {
+	return tryAcquire(ctx, attempt, until, func(ctx context.Context, _ []sentAcquire) (Lease, sentAcquire, error) {
 		return r.acquireOnce(ctx, targetID, timeout, from)
 	}, func(ctx context.Context, unanswered []sentAcquire) (Lease, time.Time, bool) {
 		return r.adopt(ctx, targetID, unanswered)
@@ -218,14 +239,14 @@ func (r *Repository) acquireEach(ctx context.Context, targetID string, timeout t
 // (given the attempts so far that failed without an answer), each bounded
 // by attempt as well as ctx (0: by ctx alone), and runs it again, after a
 // pause, while an attempt fails because the database cannot be reached
-// (backend.Unreachable), until ctx ends; any other outcome it returns at
-// once. When an attempt is refused after an earlier one failed without an
+// (backend.Unreachable), until ctx ends or until has passed (zero: while
+// ctx lasts); any other outcome it returns at once. When an attempt is refused after an earlier one failed without an
 // answer, the earlier one may be what holds the target: its statement took
 // the lease, and the answer was lost. The lease is then the caller's, under
 // that attempt's token, which no one else knows, and adopt finds it;
 // tryAcquire returns it rather than the refusal. With the lease it returns
 // when the attempt that took it sent its statement.
-func tryAcquire(ctx context.Context, attempt time.Duration,
+func tryAcquire(ctx context.Context, attempt time.Duration, until time.Time,
 	once func(ctx context.Context, unanswered []sentAcquire) (Lease, sentAcquire, error),
 	adopt func(ctx context.Context, unanswered []sentAcquire) (Lease, time.Time, bool),
 ) (Lease, time.Time, error) {
@@ -246,10 +267,21 @@ func tryAcquire(ctx context.Context, attempt time.Duration,
 		if a.unreachable {
 			unanswered = append(unanswered, a)
 		}
-		if !a.unreachable || !wait.Wait(ctx) {
+		if !a.unreachable || !pause(ctx, &wait, until) {
 			return l, a.sent, err
 		}
 	}
+}
+
+// pause waits for wait's next pause, and reports whether it ended before
+// ctx did and before until (zero: no such bound).
+func pause(ctx context.Context, wait *backend.Backoff, until time.Time) bool {
+	if until.IsZero() {
+		return wait.Wait(ctx)
+	}
+	ctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	return wait.Wait(ctx)
 }
 
 // sentAcquire is one attempt of an acquire, as tryAcquire remembers it.
@@ -399,15 +431,18 @@ const slotAttempts = 10
 // each time, and takes as its own a slot that an attempt whose answer was
 // lost took. It returns an error that waiting cannot cure at once.
 func (r *Repository) AcquireSlot(ctx context.Context, targetID string, n int, timeout time.Duration) (Lease, error) {
-	ctx, cancel := context.WithTimeout(ctx, acquireBound)
+	ctx, cancel, until := withAcquireBound(ctx)
 	defer cancel()
-	l, _, err := r.acquireSlotEach(ctx, targetID, n, timeout, 0)
+	l, _, err := r.acquireSlotEach(ctx, targetID, n, timeout, 0, until)
 	return l, err
 }
 
 // acquireSlotEach is AcquireSlot with each attempt bounded by attempt as
-// well as ctx (0: by ctx alone), and no bound of its own (see tryAcquire).
-func (r *Repository) acquireSlotEach(ctx context.Context, targetID string, n int, timeout, attempt time.Duration) (Lease, time.Time, error) {
+// well as ctx (0: by ctx alone), no attempt sent after until (zero: while
+// ctx lasts), and no bound of its own (see tryAcquire).
+func (r *Repository) acquireSlotEach(ctx context.Context, targetID string, n int, timeout, attempt time.Duration,
+	until time.Time,
+) (Lease, time.Time, error) {
 	if err := checkTargetID(targetID); err != nil {
 		return Lease{}, time.Time{}, err
 	}
@@ -420,7 +455,7 @@ func (r *Repository) acquireSlotEach(ctx context.Context, targetID string, n int
 	case timeout <= 0:
 		return Lease{}, time.Time{}, invalidf("lease timeout must be > 0, got %v", timeout)
 	}
-	return tryAcquire(ctx, attempt, func(ctx context.Context, unanswered []sentAcquire) (Lease, sentAcquire, error) {
+	return tryAcquire(ctx, attempt, until, func(ctx context.Context, unanswered []sentAcquire) (Lease, sentAcquire, error) {
 		// A slot that an earlier attempt took without hearing so is the
 		// caller's: with other slots free, a new attempt would take a
 		// second one and leave that one held until it timed out.

@@ -186,9 +186,9 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 	// be reached, attempts within the reconnect window.
 	actx, cancel := context.WithTimeout(acquireCtx, r.cfg.reconnect())
 	if r.cfg.slots > 1 {
-		lease, sent, err = r.repo.acquireSlotEach(actx, targetID, r.cfg.slots, r.cfg.leaseTimeout, r.cfg.operationTimeout)
+		lease, sent, err = r.repo.acquireSlotEach(actx, targetID, r.cfg.slots, r.cfg.leaseTimeout, r.cfg.operationTimeout, time.Time{})
 	} else {
-		lease, sent, err = r.repo.acquireEach(actx, targetID, r.cfg.leaseTimeout, from, r.cfg.operationTimeout)
+		lease, sent, err = r.repo.acquireEach(actx, targetID, r.cfg.leaseTimeout, from, r.cfg.operationTimeout, time.Time{})
 	}
 	cancel()
 	r.acquired(ctx, targetID, lease, began, err, endAcquire)
