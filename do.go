@@ -98,7 +98,9 @@ const endedWithoutSaving = "ended without saving a result"
 // stop, so no goroutine outlives the calls. When a read of the row the job
 // waits on fails in a way that waiting cannot cure (the application closed
 // the pool), Do returns that error, at the first such read: within a
-// heartbeat interval.
+// heartbeat interval. A read that fails because the database cannot be
+// reached right now, the first one included, is tried again, each within
+// the operation timeout, while ctx lasts.
 //
 // load reads the saved result with tx; its context carries nothing of the
 // lease. Do refuses a Runner with WithMinHold (ErrInvalidArgument). With SaveJSON as save, a one-line load reads it back:
@@ -170,9 +172,12 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	// The row as this call finds it, read by the call itself: the watch,
 	// shared with others, may publish a later state before this call looks.
 	st, err := r.readState(ctx, targetID)
-	if err != nil {
+	if err != nil && !backend.Unreachable(err) {
 		return zero, false, wrapf(err, "do %q: read lease", targetID)
 	}
+	// When the database cannot be reached right now, the watch reads the
+	// row until it can, as it does while Do waits.
+	unread := err != nil
 	// The watch is held only while this call waits, never while it runs the
 	// work: a watch polls, and on PostgreSQL takes a listener connection and
 	// marks the row as waited on, which a job that nobody waits for must not
@@ -188,6 +193,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	for {
 		refused := false
 		switch {
+		case unread:
 		case r.cfg.reuseFor > 0 && st.SavedGeneration > 0 && st.SavedAge >= 0 && st.SavedAge < r.cfg.reuseFor,
 			waitFor > 0 && st.SavedGeneration >= waitFor:
 			tried = time.Now()
@@ -253,13 +259,13 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			// A new watch starts from this call's read, unless that read
 			// is older than the refusal.
 			initial := &st
-			if refused {
+			if refused || unread {
 				initial = nil
 			}
 			w = r.watch(targetID, initial)
 			_, _, changed = w.Current()
 		}
-		if refused {
+		if refused || unread {
 			w.Poke()
 		}
 		if err := w.Next(ctx, changed); err != nil {
@@ -272,6 +278,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			return zero, false, wrapf(err, "do %q", targetID)
 		}
 		st, _, changed = w.Current()
+		unread = false
 	}
 }
 

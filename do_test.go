@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
@@ -478,4 +479,39 @@ func TestDo_LoadsWhatAnExpiredHolderSavedDuringTheTakeover(t *testing.T) {
 func waitDoTakeoverBlocked(t *testing.T, s *testdb.Server, waiterDB *gorm.DB) {
 	t.Helper()
 	waitTakeoverBlockedLike(t, s, waiterDB, acquireSQL[s.Name])
+}
+
+// Do's first read of the row is tried again while the database cannot be
+// reached, as its watch's reads are: a first read that timed out does not
+// end the call, which runs the work once the database answers.
+func TestDo_FirstReadTriedAgainWhileUnreachable(t *testing.T) {
+	t.Parallel()
+	eachServerDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		target := newTarget(t)
+		proxy := testdb.NewProxy(t, s.Addr)
+		reads := &failedReads{Interface: logger.Discard, needle: target, failed: make(chan time.Duration, 1)}
+		via := s.OpenVia(t, proxy.Addr()).Session(&gorm.Session{Logger: reads})
+		r := newRunner(t, via, gormlease.WithHeartbeatInterval(200*time.Millisecond),
+			gormlease.WithLeaseTimeout(2*time.Second), gormlease.WithOperationTimeout(300*time.Millisecond))
+		// The first statement that carries the target is Do's first read.
+		tripped := proxy.BlackholeOn(target, false)
+		type outcome struct {
+			v      string
+			shared bool
+			err    error
+		}
+		done := make(chan outcome, 1)
+		go func() {
+			v, shared, err := r.Do(untilGivenUp(t), target, func(context.Context) (string, error) { return "made", nil },
+				gormlease.SaveJSON[string], loadJSON(target))
+			done <- outcome{v, shared, err}
+		}()
+		<-tripped
+		<-reads.failed // the first read timed out
+		proxy.Restore()
+		o := <-done
+		require.NoError(t, o.err)
+		assert.Equal(t, "made", o.v)
+		assert.False(t, o.shared)
+	})
 }

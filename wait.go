@@ -25,8 +25,11 @@ func (r *Runner[T]) watch(targetID string, initial *backend.State) *wait.Watch {
 // one: the Runner just ended or saved its generation.
 func (r *Runner[T]) wake(lease Lease) { wait.Wake(r.repo.waitKey, lease.row().TargetID) }
 
-// readState reads targetID's row as a waiter needs it.
+// readState reads targetID's row as a waiter needs it, within the
+// operation timeout, as the watch's reads are.
 func (r *Runner[T]) readState(ctx context.Context, targetID string) (backend.State, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
+	defer cancel()
 	return r.repo.state(ctx, targetID)
 }
 
