@@ -54,7 +54,7 @@ func goDo(t testing.TB, ctx context.Context, r *gormlease.Runner[string], target
 // waitWatched waits until waiters of the process watch target's row.
 func waitWatched(t *testing.T, target string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "waiters watching "+target, func() bool { return gormlease.Watched(target) })
+	waitFor(t, 10*time.Second, "waiters watching "+target, func() bool { return waiters(t, target).Held })
 }
 
 // Many callers of Do on one target, on two Runners (whose calls are not
@@ -410,7 +410,7 @@ func TestDo_PostgresWaiterWokenByNotification(t *testing.T) {
 		return "", nil
 	})
 	waitWatched(t, target)
-	waitFor(t, 10*time.Second, "the listener", func() bool { return gormlease.Listening(waiterDB) })
+	waitFor(t, 10*time.Second, "the listener", func() bool { return listening(t, waiterDB) })
 	waitFor(t, 10*time.Second, "the row marked as waited on", func() bool {
 		var waited bool
 		require.NoError(t, holderDB.Table("job_lease").Select("waiting").Where("target_id = ?", target).Scan(&waited).Error)

@@ -27,9 +27,9 @@ func TestDo_NoWatchWhileRunningTheWork(t *testing.T) {
 		repo := newRepository(t, db)
 		checkWork := func(target string) func(context.Context) (string, error) {
 			return func(ctx context.Context) (string, error) {
-				assert.False(t, gormlease.HasWatch(target), "the row is watched while the work runs")
+				assert.Zero(t, waiters(t, target).Waits, "the row is watched while the work runs")
 				if s.Name == "postgres" {
-					assert.False(t, gormlease.Listening(db), "a listener holds a connection while the work runs")
+					assert.False(t, repo.Listening(), "a listener holds a connection while the work runs")
 				}
 				return "report", nil
 			}

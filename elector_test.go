@@ -210,7 +210,7 @@ func TestElector_ManyStandbysWaitAsOne(t *testing.T) {
 		// A minute: 100 campaigns on one pool, under -race on a loaded
 		// machine (20 s did not hold at a load average of 20).
 		waitFor(t, time.Minute, "100 standbys on one watch", func() bool {
-			return gormlease.WatchSubscribers(role) == n
+			return waiters(t, role).Waits == n
 		})
 		close(resign)
 		require.NoError(t, recv(t, leaderDone, 20*time.Second, "the leader's Lead"))

@@ -437,3 +437,26 @@ func ExampleRepository_ForceReleaseSlot() {
 	// its holder: true
 	// the other slot's holder: <nil>
 }
+
+// ReadStats shows the library's own load in the process, for a gauge: the
+// goroutines that renew held leases and the rows that waiting callers
+// watch. Every count is zero once every call has returned.
+func ExampleReadStats() {
+	db, closeDB := openDB()
+	defer closeDB()
+	runner, err := gormlease.NewRunner[string](db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = runner.Run(context.Background(), "stats:nightly", func(ctx context.Context) (string, error) {
+		fmt.Println("heartbeat goroutines while the work runs:", gormlease.ReadStats().HeartbeatGroups)
+		return "done", nil
+	}, gormlease.SaveJSON[string])
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("after: %+v\n", gormlease.ReadStats())
+	// Output:
+	// heartbeat goroutines while the work runs: 1
+	// after: {HeartbeatGroups:0 WatchedRows:0}
+}

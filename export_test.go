@@ -11,15 +11,10 @@ import (
 	"github.com/gormlease/gormlease/internal/backend/mysql"
 	"github.com/gormlease/gormlease/internal/backend/postgres"
 	"github.com/gormlease/gormlease/internal/heartbeat"
-	"github.com/gormlease/gormlease/internal/wait"
 )
 
 // PostgresSchema exposes the PostgreSQL DDL to the black-box tests.
 var PostgresSchema = postgres.Schema
-
-// LiveBeatGroups returns the number of heartbeat groups whose goroutine
-// runs: zero whenever no Run holds a lease.
-func LiveBeatGroups() int { return heartbeat.Live() }
 
 // callersPool is a pool of the caller's own around a *sql.DB: it is not
 // a *sql.DB, so the backends take it as they take gorm's prepared
@@ -62,25 +57,6 @@ func ReleaseSQL(r *Repository) string { return ownSQL(r, backend.Release) }
 // commit: the release that records the save.
 func SaveReleaseSQL(r *Repository) string { return ownSQL(r, backend.SaveRelease) }
 
-// LiveWatches returns the number of lease rows that waiters of this
-// process watch.
-func LiveWatches() int64 { return wait.Watching() }
-
-// Watched reports whether waiters of this process watch target's row in
-// the default table and have read it held.
-func Watched(target string) bool {
-	for _, w := range wait.Watches(defaultLeaseTable, target) {
-		if w.Read && w.State.Found && !w.State.Released {
-			return true
-		}
-	}
-	return false
-}
-
-// Listening reports whether this process has a notification listener on
-// db's pool that listens now.
-func Listening(db *gorm.DB) bool { return wait.Listening(db) }
-
 // IsSerializationFailure and AnsweredByServer are the classifiers of
 // database errors.
 var (
@@ -97,16 +73,6 @@ func DoCallers[T any](r *Runner[T], target string) int {
 		return f.callers
 	}
 	return 0
-}
-
-// WatchSubscribers returns the number of waiters that share the watch on
-// target's row in the default table, on any pool of this process.
-func WatchSubscribers(target string) int {
-	n := 0
-	for _, w := range wait.Watches(defaultLeaseTable, target) {
-		n += w.Subscribers
-	}
-	return n
 }
 
 // CommitAttempts is how many fenced commits a Run sends in all when they

@@ -214,7 +214,7 @@ func TestClosedPool_WaitersStopWithTheError(t *testing.T) {
 			errs <- err
 		})
 		waitFor(t, 10*time.Second, "RunWait and Do wait for the holder",
-			func() bool { return gormlease.WatchSubscribers(target) == 2 })
+			func() bool { return waiters(t, target).Waits == 2 })
 
 		sqlDB, err := db.DB()
 		require.NoError(t, err)

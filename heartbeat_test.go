@@ -278,7 +278,7 @@ func TestRun_NoHeartbeatGoroutineOutlivesRun(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		assert.Zero(t, gormlease.LiveBeatGroups(), "a heartbeat group outlived its Runs")
+		assert.Zero(t, gormlease.ReadStats().HeartbeatGroups, "a heartbeat group outlived its Runs")
 		assert.Empty(t, heartbeatGoroutines(), "a heartbeat goroutine outlived its Run on %s", s.Name)
 	}
 }

@@ -3,6 +3,7 @@ package gormlease_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,34 @@ import (
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
+
+// defaultTables is a Repository on the default tables, which tells the
+// waits of the whole process on a row of them, whatever pool they use.
+var defaultTables struct {
+	once sync.Once
+	repo *gormlease.Repository
+	err  error
+}
+
+// waiters returns the waits of this process on target's row of the
+// default lease table, through any pool.
+func waiters(t testing.TB, target string) gormlease.Waiters {
+	t.Helper()
+	defaultTables.once.Do(func() {
+		defaultTables.repo, defaultTables.err = gormlease.NewRepository(testdb.Postgres(t).DB(t))
+	})
+	require.NoError(t, defaultTables.err)
+	return defaultTables.repo.Waiters(target)
+}
+
+// listening reports whether this process has a notification listener for
+// db's pool that listens now.
+func listening(t testing.TB, db *gorm.DB) bool {
+	t.Helper()
+	repo, err := gormlease.NewRepository(db)
+	require.NoError(t, err)
+	return repo.Listening()
+}
 
 // eachDB runs fn as a parallel subtest on every supported database.
 func eachDB(t *testing.T, fn func(t *testing.T, s *testdb.Server, db *gorm.DB)) {

@@ -79,7 +79,7 @@ func doThroughPgBouncer(t *testing.T, s *testdb.Server, b *testdb.PgBouncer, hol
 	}
 	waitFor(t, 20*time.Second, "every caller waiting", func() bool {
 		return gormlease.DoCallers(holder, target) == callers && gormlease.DoCallers(waiter, target) == callers &&
-			gormlease.Watched(target)
+			waiters(t, target).Held
 	})
 
 	// While they wait, PgBouncer's clients are the pools' connections: the
@@ -90,7 +90,7 @@ func doThroughPgBouncer(t *testing.T, s *testdb.Server, b *testdb.PgBouncer, hol
 		p := b.Pool(t)
 		return p.ClientsActive+p.ClientsWaiting == appConns()
 	})
-	assert.False(t, gormlease.Listening(waiterDB), "the waiters' listener listens through PgBouncer")
+	assert.False(t, listening(t, waiterDB), "the waiters' listener listens through PgBouncer")
 	assert.False(t, rowWaitedOn(t, s.DB(t), target), "the row is marked as waited on")
 	// The job runs on, its heartbeats going through PgBouncer, until the
 	// waiters' polls are as far apart as they get: a heartbeat interval.
@@ -130,9 +130,8 @@ func doThroughPgBouncer(t *testing.T, s *testdb.Server, b *testdb.PgBouncer, hol
 
 	// Nothing is left behind: no watch, no listener, no connection in use,
 	// no client of PgBouncer but the pools' connections.
-	assert.False(t, gormlease.HasWatch(target), "a watch on the target")
-	assert.Zero(t, gormlease.WatchSubscribers(target), "the watch's subscribers")
-	assert.False(t, gormlease.Listening(waiterDB), "the listener")
+	assert.Zero(t, waiters(t, target).Waits, "the waits on the target")
+	assert.False(t, listening(t, waiterDB), "the listener")
 	for name, db := range map[string]*gorm.DB{"holder": holderDB, "waiter": waiterDB} {
 		sqlDB, err := db.DB()
 		require.NoError(t, err)

@@ -413,7 +413,7 @@ func helperProcess(dsn string) int {
 				}
 				// The job's watch reads the row from before it acquires:
 				// it waits only when the row is another process's.
-				if joined && gormlease.Watched(f[1]) && !heldBy(db, f[1], "proc-"+name) {
+				if joined && repo.Waiters(f[1]).Held && !heldBy(db, f[1], "proc-"+name) {
 					say("waiting")
 					break
 				}

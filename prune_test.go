@@ -260,7 +260,7 @@ func TestPrune_DoWaiterRunsWorkWhenRowIsPruned(t *testing.T) {
 			})
 			done <- outcome{v, shared, err}
 		}()
-		waitFor(t, 10*time.Second, "the caller to wait for the dead holder", func() bool { return gormlease.Watched(target) })
+		waitFor(t, 10*time.Second, "the caller to wait for the dead holder", func() bool { return waiters(t, target).Held })
 		age(t, s, db, target, time.Hour) // expired 59 min ago by its own timeout
 		deleted, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: 30 * time.Minute})
 		require.NoError(t, err)

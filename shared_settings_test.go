@@ -320,7 +320,7 @@ func TestWaiters_ReadsHonourTheOperationTimeout(t *testing.T) {
 			t.Error("the waiter ran its work while the lease was live")
 			return "", nil
 		})
-		waitFor(t, 10*time.Second, "the waiter to watch the row", func() bool { return gormlease.Watched(target) })
+		waitFor(t, 10*time.Second, "the waiter to watch the row", func() bool { return waiters(t, target).Held })
 		tripped := proxy.BlackholeOn(needle, false)
 		recv(t, tripped, 10*time.Second, "the watch's next read")
 		took := recv(t, reads.failed, 5*time.Second, "the withheld read to fail")

@@ -40,8 +40,8 @@ func eachDBAlone(t *testing.T, fn func(t *testing.T, s *testdb.Server, db *gorm.
 // connection, idle ones included.
 func checkNothingLeft(t *testing.T, db *gorm.DB, before goleak.Option) {
 	t.Helper()
-	assert.Zero(t, gormlease.LiveWatches(), "watches left")
-	assert.False(t, gormlease.Listening(db), "listener left")
+	assert.Zero(t, gormlease.ReadStats().WatchedRows, "watches left")
+	assert.False(t, listening(t, db), "listener left")
 	sqlDB, err := db.DB()
 	require.NoError(t, err)
 	assert.Zero(t, sqlDB.Stats().InUse, "connections in use")

@@ -66,8 +66,8 @@ func startListenerWaiters(t *testing.T, db *gorm.DB, target string, opts []gorml
 		for _, r := range w.runners {
 			callers += gormlease.DoCallers(r, target)
 		}
-		return callers == 100 && gormlease.WatchSubscribers(target) == len(w.runners) &&
-			gormlease.Watched(target) && rowWaitedOn(t, db, target)
+		return callers == 100 && waiters(t, target).Waits == len(w.runners) &&
+			waiters(t, target).Held && rowWaitedOn(t, db, target)
 	})
 	return w
 }
@@ -112,7 +112,7 @@ func TestDo_ListenerKilledWaitersStillWake(t *testing.T) {
 		stopKeeping()
 		assert.ErrorIs(t, recv(t, kept, 20*time.Second, "the keeper's Do").err, context.Canceled)
 	}()
-	waitFor(t, 20*time.Second, "the listener", func() bool { return gormlease.Listening(db) })
+	waitFor(t, 20*time.Second, "the listener", func() bool { return listening(t, db) })
 
 	// job starts a job on other that runs until release is closed.
 	job := func(target, value string) (release chan struct{}, done <-chan runResult[string]) {
@@ -143,7 +143,7 @@ func TestDo_ListenerKilledWaitersStillWake(t *testing.T) {
 	// The listener is back, on a new connection, and the only one.
 	waitFor(t, 20*time.Second, "the listener to reconnect", func() bool {
 		pids := listenerPIDs(t, other, app)
-		return len(pids) == 1 && pids[0] != killed[0] && gormlease.Listening(db)
+		return len(pids) == 1 && pids[0] != killed[0] && listening(t, db)
 	})
 
 	// After the reconnect: woken by notification.
