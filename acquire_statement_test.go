@@ -158,12 +158,13 @@ func TestAcquire_MariaDBOneStatementPerOutcome(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			holder := holderRepository(t, db, "pod-a")
-			rec, st := recording(db)
+			on := db
+			if tc.mysql {
+				on = asMySQL(t, db)
+			}
+			rec, st := recording(on)
 			other, err := gormlease.NewRepository(rec, gormlease.WithHolder("pod-b"))
 			require.NoError(t, err)
-			if tc.mysql {
-				gormlease.AssumeMySQL(other)
-			}
 
 			target := newTarget(t)
 			first, err := other.Acquire(ctx, target, timeout)
@@ -200,9 +201,6 @@ func TestAcquire_MariaDBOneStatementPerOutcome(t *testing.T) {
 			age(t, s, db, target, 2*timeout)
 			third, err := gormlease.NewRepository(rec, gormlease.WithHolder("pod-c"))
 			require.NoError(t, err)
-			if tc.mysql {
-				gormlease.AssumeMySQL(third)
-			}
 			thirds, err := third.Acquire(ctx, target, 2*timeout)
 			require.NoError(t, err)
 			assert.Equal(t, taken.Generation+1, thirds.Generation)

@@ -57,11 +57,12 @@ func BenchmarkMariaDBAcquireThroughput(b *testing.B) {
 		sqlDB.SetMaxOpenConns(33)
 		sqlDB.SetMaxIdleConns(33)
 		cl := &countingLogger{Interface: logger.Discard}
-		repo, err := gormlease.NewRepository(db.Session(&gorm.Session{Logger: cl}), gormlease.WithHolder(impl))
-		require.NoError(t, err)
+		on := db
 		if impl == "mysql" {
-			gormlease.AssumeMySQL(repo)
+			on = asMySQL(b, db)
 		}
+		repo, err := gormlease.NewRepository(on.Session(&gorm.Session{Logger: cl}), gormlease.WithHolder(impl))
+		require.NoError(t, err)
 		return repo, cl, func() { _ = sqlDB.Close() }
 	}
 	for round := range rounds {

@@ -8,7 +8,6 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease/internal/backend"
-	"github.com/gormlease/gormlease/internal/backend/mysql"
 	"github.com/gormlease/gormlease/internal/backend/postgres"
 	"github.com/gormlease/gormlease/internal/heartbeat"
 )
@@ -37,13 +36,6 @@ const (
 	PostgresAcquire    = postgres.AcquireSQL
 	PostgresAcquireRow = postgres.AcquireRowSQL
 )
-
-// AssumeMySQL makes r, a Repository on MySQL or MariaDB, take its server
-// for MySQL without asking it: on MariaDB, r then runs MySQL's statements,
-// which have no RETURNING.
-func AssumeMySQL(r *Repository) {
-	r.backend.(interface{ AssumeServer(mysql.Server) }).AssumeServer(mysql.Server{})
-}
 
 // ownSQL returns r's statement of op on the caller's own row.
 func ownSQL(r *Repository, op backend.Own) string {

@@ -304,10 +304,6 @@ func (b *Backend) KnownServer() (Server, bool) {
 	return Server{}, false
 }
 
-// AssumeServer makes b take s as what its server is, without asking: the
-// tests run the statements of MySQL on MariaDB so.
-func (b *Backend) AssumeServer(s Server) { b.server.Store(&s) }
-
 // atLeast reports whether version, as the server reports it ("10.11.6-MariaDB-log"),
 // is major.minor or later.
 func atLeast(version string, major, minor int) bool {
