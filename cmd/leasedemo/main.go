@@ -8,7 +8,9 @@
 // then freezes before it can save: its process stalls, so its heartbeats
 // stop. A reload comes, and waits too. Once the lease times out, one of the
 // waiting tabs takes it over and calls the API again; when it saves, every
-// waiting tab gets that report. The frozen tab wakes up, tries to save its
+// waiting tab gets that report (and so would a reload that came only after
+// the save: the tabs' Runners reuse a report saved in the last minute,
+// WithReuseFor). The frozen tab wakes up, tries to save its
 // now stale result, and is fenced off by the database. The timeline is in
 // true time order; a heartbeat shows at the time the database stamped it.
 // The last line is a verdict read from the database: one saved result,

@@ -181,6 +181,9 @@ func (s *story) request(ctx context.Context, tab int, reload bool) {
 		gormlease.WithHeartbeatInterval(s.cfg.interval),
 		gormlease.WithLeaseTimeout(s.cfg.timeout),
 		gormlease.WithHolder(who),
+		// A report saved in the last minute is the page's answer: a tab
+		// that asks after the save, as a slow reload may, gets it too.
+		gormlease.WithReuseFor(time.Minute),
 		// The commit of a frozen tab waits for it to thaw, longer than the
 		// default 10 s would allow with long settings.
 		gormlease.WithOperationTimeout(time.Minute+2*s.cfg.timeout))
