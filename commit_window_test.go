@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
@@ -155,5 +156,41 @@ func TestCommitIfOwner_ContextEndsBeforeCommit(t *testing.T) {
 		assert.Nil(t, row.SavedGeneration, "saved")
 		assert.Nil(t, row.ReleasedAt, "released")
 		require.NoError(t, repo.Release(context.Background(), l))
+	})
+}
+
+// After a failed Run, the release is tried again while the database cannot
+// be reached: held up past the operation timeout by another session's lock
+// on the row (on SQLite, its write lock), it releases the lease once that
+// lock is gone, within the reconnect window.
+func TestRun_ReleaseAfterFailureTriedAgain(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		target := newTarget(t)
+		releases := &failedReads{Interface: logger.Discard, needle: "failure =", failed: make(chan time.Duration, 1)}
+		r := newRunner(t, db.Session(&gorm.Session{Logger: releases}), gormlease.WithOperationTimeout(300*time.Millisecond),
+			gormlease.WithReconnectWindow(time.Minute))
+		blocker := s.Open(t, nil)
+		var tx *gorm.DB
+		failed := errors.New("work failed")
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Run(context.Background(), target, func(context.Context) (string, error) {
+				// Another session locks the row until the release has
+				// failed once.
+				tx = blocker.Begin()
+				if err := tx.Exec("UPDATE job_lease SET holder = holder WHERE target_id = ?", target).Error; err != nil {
+					return "", err
+				}
+				return "", failed
+			}, gormlease.SaveJSON[string])
+			done <- err
+		}()
+		<-releases.failed
+		require.NoError(t, tx.Rollback().Error)
+		err := <-done
+		require.ErrorIs(t, err, failed)
+		assert.NotContains(t, err.Error(), "release", "the release failed: %v", err)
+		assert.NotNil(t, leaseRow(t, db, target).ReleasedAt, "lease not released")
 	})
 }

@@ -114,8 +114,10 @@
 // again as a Run's do, whatever their context, and under a context
 // without a deadline bound each statement too (see Repository.Acquire).
 //
-// Release runs on a context that survives the caller's cancellation; if it
-// fails, the lease expires after the timeout.
+// Release runs on a context that survives the caller's cancellation. When
+// a Run failed, its release is tried again while the database cannot be
+// reached, for the reconnect window (at least the operation timeout); if
+// it still fails, the lease expires after the timeout.
 //
 // # Clocks
 //

@@ -441,9 +441,7 @@ func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, sent time.Tim
 	if !stopped && r.holdLeft(sent) > 0 && r.holdFor(ctx, lease, sent) {
 		return runErr // held for the rest of the minimum hold instead
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
-	defer cancel()
-	err := r.repo.ReleaseFailed(ctx, lease, runErr)
+	err := r.releaseFailed(ctx, lease, runErr)
 	if err == nil {
 		r.wake(lease)
 	}
@@ -454,6 +452,28 @@ func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, sent time.Tim
 	r.mon.logLease(ctx, slog.LevelError, "gormlease: release failed, the lease stays held until it times out", lease,
 		slog.Any("error", err), slog.Any("reason", runErr))
 	return &cleanupError{err: runErr, cleanup: err}
+}
+
+// releaseFailed releases lease with runErr as its failure, on a context
+// that survives ctx's cancellation, each attempt within the operation
+// timeout. While the database cannot be reached right now (on SQLite, its
+// write lock still taken by others past that timeout) it tries again, for
+// the reconnect window and at least the operation timeout: a lease left
+// held would keep the target from everyone until it timed out. A release
+// whose answer was lost and that did release is found so by the next
+// attempt, which then reports the lease gone.
+func (r *Runner[T]) releaseFailed(ctx context.Context, lease Lease, runErr error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(r.cfg.operationTimeout, r.cfg.reconnect()))
+	defer cancel()
+	b := backend.ReconnectBackoff()
+	for {
+		actx, acancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
+		err := r.repo.ReleaseFailed(actx, lease, runErr)
+		acancel()
+		if err == nil || !backend.Unreachable(err) || !b.Wait(ctx) {
+			return err
+		}
+	}
 }
 
 // nothingSaved is Run's error after a COMMIT that got no answer was settled
