@@ -134,29 +134,33 @@ func TestAcquire_BoundedWithoutDeadline(t *testing.T) {
 		stop := time.AfterFunc(4*gormlease.DefaultOperationTimeout, cancel) // only so that a hang ends
 		defer stop.Stop()
 		defer cancel()
-		target := newTarget(t)
-		var wg sync.WaitGroup
-		for name, acquire := range repositoryAcquires(ctx, repo, target) {
-			wg.Go(func() {
-				begin := time.Now()
-				err := acquire()
-				took := time.Since(begin)
-				assert.ErrorIs(t, err, context.DeadlineExceeded, name)
-				assert.NoError(t, ctx.Err(), "%s returned only when the test gave up", name)
-				assert.Less(t, took, 2*gormlease.DefaultOperationTimeout+5*time.Second, name)
-			})
-		}
-		wg.Wait()
+		eachRepositoryAcquire(ctx, repo, newTarget(t), func(name string, err error, took time.Duration) {
+			assert.ErrorIs(t, err, context.DeadlineExceeded, name)
+			assert.NoError(t, ctx.Err(), "%s returned only when the test gave up", name)
+			assert.Less(t, took, 2*gormlease.DefaultOperationTimeout+5*time.Second, name)
+		})
 		proxy.Restore()
 	})
 }
 
-// repositoryAcquires are the Repository's own acquires of target, by name.
-func repositoryAcquires(ctx context.Context, repo *gormlease.Repository, target string) map[string]func() error {
-	return map[string]func() error{
+// eachRepositoryAcquire runs the Repository's own acquires of target,
+// Acquire and AcquireSlot, at once, and checks each one's error and how long
+// it took, by name.
+func eachRepositoryAcquire(ctx context.Context, repo *gormlease.Repository, target string,
+	check func(name string, err error, took time.Duration),
+) {
+	var wg sync.WaitGroup
+	for name, acquire := range map[string]func() error{
 		"Acquire":     func() error { _, err := repo.Acquire(ctx, target, time.Minute); return err },
 		"AcquireSlot": func() error { _, err := repo.AcquireSlot(ctx, target, 3, time.Minute); return err },
+	} {
+		wg.Go(func() {
+			begin := time.Now()
+			err := acquire()
+			check(name, err, time.Since(begin))
+		})
 	}
+	wg.Wait()
 }
 
 // Under a context whose deadline is far off, an acquire on a database that
@@ -170,21 +174,13 @@ func TestAcquire_RetriesBoundedUnderFarDeadline(t *testing.T) {
 		proxy.Close() // every connection is refused from now on
 		ctx, cancel := context.WithTimeout(context.Background(), 4*gormlease.DefaultOperationTimeout)
 		defer cancel()
-		target := newTarget(t)
-		var wg sync.WaitGroup
-		for name, acquire := range repositoryAcquires(ctx, repo, target) {
-			wg.Go(func() {
-				begin := time.Now()
-				err := acquire()
-				took := time.Since(begin)
-				assert.Error(t, err, name)
-				assert.NotErrorIs(t, err, gormlease.ErrLeaseHeld, name)
-				assert.NoError(t, ctx.Err(), "%s returned only when its context ended", name)
-				assert.GreaterOrEqual(t, took, gormlease.DefaultOperationTimeout-time.Second, "%s tried again while the bound lasted", name)
-				assert.Less(t, took, gormlease.DefaultOperationTimeout+5*time.Second, name)
-			})
-		}
-		wg.Wait()
+		eachRepositoryAcquire(ctx, repo, newTarget(t), func(name string, err error, took time.Duration) {
+			assert.Error(t, err, name)
+			assert.NotErrorIs(t, err, gormlease.ErrLeaseHeld, name)
+			assert.NoError(t, ctx.Err(), "%s returned only when its context ended", name)
+			assert.GreaterOrEqual(t, took, gormlease.DefaultOperationTimeout-time.Second, "%s tried again while the bound lasted", name)
+			assert.Less(t, took, gormlease.DefaultOperationTimeout+5*time.Second, name)
+		})
 	})
 }
 

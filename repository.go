@@ -143,9 +143,9 @@ func newRepository(db *gorm.DB, cfg config) (*Repository, error) {
 // DefaultOperationTimeout of its call, so that it does not wait for ever
 // on a database that does not answer; under a deadline, a statement that
 // gets no answer lasts until the deadline. The release of a lease that its
-// last attempt may have taken takes at most as long again. Any other error, which
-// waiting cannot cure (a closed pool, a missing table, bad SQL, a
-// permission), it returns at once.
+// last attempt may have taken takes at most as long again. Any other
+// error, which waiting cannot cure (a closed pool, a missing table, bad
+// SQL, a permission), it returns at once.
 func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.Duration) (Lease, error) {
 	return r.acquire(ctx, targetID, timeout, backend.AnyGeneration)
 }
@@ -240,8 +240,9 @@ func (r *Repository) acquireEach(ctx context.Context, targetID string, timeout t
 // by attempt as well as ctx (0: by ctx alone), and runs it again, after a
 // pause, while an attempt fails because the database cannot be reached
 // (backend.Unreachable), until ctx ends or until has passed (zero: while
-// ctx lasts); any other outcome it returns at once. When an attempt is refused after an earlier one failed without an
-// answer, the earlier one may be what holds the target: its statement took
+// ctx lasts); any other outcome it returns at once. When an attempt is
+// refused after an earlier one failed without an answer, the earlier one
+// may be what holds the target: its statement took
 // the lease, and the answer was lost. The lease is then the caller's, under
 // that attempt's token, which no one else knows, and adopt finds it;
 // tryAcquire returns it rather than the refusal. With the lease it returns
