@@ -229,7 +229,8 @@ func allocJob(tb testing.TB, db *gorm.DB) func() {
 }
 
 // allocRound returns one heartbeat round of n leases held on db, as a
-// Run's heartbeats renew them (see JoinBeats), and stops their renewal and
+// Run's heartbeat goroutine renews them (see JoinBeats): it waits for the
+// next and fails tb unless it renewed all n. It stops their renewal and
 // releases them when tb ends.
 func allocRound(tb testing.TB, db *gorm.DB, n int) func() {
 	tb.Helper()
@@ -252,7 +253,11 @@ func allocRound(tb testing.TB, db *gorm.DB, n int) func() {
 			_ = repo.Release(ctx, l)
 		}
 	})
-	return round
+	return func() {
+		if r := round(); r.Err != nil || r.Renewed != n {
+			tb.Fatalf("heartbeat round of %d leases: %d renewed, %d lost, error %v", n, r.Renewed, r.Lost, r.Err)
+		}
+	}
 }
 
 // reportCPU reports the client's CPU time per operation since cpu, the

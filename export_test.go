@@ -86,20 +86,63 @@ func RunnerTimings[T any](r *Runner[T]) Timings {
 // ElectorTimings returns e's timings.
 func ElectorTimings(e *Elector) Timings { return RunnerTimings(e.runner) }
 
-// roundSettings are the heartbeat settings of JoinBeats: a round only
-// when RenewNow asks for one.
-var roundSettings = heartbeat.Settings{Interval: time.Hour, OperationTimeout: time.Minute, Report: "rounds"}
+// BeatRound is one heartbeat round as JoinBeats's round reports it: how
+// many leases its statements renewed, how many they found lost, and the
+// first error.
+type BeatRound struct {
+	Renewed, Lost int
+	Err           error
+}
 
-// JoinBeats has r's heartbeats renew leases, as a Run's leases are renewed,
-// but only when the returned round is called: it runs one heartbeat round
-// of them all (see heartbeat.Set.RenewNow). stop ends their renewal.
-func JoinBeats(r *Repository, leases []Lease) (round func(), stop func()) {
+// JoinBeats has r's heartbeat goroutine renew leases, at most
+// backend.MaxBatch of them, as it renews a Run's, and returns round, which
+// runs the next round of them: the statement that renews them all. Each
+// statement, once it has returned, waits for the next call of round before
+// the goroutine goes on, so a call of round spans one round of the
+// goroutine's work and nothing of the next; with an interval of a
+// millisecond, the rounds go as fast as round is called and the database
+// answers. stop ends their renewal and waits for the goroutine.
+func JoinBeats(r *Repository, leases []Lease) (round func() BeatRound, stop func()) {
+	statements := make(chan BeatRound)
+	resume := make(chan struct{})
+	done := make(chan struct{})
+	s := heartbeat.Settings{
+		Interval:         time.Millisecond,
+		OperationTimeout: time.Minute,
+		Report:           done, // a group of their own
+		Round: func(_ context.Context, rd heartbeat.Round) {
+			select {
+			case statements <- BeatRound{len(rd.Members) - len(rd.Ended), len(rd.Ended), rd.Err}:
+			case <-done:
+				return
+			}
+			select {
+			case <-resume:
+			case <-done:
+			}
+		},
+	}
 	members := make([]*heartbeat.Member, len(leases))
 	for i, l := range leases {
-		members[i] = r.beats.Join(roundSettings, context.Background(), l.row(), time.Now(), time.Hour, func(heartbeat.Loss) {})
+		members[i] = r.beats.Join(s, context.Background(), l.row(), time.Now(), time.Hour, func(heartbeat.Loss) {})
 	}
-	round = func() { r.beats.RenewNow(context.Background(), roundSettings) }
+	waiting := false // a statement returned and waits for the next round
+	round = func() BeatRound {
+		for {
+			if waiting {
+				resume <- struct{}{}
+			}
+			b := <-statements
+			waiting = true
+			// The first statements may have been sent while the leases
+			// were still joining, and renew only some of them.
+			if b.Renewed+b.Lost == len(leases) || b.Err != nil {
+				return b
+			}
+		}
+	}
 	stop = func() {
+		close(done)
 		for _, m := range members {
 			m.Stop()
 		}

@@ -227,34 +227,6 @@ func (set *Set) Join(s Settings, workCtx context.Context, lease backend.Lease, s
 	return m
 }
 
-// RenewNow sends, one after another, the statement of each bucket of the
-// group of the leases that joined with settings s, as the group's
-// goroutine would when they were due, and settles their outcomes. A
-// bucket whose statement is in flight is left out. It is how the
-// benchmarks and the allocation budget measure one heartbeat round: a
-// group whose interval is long does nothing else meanwhile.
-func (set *Set) RenewNow(ctx context.Context, s Settings) {
-	k := key{interval: s.Interval, timeout: s.OperationTimeout, report: s.Report}
-	set.mu.Lock()
-	g := set.groups[k]
-	var sent []*bucket
-	if g != nil {
-		now := time.Now()
-		for _, b := range g.buckets {
-			if !b.busy && g.send(b, now) {
-				sent = append(sent, b)
-			}
-		}
-	}
-	set.mu.Unlock()
-	for _, b := range sent {
-		r := g.renew(ctx, b)
-		set.mu.Lock()
-		g.finish(ctx, r, time.Now())
-		set.mu.Unlock()
-	}
-}
-
 // lose reports m's loss, or its holder's request to stop, once.
 func (m *Member) lose(why Loss) { m.once.Do(func() { m.lost(why) }) }
 
