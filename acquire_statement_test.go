@@ -314,3 +314,58 @@ func TestAcquire_MariaDBRefusalWritesNothing(t *testing.T) {
 	assert.Zero(t, upd-upd0, "rows updated by a first acquire")
 	assert.EqualValues(t, 1, write-write0, "rows written by a first acquire")
 }
+
+// On SQLite a refusal writes nothing to the database: its INSERT finds the
+// live lease (or the pause) and inserts nothing, and the read of who holds
+// it is a read, so data_version, read on another connection, stays the
+// same over refusals by a live lease (Acquire and AcquireFrom) and by a
+// pause, and changes with a takeover.
+func TestAcquire_SQLiteRefusalWritesNothing(t *testing.T) {
+	t.Parallel()
+	s := testdb.SQLite(t)
+	db := s.OpenEmpty(t, nil) // a file of its own: no other test writes to it
+	ctx := context.Background()
+	require.NoError(t, gormlease.AutoMigrate(ctx, db))
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	sqlDB.SetMaxOpenConns(2)
+	watcher, err := sqlDB.Conn(ctx) // the other connection serves the Repositories
+	require.NoError(t, err)
+	defer watcher.Close()
+	version := func() (v int64) {
+		t.Helper()
+		require.NoError(t, watcher.QueryRowContext(ctx, "PRAGMA data_version").Scan(&v))
+		return v
+	}
+	const timeout = time.Minute
+	holder := holderRepository(t, db, "pod-a")
+	rec, st := recording(db)
+	repo, err := gormlease.NewRepository(rec, gormlease.WithHolder("pod-b"))
+	require.NoError(t, err)
+	held, l := acquireNew(t, holder, timeout)
+	paused := newTarget(t)
+	require.NoError(t, holder.Pause(ctx, paused, "maintenance"))
+	heldRow, pausedRow := leaseRow(t, db, held), leaseRow(t, db, paused)
+
+	v0 := version()
+	st.take()
+	for range 20 {
+		_, err := repo.Acquire(ctx, held, timeout)
+		requireHeld(t, err, held, "pod-a", l.Generation, timeout)
+		_, err = repo.AcquireFrom(ctx, held, timeout, l.Generation)
+		requireHeld(t, err, held, "pod-a", l.Generation, timeout)
+		_, err = repo.Acquire(ctx, paused, timeout)
+		require.ErrorIs(t, err, gormlease.ErrPaused)
+	}
+	assert.Len(t, st.take(), 120, "statements of 60 refusals: the acquire and the read of the lease")
+	assert.Equal(t, v0, version(), "data_version: the refusals wrote to the database")
+	assert.Equal(t, heldRow, leaseRow(t, db, held), "the held row changed")
+	assert.Equal(t, pausedRow, leaseRow(t, db, paused), "the paused row changed")
+
+	age(t, s, db, held, 2*timeout)
+	v0 = version()
+	taken, err := repo.Acquire(ctx, held, timeout)
+	require.NoError(t, err)
+	assert.Equal(t, l.Generation+1, taken.Generation)
+	assert.NotEqual(t, v0, version(), "data_version: the takeover wrote nothing")
+}
