@@ -229,11 +229,21 @@ func stormFailover(t *testing.T, opts []gormlease.Option,
 	s := &storm{r: newRunner(t, db, opts...), saves: sv}
 	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() { defer close(stopped); s.run(t, 50, stop) }()
+	// The storm is stopped once: after the failover, or by the heal
+	// deferred for a test that ends before that (closing stop twice would
+	// panic, and end every test of the process).
+	storming := true
+	stopStorm := func() {
+		if storming {
+			storming = false
+			close(stop)
+			<-stopped
+		}
+	}
 	healed := false
 	defer func() {
 		if !healed {
-			close(stop)
-			<-stopped
+			stopStorm()
 			c.Heal(t)
 		}
 	}()
@@ -261,8 +271,7 @@ func stormFailover(t *testing.T, opts []gormlease.Option,
 	seen := time.Now()
 	failover := seen.Sub(start)
 	time.Sleep(3 * time.Second) // Runs go on after the failover: it takes a moment to see their effect
-	close(stop)
-	<-stopped
+	stopStorm()
 	endProbe()
 	// The outcomes against the new primary, before the old one rejoins;
 	// then again against the primary after the heal, which may be another.

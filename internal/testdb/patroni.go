@@ -1,6 +1,7 @@
 package testdb
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -29,11 +30,13 @@ import (
 // The cluster runs in strict synchronous mode (synchronous_mode and
 // synchronous_mode_strict): the leader names one standby in
 // synchronous_standby_names, only that one may be promoted, and commits
-// wait while there is none, rather than go asynchronous. ttl, loop_wait and retry_timeout are 7, 1 and 3
-// seconds, and primary_start_timeout is 0, so that a crashed postmaster
-// fails over at once instead of being restarted in place. There is no
-// watchdog: a member whose Patroni dies leaves its PostgreSQL running, as
-// on a machine without a watchdog device.
+// wait while there is none, rather than go asynchronous. ttl, loop_wait
+// and retry_timeout are 7, 1 and 3 seconds, and primary_start_timeout is
+// 0, so that a crashed postmaster fails over at once instead of being
+// restarted in place (under load, only because Patroni reaches its own
+// PostgreSQL through the Unix socket: see yaml). There is no watchdog: a
+// member whose Patroni dies leaves its PostgreSQL running, as on a machine
+// without a watchdog device.
 //
 // Patroni and PostgreSQL run as the "postgres" user. Readiness is read from
 // Patroni's REST API (/primary, /sync, /replica). Every process is stopped
@@ -74,13 +77,83 @@ var sharedPatroni = sharedHarness[*Patroni]{
 // SharedPatroni returns the process's Patroni cluster, starting it on first
 // use, or skips (fails under CI) tb when it cannot be started. It fails tb
 // when the cluster is not healthy: a test before it left it failed over.
+// When tb fails, it shows what the cluster logged meanwhile (see
+// keepLogsOnFailure).
 func SharedPatroni(tb testing.TB) *Patroni {
 	tb.Helper()
 	c := sharedPatroni.get(tb)
+	c.keepLogsOnFailure(tb)
 	if err := c.healthy(30 * time.Second); err != nil {
 		tb.Fatalf("Patroni cluster not healthy: a test before this one did not heal it: %v", err)
 	}
 	return c
+}
+
+// patroniLogQuote is how much of each log written during a failed test
+// keepLogsOnFailure quotes in the test's output: its beginning (the fault
+// and what Patroni did at once) and its end (what it was doing when the
+// test gave up), half each.
+const patroniLogQuote = 24 << 10
+
+// keepLogsOnFailure makes tb, if it fails, show what the cluster's
+// processes logged while it ran, from where their logs were when tb asked
+// for the cluster: each member's log (Patroni's, and its PostgreSQL's) and
+// etcd's, quoted in tb's output (see quoteLog), with the cluster's state
+// as Patroni sees it; and, with go test -artifacts, the whole logs copied
+// to tb's artifact directory. The cluster's directory, where the logs are,
+// is deleted when the test process ends, so without this a failover that
+// went wrong leaves no trace of why.
+func (c *Patroni) keepLogsOnFailure(tb testing.TB) {
+	type logFile struct {
+		name, path string
+		from       int64 // its size when tb began
+	}
+	logs := []logFile{{name: "etcd", path: c.etcd.log}}
+	for _, m := range c.members {
+		logs = append(logs, logFile{name: m.name, path: m.proc.log})
+	}
+	for i := range logs {
+		if fi, err := os.Stat(logs[i].path); err == nil {
+			logs[i].from = fi.Size()
+		}
+	}
+	tb.Cleanup(func() {
+		if !tb.Failed() {
+			return
+		}
+		tb.Logf("the Patroni cluster as its members see it: %s", c.clusterState())
+		for _, l := range logs {
+			tb.Logf("the log of %s during the test:\n%s", l.name, quoteLog(l.path, l.from, patroniLogQuote))
+		}
+		if f := flag.Lookup("test.artifacts"); f == nil || f.Value.String() != "true" {
+			return
+		}
+		dir := tb.ArtifactDir()
+		for _, l := range logs {
+			if b, err := os.ReadFile(l.path); err == nil {
+				_ = os.WriteFile(filepath.Join(dir, filepath.Base(l.path)), b, 0o644)
+			}
+		}
+		tb.Logf("the whole logs of the Patroni cluster: %s", dir)
+	})
+}
+
+// quoteLog returns what the file at path holds from offset from on, for a
+// test's output: at most limit bytes, the beginning and the end of it when
+// it is longer, with what was left out between them counted.
+func quoteLog(path string, from int64, limit int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if from > int64(len(b)) {
+		from = 0 // not the same file
+	}
+	b = b[from:]
+	if len(b) <= limit {
+		return string(b)
+	}
+	return fmt.Sprintf("%s\n[... %d bytes left out ...]\n%s", b[:limit/2], len(b)-limit, b[len(b)-limit/2:])
 }
 
 // startPatroni starts etcd, then the first member, which bootstraps the
@@ -218,6 +291,26 @@ func (c *Patroni) writeFile(path, content string) error {
 }
 
 // yaml is the member's Patroni configuration.
+//
+// Patroni connects to its own PostgreSQL through the Unix socket
+// (use_unix_socket, use_unix_socket_repl), not through the TCP port that
+// the tests' clients dial, so that its connections do not queue behind
+// theirs. When a primary's postmaster dies, its Patroni (with
+// primary_start_timeout 0) asks the synchronous standby's REST API, waiting
+// 2 s for the answer, whether it can take over: it fails over when it can,
+// and otherwise, an unanswered request included, restarts its PostgreSQL in
+// place and keeps the lead. To answer, the standby's Patroni opens a
+// replication connection to its own PostgreSQL (IDENTIFY_SYSTEM, for the
+// timeline, which it cannot read from a WAL receiver that has stopped),
+// with a connect timeout of 3 s. Over TCP, on a loaded machine, that
+// connection timed out behind the clients' redials (a storm's pools,
+// finding the old primary refusing, open and close a session on each
+// standby of the multi-host DSN in turn: the first standby's accept queue
+// held 105 connections): "Member m2 is not reachable", and the old primary
+// came back as the leader, in 4 of 8 runs of TestPatroni_KillPostmaster.
+// The postmaster accepts from each of its sockets in turn: through the
+// socket, each of 30 failovers under the same load went to the synchronous
+// standby.
 func (m *PatroniMember) yaml() string {
 	c := m.c
 	return fmt.Sprintf(`scope: %[1]s
@@ -265,8 +358,11 @@ postgresql:
       username: postgres
     rewind:
       username: postgres
+  use_unix_socket: true
+  use_unix_socket_repl: true
   pg_hba:
     - local all all trust
+    - local replication all trust
     - host all all 127.0.0.1/32 trust
     - host replication all 127.0.0.1/32 trust
   parameters:
@@ -468,10 +564,24 @@ func (m *PatroniMember) DSN() string {
 }
 
 // Open returns a new pool on the member's PostgreSQL alone, whatever its
-// role. It is closed when tb ends.
+// role, once it accepts a connection: it tries again for up to 30 s. Just
+// after a failover on a loaded machine, the new primary has taken longer
+// than the DSN's connect_timeout of 2 s to accept one, while it promoted
+// itself and the clients' redials queued before; the tests check what it
+// holds, not how soon it answers. It is closed when tb ends.
 func (m *PatroniMember) Open(tb testing.TB) *gorm.DB {
 	tb.Helper()
-	return openPostgres(tb, m.DSN())
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		db, err := gorm.Open(postgres.Open(m.DSN()), quiet())
+		if err == nil || time.Now().After(deadline) {
+			return keepPool(tb, m.DSN(), db, err)
+		}
+		if db != nil {
+			closeDB(db)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // postmasterPID is the pid in the member's postmaster.pid, 0 when there is
