@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
+	"sync/atomic"
 	"time"
 
 	"cirello.io/pglock"
@@ -102,10 +104,16 @@ func openGorm(dsn string, conns int, c pgx.QueryTracer) (*gorm.DB, *sql.DB, erro
 	if err != nil {
 		return nil, nil, err
 	}
+	return openGormWith(cfg, conns, gorm.Config{Logger: logger.Discard})
+}
+
+// openGormWith opens gorm on pgx's database/sql driver with cfg, conns
+// connections and gcfg as gorm's configuration.
+func openGormWith(cfg *pgx.ConnConfig, conns int, gcfg gorm.Config) (*gorm.DB, *sql.DB, error) {
 	sqlDB := stdlib.OpenDB(*cfg)
 	sqlDB.SetMaxOpenConns(conns)
 	sqlDB.SetMaxIdleConns(conns)
-	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard})
+	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gcfg)
 	if err != nil {
 		sqlDB.Close()
 		return nil, nil, err
@@ -218,6 +226,119 @@ func newPlain(ctx context.Context, dsn string, conns int) (*impl, error) {
 		warm:  warmPool(pool),
 		close: pool.Close,
 	}, nil
+}
+
+// plainGormName names the plain-SQL lease written with GORM.
+const plainGormName = "plain-SQL lease through GORM"
+
+// The plain-SQL lease's statements as a GORM team writes them, with GORM's
+// ? placeholders: GORM renders them as plainAcquire, plainLock,
+// plainRelease and saverSQL, which newPlainGorm checks.
+const (
+	plainGormAcquire = `INSERT INTO plain_lease (target_id, lease_token, updated_at) VALUES (?, ?, now())
+ON CONFLICT (target_id) DO UPDATE SET lease_token = excluded.lease_token, updated_at = now()
+WHERE plain_lease.updated_at < now() - make_interval(secs => ?)`
+	plainGormLock    = `SELECT lease_token FROM plain_lease WHERE target_id = ? FOR UPDATE`
+	plainGormRelease = `DELETE FROM plain_lease WHERE target_id = ? AND lease_token = ?`
+	plainGormSaver   = `INSERT INTO bench_result (target_id, data) VALUES (?, ?)
+ON CONFLICT (target_id) DO UPDATE SET data = excluded.data`
+)
+
+// newPlainGorm is the plain-SQL lease of newPlain, the same statements on
+// the same tables, written by hand the way a GORM team would: a *gorm.DB
+// on gorm.io/driver/postgres over pgx's database/sql driver, acquire and
+// release with Exec, the fenced commit in db.Transaction.
+func newPlainGorm(dsn string, conns int) (*impl, error) {
+	c := &counter{}
+	cfg, err := pgxConfig(dsn, nil)
+	if err != nil {
+		return nil, err
+	}
+	// Its statements are counted as round trips, on the socket: pgx's
+	// tracer sees the queries, but not the Parse and the Close (deallocate)
+	// that database/sql sends for each statement GORM prepared within a
+	// transaction (see the report, Statements per op).
+	dial := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return roundTrips{conn, &c.statements}, nil
+	}
+	// PrepareStmt and SkipDefaultTransaction are the settings GORM's
+	// documentation recommends for performance (its Performance page:
+	// "Disable Default Transaction", "Caches Prepared Statement"). The
+	// logger is discarded, as for gormlease.
+	db, sqlDB, err := openGormWith(cfg, conns, gorm.Config{
+		PrepareStmt:            true,
+		SkipDefaultTransaction: true,
+		Logger:                 logger.Discard,
+	})
+	if err != nil {
+		return nil, err
+	}
+	dry := db.Session(&gorm.Session{DryRun: true})
+	for _, q := range []struct{ sent, want string }{
+		{dry.Exec(plainGormAcquire, "t", uuid.Nil, 1.0).Statement.SQL.String(), plainAcquire},
+		{dry.Exec(plainGormLock, "t").Statement.SQL.String(), plainLock},
+		{dry.Exec(plainGormRelease, "t", uuid.Nil).Statement.SQL.String(), plainRelease},
+		{dry.Exec(plainGormSaver, "t", "d").Statement.SQL.String(), saverSQL},
+	} {
+		if q.sent != q.want {
+			sqlDB.Close()
+			return nil, fmt.Errorf("%s: GORM sends %q, not the plain-SQL lease's %q", plainGormName, q.sent, q.want)
+		}
+	}
+	acquire := func(ctx context.Context, target string) (uuid.UUID, bool, error) {
+		token := uuid.New()
+		res := db.WithContext(ctx).Exec(plainGormAcquire, target, token, leaseTimeout.Seconds())
+		return token, res.Error == nil && res.RowsAffected == 1, res.Error
+	}
+	release := func(ctx context.Context, target string, token uuid.UUID) error {
+		return db.WithContext(ctx).Exec(plainGormRelease, target, token).Error
+	}
+	return &impl{
+		name:  plainGormName,
+		stmts: c,
+		rowOf: "FROM plain_lease WHERE target_id = $1",
+		try:   leaseSteps{acquire: acquire, release: release}.try,
+		job: func(ctx context.Context, target, data string) (bool, error) {
+			token, ok, err := acquire(ctx, target)
+			if !ok || err != nil {
+				return false, err
+			}
+			err = db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+				var got string
+				if err := tx.Raw(plainGormLock, target).Scan(&got).Error; err != nil {
+					return err
+				}
+				if got != token.String() {
+					return errors.New("lease lost")
+				}
+				return tx.Exec(plainGormSaver, target, data).Error
+			})
+			if err != nil {
+				return false, errors.Join(err, release(ctx, target, token))
+			}
+			return true, release(ctx, target, token)
+		},
+		warm:  warmSQL(sqlDB),
+		close: func() { sqlDB.Close() },
+	}, nil
+}
+
+// roundTrips counts, into n, the writes to a connection's socket: past its
+// startup, each is one round trip, as pgx writes the messages of each
+// exchange with the server at once.
+type roundTrips struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c roundTrips) Write(b []byte) (int, error) {
+	c.n.Add(1)
+	return c.Conn.Write(b)
 }
 
 // leaseSteps are the acquire and release of a lease table on a pgx pool.

@@ -1,9 +1,9 @@
 // Command bench measures gormlease against the alternatives on one
-// PostgreSQL, in one run: a plain-SQL lease on raw pgx, advisory locks,
-// and cirello.io/pglock on lib/pq and on pgx, with its heartbeat goroutine
-// per lock and with heartbeats sent by the caller. It prints one line per
-// point and writes docs/performance.md from them, keeping the operations
-// section that the opsbench command writes there.
+// PostgreSQL, in one run: a plain-SQL lease on raw pgx and through GORM,
+// advisory locks, and cirello.io/pglock on lib/pq and on pgx, with its
+// heartbeat goroutine per lock and with heartbeats sent by the caller. It
+// prints one line per point and writes docs/performance.md from them,
+// keeping the operations section that the opsbench command writes there.
 //
 //	cd bench && go run . -out ../docs/performance.md
 //
@@ -448,6 +448,7 @@ func (b *bench) lockScenarios(ctx context.Context) error {
 	makers := []maker{
 		func() (*impl, error) { return newGormlease(b.dsn, conns) },
 		func() (*impl, error) { return newPlain(ctx, b.dsn, conns) },
+		func() (*impl, error) { return newPlainGorm(b.dsn, conns) },
 		func() (*impl, error) { return newRawLease(ctx, b.dsn, conns) },
 		func() (*impl, error) { return newAdvisory(ctx, b.dsn, conns) },
 		func() (*impl, error) { im, _, _, err := newPglock(b.dsn, conns, false, 0); return im, err },
