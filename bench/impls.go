@@ -228,8 +228,13 @@ func newPlain(ctx context.Context, dsn string, conns int) (*impl, error) {
 	}, nil
 }
 
-// plainGormName names the plain-SQL lease written with GORM.
-const plainGormName = "plain-SQL lease through GORM"
+// plainGormName and plainGormDefaultsName name the plain-SQL lease written
+// with GORM: with the settings GORM's documentation recommends for
+// performance, and with GORM's defaults.
+const (
+	plainGormName         = "plain-SQL lease through GORM"
+	plainGormDefaultsName = "plain-SQL lease through GORM, defaults"
+)
 
 // The plain-SQL lease's statements as a GORM team writes them, with GORM's
 // ? placeholders: GORM renders them as plainAcquire, plainLock,
@@ -248,7 +253,11 @@ ON CONFLICT (target_id) DO UPDATE SET data = excluded.data`
 // the same tables, written by hand the way a GORM team would: a *gorm.DB
 // on gorm.io/driver/postgres over pgx's database/sql driver, acquire and
 // release with Exec, the fenced commit in db.Transaction.
-func newPlainGorm(dsn string, conns int) (*impl, error) {
+// With tuned, it takes the settings GORM's documentation recommends for
+// performance; without, GORM's defaults, under which pgx's database/sql
+// driver still prepares each statement once per connection (its statement
+// cache), so no round trip is added.
+func newPlainGorm(dsn string, conns int, tuned bool) (*impl, error) {
 	c := &counter{}
 	cfg, err := pgxConfig(dsn, nil)
 	if err != nil {
@@ -270,11 +279,11 @@ func newPlainGorm(dsn string, conns int) (*impl, error) {
 	// documentation recommends for performance (its Performance page:
 	// "Disable Default Transaction", "Caches Prepared Statement"). The
 	// logger is discarded, as for gormlease.
-	db, sqlDB, err := openGormWith(cfg, conns, gorm.Config{
-		PrepareStmt:            true,
-		SkipDefaultTransaction: true,
-		Logger:                 logger.Discard,
-	})
+	gcfg, name := gorm.Config{Logger: logger.Discard}, plainGormDefaultsName
+	if tuned {
+		gcfg.PrepareStmt, gcfg.SkipDefaultTransaction, name = true, true, plainGormName
+	}
+	db, sqlDB, err := openGormWith(cfg, conns, gcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -287,7 +296,7 @@ func newPlainGorm(dsn string, conns int) (*impl, error) {
 	} {
 		if q.sent != q.want {
 			sqlDB.Close()
-			return nil, fmt.Errorf("%s: GORM sends %q, not the plain-SQL lease's %q", plainGormName, q.sent, q.want)
+			return nil, fmt.Errorf("%s: GORM sends %q, not the plain-SQL lease's %q", name, q.sent, q.want)
 		}
 	}
 	acquire := func(ctx context.Context, target string) (uuid.UUID, bool, error) {
@@ -299,7 +308,7 @@ func newPlainGorm(dsn string, conns int) (*impl, error) {
 		return db.WithContext(ctx).Exec(plainGormRelease, target, token).Error
 	}
 	return &impl{
-		name:  plainGormName,
+		name:  name,
 		stmts: c,
 		rowOf: "FROM plain_lease WHERE target_id = $1",
 		try:   leaseSteps{acquire: acquire, release: release}.try,

@@ -448,7 +448,8 @@ func (b *bench) lockScenarios(ctx context.Context) error {
 	makers := []maker{
 		func() (*impl, error) { return newGormlease(b.dsn, conns) },
 		func() (*impl, error) { return newPlain(ctx, b.dsn, conns) },
-		func() (*impl, error) { return newPlainGorm(b.dsn, conns) },
+		func() (*impl, error) { return newPlainGorm(b.dsn, conns, true) },
+		func() (*impl, error) { return newPlainGorm(b.dsn, conns, false) },
 		func() (*impl, error) { return newRawLease(ctx, b.dsn, conns) },
 		func() (*impl, error) { return newAdvisory(ctx, b.dsn, conns) },
 		func() (*impl, error) { im, _, _, err := newPglock(b.dsn, conns, false, 0); return im, err },
