@@ -263,9 +263,12 @@ func (s *story) got(who, report string, shared bool) {
 // holder to get its answer then freezes, before it can save.
 func (s *story) work(ctx context.Context, who string, l gormlease.Lease, conn *stallable) (string, error) {
 	select {
-	case <-s.frozen:
-		// Only an expired lease can be acquired while the first holder is
-		// frozen.
+	case <-s.won:
+		// Any lease after the first is a takeover of an expired one: the
+		// first holder releases only with its save, after which the others
+		// load the report. It is usually the frozen tab's; on a machine that
+		// stalls the first holder's process for longer than the lease
+		// timeout before it freezes, it is taken over all the same.
 		s.tl.log(who, "TAKES OVER the expired lease: generation %d; calls the API, %v", l.Generation, s.cfg.latency)
 		s.takeOnce.Do(func() { close(s.takenOver) })
 	default:
