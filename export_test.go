@@ -3,6 +3,7 @@ package gormlease
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"time"
 
 	"gorm.io/gorm"
@@ -87,8 +88,8 @@ func RunnerTimings[T any](r *Runner[T]) Timings {
 func ElectorTimings(e *Elector) Timings { return RunnerTimings(e.runner) }
 
 // BeatRound is one heartbeat round as JoinBeats's round reports it: how
-// many leases its statements renewed, how many they found lost, and the
-// first error.
+// many leases its statement renewed, how many it found lost, and its
+// error.
 type BeatRound struct {
 	Renewed, Lost int
 	Err           error
@@ -121,6 +122,11 @@ func JoinBeats(r *Repository, leases []Lease) (round func() BeatRound, stop func
 			case <-done:
 			}
 		},
+	}
+	if len(leases) > backend.MaxBatch {
+		// More would take several statements a round, which round does
+		// not wait for.
+		panic(fmt.Sprintf("JoinBeats: %d leases, more than one statement's %d", len(leases), backend.MaxBatch))
 	}
 	members := make([]*heartbeat.Member, len(leases))
 	for i, l := range leases {
