@@ -289,7 +289,7 @@ func (b *bench) candidateScenarios(ctx context.Context) error {
 	}
 	slice := b.o.duration / time.Duration(b.o.rounds)
 	for _, w := range []int{1, 8, 32} {
-		sp := spec{"candidates", "candidates", w, acquireRelease}
+		sp := spec{"candidates", "candidates", w, acquireRelease, targetsPerWorker}
 		for round := range b.o.rounds {
 			for i := range makers {
 				b.addRound(round, b.point(ctx, sp, makers[(i+round)%len(makers)], slice, false))

@@ -39,6 +39,7 @@ type options struct {
 	schema      string
 	duration    time.Duration
 	warmup      time.Duration
+	warmOps     int
 	walDuration time.Duration
 	leases      int
 	hbWindow    time.Duration
@@ -69,6 +70,7 @@ func main() {
 	flag.StringVar(&o.schema, "schema", "gormlease_bench", "schema the benchmark creates and drops")
 	flag.DurationVar(&o.duration, "duration", 3*time.Second, "time each implementation runs at each lock and job point, cut in -rounds slices")
 	flag.DurationVar(&o.warmup, "warmup", 100*time.Millisecond, "time each point runs before it starts counting, so that it measures warm pools and server caches")
+	flag.IntVar(&o.warmOps, "warm-ops", 8, "operations each worker runs, uncounted, before a point starts counting (and for at least -warmup): PostgreSQL plans a prepared statement afresh for its first five executions on a connection")
 	flag.DurationVar(&o.walDuration, "wal-duration", 300*time.Millisecond, "duration of each point that counts statements and WAL")
 	flag.IntVar(&o.leases, "leases", 10000, "leases held at once in the heartbeat scenario")
 	flag.DurationVar(&o.hbWindow, "hb-window", 4*time.Second, "measuring window of the heartbeat scenario")
@@ -297,6 +299,9 @@ type spec struct {
 	section, scenario string
 	workers           int
 	fn                func(im *impl) op
+	// warmOps, when above -warm-ops, is the operations each worker runs
+	// before the point starts counting.
+	warmOps int
 }
 
 // point opens an implementation with mk, opens its connections, runs
@@ -323,11 +328,11 @@ func (b *bench) point(ctx context.Context, sp spec, mk maker, dur time.Duration,
 	}
 	// WAL statistics cannot be split at the warm-up's end, since busy
 	// backends report them late: WAL points count every operation.
-	warmup := b.o.warmup
+	warmup, warmOps := b.o.warmup, max(b.o.warmOps, sp.warmOps)
 	if wal {
-		warmup = 0
+		warmup, warmOps = 0, 0
 	}
-	r := b.measure(ctx, sp, im, warmup, dur)
+	r := b.measure(ctx, sp, im, warmup, warmOps, dur)
 	im.close()
 	r.WALSyncOp, r.WALRecOp = -1, -1
 	if wal {
@@ -366,28 +371,39 @@ func (b *bench) createTables(ctx context.Context, name string) error {
 // maker opens an implementation.
 type maker func() (*impl, error)
 
-func (b *bench) measure(ctx context.Context, sp spec, im *impl, warmup, dur time.Duration) result {
+func (b *bench) measure(ctx context.Context, sp spec, im *impl, warmup time.Duration, warmOps int, dur time.Duration) result {
 	workers, fn := sp.workers, sp.fn(im)
 	lat := &latencies{}
 	var ops, acquired, errs atomic.Int64
 	var errMu sync.Mutex
 	errKinds := map[string]int64{}
-	// The workers run for the warm-up first, uncounted: a fresh pool's
-	// connections prepare their statements, and their backends load their
-	// caches, on their first operations.
-	start := time.Now().Add(warmup)
-	deadline := start.Add(dur)
+	// The workers run the warm-up first, uncounted: a fresh pool's
+	// connections prepare their statements, their backends load their
+	// caches, and PostgreSQL plans each prepared statement afresh for its
+	// first five executions on a connection before it settles on a plan
+	// (docs/performance.md, "A fresh connection's first statements"). Each
+	// worker runs at least warmOps operations and for at least warmup;
+	// the window starts once every worker has, so that it measures warm
+	// pools whatever the time their first statements took.
+	warmEnd := time.Now().Add(warmup)
+	var start, deadline time.Time
+	var ready sync.WaitGroup
+	ready.Add(workers)
+	begin := make(chan struct{})
 	perWorker := max(1, b.o.maxOps/workers)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
+			i := 0
+			for ; (i < warmOps || time.Now().Before(warmEnd)) && ctx.Err() == nil; i++ {
+				_, _ = fn(ctx, w, i)
+			}
+			ready.Done()
+			<-begin
 			own := make([]time.Duration, 0, 1024)
-			for i, counted := 0, 0; counted < perWorker && time.Now().Before(deadline) && ctx.Err() == nil; i++ {
+			for counted := 0; counted < perWorker && time.Now().Before(deadline) && ctx.Err() == nil; i++ {
 				t := time.Now()
 				ok, err := fn(ctx, w, i)
-				if t.Before(start) {
-					continue
-				}
 				counted++
 				own = append(own, time.Since(t))
 				ops.Add(1)
@@ -404,15 +420,23 @@ func (b *bench) measure(ctx context.Context, sp spec, im *impl, warmup, dur time
 			lat.add(own)
 		})
 	}
-	time.Sleep(time.Until(start))
+	ready.Wait()
 	var stmts0 int64
 	if im.stmts != nil {
 		stmts0 = im.stmts.statements.Load()
 	}
+	server0 := b.serverCPU(ctx)
 	cpu0 := cpuTime()
+	start = time.Now()
+	deadline = start.Add(dur)
+	close(begin)
 	wg.Wait()
 	elapsed := time.Since(start)
 	cpu := cpuTime() - cpu0
+	var server time.Duration
+	for pid, t := range b.serverCPU(ctx) {
+		server += t - server0[pid] // a backend that began in the window, from 0
+	}
 	n := float64(max(ops.Load(), 1))
 	// Where no other worker takes a worker's targets, a refused attempt
 	// is no operation done: only the contended scenario counts attempts.
@@ -427,6 +451,7 @@ func (b *bench) measure(ctx context.Context, sp spec, im *impl, warmup, dur time
 		P50:       ms(lat.quantile(0.50)), P99: ms(lat.quantile(0.99)),
 		StmtPerOp: -1,
 		CPUPerOp:  float64(cpu.Microseconds()) / n,
+		ServerOp:  float64(server.Microseconds()) / n,
 		CPUCore:   100 * cpu.Seconds() / elapsed.Seconds(),
 		Errors:    errs.Load(),
 	}
@@ -467,13 +492,13 @@ func (b *bench) lockScenarios(ctx context.Context) error {
 		b.refusedWrites(ctx, mk)
 	}
 	specs := []spec{
-		{"lock", "acquire+release", 1, acquireRelease},
-		{"lock", "acquire+release", 8, acquireRelease},
-		{"lock", "acquire+release", 32, acquireRelease},
-		{"lock", newTargetsScenario, 32, acquireReleaseNew},
-		{"lock", contendedScenario, 32, b.contendedOp},
-		{"job", "full job", 1, fullJob},
-		{"job", "full job", 8, fullJob},
+		{"lock", "acquire+release", 1, acquireRelease, targetsPerWorker},
+		{"lock", "acquire+release", 8, acquireRelease, targetsPerWorker},
+		{"lock", "acquire+release", 32, acquireRelease, targetsPerWorker},
+		{"lock", newTargetsScenario, 32, acquireReleaseNew, 0},
+		{"lock", contendedScenario, 32, b.contendedOp, 0},
+		{"job", "full job", 1, fullJob, targetsPerWorker},
+		{"job", "full job", 8, fullJob, targetsPerWorker},
 	}
 	// Throughput: short slices, every implementation in turn, round after
 	// round, so that neighbours in time share the machine's load.
@@ -530,9 +555,15 @@ func (b *bench) addRound(round int, r result) {
 	b.add(r)
 }
 
+// targetsPerWorker is how many targets each worker of the acquire+release
+// and full job points takes in turn. Their warm-up takes each once, so
+// that the points measure targets acquired before, as a long-lived
+// process would.
+const targetsPerWorker = 64
+
 func acquireRelease(im *impl) op {
 	return func(ctx context.Context, w, i int) (bool, error) {
-		unlock, ok, err := im.try(ctx, fmt.Sprintf("ar-%d-%d", w, i%64))
+		unlock, ok, err := im.try(ctx, fmt.Sprintf("ar-%d-%d", w, i%targetsPerWorker))
 		if !ok || err != nil {
 			return false, err
 		}
@@ -559,7 +590,7 @@ func acquireReleaseNew(im *impl) op {
 
 func fullJob(im *impl) op {
 	return func(ctx context.Context, w, i int) (bool, error) {
-		return im.job(ctx, fmt.Sprintf("job-%d-%d", w, i%64), "result")
+		return im.job(ctx, fmt.Sprintf("job-%d-%d", w, i%targetsPerWorker), "result")
 	}
 }
 
@@ -612,7 +643,7 @@ func (b *bench) prepare(ctx context.Context, mk maker) error {
 		return func(ctx context.Context, w, i int) (bool, error) {
 			return im.job(ctx, fmt.Sprintf("warm-%d-%d", w, i%16), "x")
 		}
-	}}, mk, 200*time.Millisecond, false)
+	}, 0}, mk, 200*time.Millisecond, false)
 	return nil
 }
 

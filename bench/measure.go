@@ -140,8 +140,11 @@ type result struct {
 	WALSyncOp float64 `json:"wal_syncs_per_op"`
 	WALRecOp  float64 `json:"wal_records_per_op"`
 	CPUPerOp  float64 `json:"cpu_us_per_op"`
-	CPUCore   float64 `json:"cpu_core_pct"`
-	Errors    int64   `json:"errors"`
+	// ServerOp is the CPU of the implementation's server backends per
+	// operation, in µs.
+	ServerOp float64 `json:"server_cpu_us_per_op"`
+	CPUCore  float64 `json:"cpu_core_pct"`
+	Errors   int64   `json:"errors"`
 	// ErrorKinds counts the errors by message.
 	ErrorKinds map[string]int64 `json:"errors_by_message,omitempty"`
 	Overlaps   int64            `json:"overlapping_holders"`
@@ -152,8 +155,8 @@ type result struct {
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func (r result) String() string {
-	return fmt.Sprintf("%-10s %-28s %-18s w=%-3d ops/s=%9.0f p50=%7.2fms p99=%7.2fms stmt/op=%5.2f walsync/op=%5.2f walrec/op=%5.2f cpu=%6.1fus/op %5.1f%% err=%d %s %s",
-		r.Section, r.Scenario, r.Impl, r.Workers, r.OpsPerSec, r.P50, r.P99, r.StmtPerOp, r.WALSyncOp, r.WALRecOp, r.CPUPerOp, r.CPUCore, r.Errors, errorCounts(r.ErrorKinds), r.Note)
+	return fmt.Sprintf("%-10s %-28s %-18s w=%-3d ops/s=%9.0f p50=%7.2fms p99=%7.2fms stmt/op=%5.2f walsync/op=%5.2f walrec/op=%5.2f cpu=%6.1fus/op %5.1f%% server=%6.1fus/op err=%d %s %s",
+		r.Section, r.Scenario, r.Impl, r.Workers, r.OpsPerSec, r.P50, r.P99, r.StmtPerOp, r.WALSyncOp, r.WALRecOp, r.CPUPerOp, r.CPUCore, r.ServerOp, r.Errors, errorCounts(r.ErrorKinds), r.Note)
 }
 
 // byCount returns the messages of errors counted by message, the most
