@@ -3,6 +3,7 @@ package gormlease_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"strings"
 	"sync/atomic"
@@ -10,25 +11,80 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
 // commitPaths runs fn on each way a Repository can run its fenced commit:
-// on PostgreSQL, BEGIN and the locking statement in one query, and gorm's
-// transaction, which PostgreSQL falls back to and the other databases use.
+// on PostgreSQL, BEGIN and the locking statement in one round trip, as a
+// batch on pgx's connection ("default") or as one simple query on another
+// driver's ("other driver"), and gorm's transaction, which PostgreSQL
+// falls back to and the other databases use.
 func commitPaths(t *testing.T, fn func(t *testing.T, s *testdb.Server, db *gorm.DB, setup func(*gormlease.Repository))) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		t.Run("default", func(t *testing.T) { fn(t, s, db, func(*gormlease.Repository) {}) })
 		if s.Name == "postgres" {
+			t.Run("other driver", func(t *testing.T) { fn(t, s, otherDriverDB(t, s), func(*gormlease.Repository) {}) })
 			t.Run("gorm", func(t *testing.T) { fn(t, s, db, gormlease.CommitThroughGorm) })
 		}
 	})
 }
+
+// otherDriverDB opens s's database, PostgreSQL, through connections of
+// pgx's database/sql driver that hide pgx's own connection, as a driver
+// other than pgx (lib/pq) would: the backend then sends what it sends on
+// such a driver.
+func otherDriverDB(t *testing.T, s *testdb.Server) *gorm.DB {
+	t.Helper()
+	c, err := stdlib.GetDefaultDriver().(driver.DriverContext).OpenConnector(s.DSN)
+	require.NoError(t, err)
+	sqlDB := sql.OpenDB(hiddenPgxConnector{c})
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	return db
+}
+
+// hiddenPgxConnector makes pgx's driver connections hiddenPgxConns.
+type hiddenPgxConnector struct{ driver.Connector }
+
+func (c hiddenPgxConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	dc, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pc, ok := dc.(pgxDriverConn)
+	if !ok {
+		_ = dc.Close()
+		return nil, errors.New("not pgx's driver connection")
+	}
+	return hiddenPgxConn{pc}, nil
+}
+
+// pgxDriverConn is what pgx's driver connection implements of
+// database/sql's interfaces.
+type pgxDriverConn interface {
+	driver.Conn
+	driver.ConnBeginTx
+	driver.ConnPrepareContext
+	driver.ExecerContext
+	driver.QueryerContext
+	driver.Pinger
+	driver.SessionResetter
+	driver.NamedValueChecker
+}
+
+// hiddenPgxConn passes database/sql's interfaces on to pgx's driver
+// connection, and nothing else: not its Conn method, which gives pgx's
+// connection.
+type hiddenPgxConn struct{ pgxDriverConn }
 
 // trickyTargets are target IDs that an SQL literal must escape, or that
 // differ from another only in what escaping could confuse.
@@ -129,10 +185,13 @@ func TestCommit_SaverNestsTransactions(t *testing.T) {
 	})
 }
 
-// postgresPaths runs fn on PostgreSQL, once on each commit path.
+// postgresPaths runs fn on PostgreSQL, once on each commit path (see
+// commitPaths).
 func postgresPaths(t *testing.T, fn func(t *testing.T, db *gorm.DB, setup func(*gormlease.Repository))) {
-	db := testdb.Postgres(t).DB(t)
+	s := testdb.Postgres(t)
+	db := s.DB(t)
 	t.Run("default", func(t *testing.T) { t.Parallel(); fn(t, db, func(*gormlease.Repository) {}) })
+	t.Run("other driver", func(t *testing.T) { t.Parallel(); fn(t, otherDriverDB(t, s), func(*gormlease.Repository) {}) })
 	t.Run("gorm", func(t *testing.T) { t.Parallel(); fn(t, db, gormlease.CommitThroughGorm) })
 }
 
@@ -157,8 +216,9 @@ func TestCommit_AbortedTransactionSavesNothing(t *testing.T) {
 }
 
 // On PostgreSQL Run's fenced commit sends BEGIN and its locking statement
-// as one query (CommitIfOwner sends BEGIN, then the model's locking read),
-// and falls back to gorm's transaction, BEGIN alone, when the
+// in one round trip, as a batch on pgx's connection or as one query on
+// another driver's (CommitIfOwner sends BEGIN, then the model's locking
+// read), and falls back to gorm's transaction, BEGIN alone, when the
 // driver refused that once.
 func TestCommit_PostgresBeginsAndLocksInOneQuery(t *testing.T) {
 	t.Parallel()
@@ -167,7 +227,8 @@ func TestCommit_PostgresBeginsAndLocksInOneQuery(t *testing.T) {
 		r := newRunner(t, rec)
 		setup(r.Repository())
 		ctx := context.Background()
-		oneQuery := strings.HasSuffix(t.Name(), "/default")
+		ownConn := strings.HasSuffix(t.Name(), "/default")
+		oneTrip := !strings.HasSuffix(t.Name(), "/gorm")
 
 		// CommitIfOwner: a locking read through the model, and the save
 		// recorded after the saver, on every pool; on the default pool the
@@ -179,7 +240,7 @@ func TestCommit_PostgresBeginsAndLocksInOneQuery(t *testing.T) {
 		st.take()
 		require.NoError(t, r.Repository().CommitIfOwner(ctx, l, func(tx *gorm.DB) error { return nil }))
 		sql := st.take()
-		if oneQuery {
+		if ownConn {
 			require.NotEmpty(t, sql)
 			assert.Equal(t, "BEGIN ISOLATION LEVEL READ COMMITTED", sql[0])
 			sql = sql[1:]
@@ -199,7 +260,7 @@ func TestCommit_PostgresBeginsAndLocksInOneQuery(t *testing.T) {
 		sql = st.take()
 		require.Len(t, sql, 3, "acquire, lock, save")
 		assert.Contains(t, sql[1], "UPDATE job_lease SET released_at")
-		assert.Equal(t, oneQuery, strings.HasPrefix(sql[1], "BEGIN ISOLATION LEVEL READ COMMITTED; UPDATE "), "%s", sql[1])
+		assert.Equal(t, oneTrip, strings.HasPrefix(sql[1], "BEGIN ISOLATION LEVEL READ COMMITTED; UPDATE "), "%s", sql[1])
 	})
 }
 

@@ -66,6 +66,18 @@ func lostOnly(d pgx.TraceQueryStartData) int64 {
 	return int64(strings.Count(tokens, ",") + 1)
 }
 
+// TraceBatchStart counts a batch, which pgx sends in one round trip, as one
+// statement: gormlease's fenced commit sends BEGIN and its locking
+// statement so.
+func (c *counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.statements.Add(1)
+	return ctx
+}
+
+func (c *counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 func (c *counter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
 	sent, ok := ctx.Value(beatKey{}).(int64)
 	switch {

@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	mysqldriver "github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
@@ -70,27 +69,18 @@ func (c *brokenConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	bc := &brokenConn{inner: dc}
-	if pc, ok := dc.(interface{ Conn() *pgx.Conn }); ok {
-		// The backend reaches pgx's connection itself (a simple query,
-		// notifications): let it, as through the driver's own.
-		return &brokenPgxConn{brokenConn: bc, pgx: pc}, nil
-	}
-	return bc, nil
+	// The connection does not give pgx's own (it has no Conn method),
+	// so that the backend sends every statement through it: on pgx's
+	// connection, the fenced commit's BEGIN and save go as one batch
+	// that no rewriting here would see. The backend then falls back to
+	// what it does on other drivers (the BEGIN and the save as one
+	// simple query, polling instead of notifications).
+	return &brokenConn{inner: dc}, nil
 }
 
 // brokenConn is a driver connection that rewrites each query with
 // breakFence and passes everything else on.
 type brokenConn struct{ inner driver.Conn }
-
-// brokenPgxConn is a brokenConn of pgx's driver, which also gives pgx's
-// connection.
-type brokenPgxConn struct {
-	*brokenConn
-	pgx interface{ Conn() *pgx.Conn }
-}
-
-func (c *brokenPgxConn) Conn() *pgx.Conn { return c.pgx.Conn() }
 
 func (c *brokenConn) Prepare(query string) (driver.Stmt, error) {
 	return c.inner.Prepare(breakFence(query))

@@ -151,9 +151,10 @@ func StartStatement(ctx context.Context, db *gorm.DB, query string) (context.Con
 }
 
 // Trace reports a statement started with StartStatement to db's logger,
-// with the rows it affected.
-func Trace(ctx context.Context, db *gorm.DB, begin time.Time, query string, rows int64, err error) {
-	trace(ctx, db, begin, query, nil, rows, err)
+// with its arguments (written in as the dialector explains them) and the
+// rows it affected.
+func Trace(ctx context.Context, db *gorm.DB, begin time.Time, query string, args []any, rows int64, err error) {
+	trace(ctx, db, begin, query, args, rows, err)
 }
 
 // startStatement starts the span of query, on db, when ctx has a hook; end

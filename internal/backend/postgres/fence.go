@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease/internal/backend"
@@ -27,7 +30,7 @@ const commitSQL = "SELECT 1; COMMIT"
 // its notices (see simpleQuery), so that a commit whose wait for the
 // synchronous standbys was cut short is not a success; with f.Release,
 // BEGIN and the statement that records the save and releases the lease go
-// in one query (see beginOnConn). On any other pool it runs through gorm's
+// in one round trip (see beginOnConn). On any other pool it runs through gorm's
 // transaction, as on the other databases.
 func (b *Backend) CommitFenced(ctx context.Context, db *gorm.DB, f backend.Fence) error {
 	return b.FenceWith(ctx, db, f, b.UpdateOwn, b.beginOnConn)
@@ -37,13 +40,14 @@ func (b *Backend) CommitFenced(ctx context.Context, db *gorm.DB, f backend.Fence
 // of its own, whose COMMIT is read with its notices, and locks f's row.
 // With f.Release, BEGIN and the statement that records the save and
 // releases the lease, which locks the row and checks the token in one, go
-// in one query (beginLocked). Without, the transaction begins by a BEGIN
-// of its own, and the row is locked by the locking read through the row's
-// model (Common.LockRead); the save is recorded after the saver. It
-// reports handled false, having run nothing, when it cannot: db's pool is
-// not a *sql.DB, or its driver cannot (then the commit goes through gorm's
-// transaction, and, when the driver refused the one-query BEGIN, b's
-// commits do from then on).
+// in one round trip: a batch on pgx's connection (beginPipelined), or, on
+// another driver's, one simple query (beginLocked). Without, the
+// transaction begins by a BEGIN of its own, and the row is locked by the
+// locking read through the row's model (Common.LockRead); the save is
+// recorded after the saver. It reports handled false, having run nothing,
+// when it cannot: db's pool is not a *sql.DB, or its driver cannot (then
+// the commit goes through gorm's transaction, and, when the driver refused
+// the one-query BEGIN, b's commits do from then on).
 func (b *Backend) beginOnConn(ctx context.Context, db *gorm.DB, f backend.Fence) (*backend.FencedTx, bool, error) {
 	sqlDB, ok := db.Statement.ConnPool.(*sql.DB)
 	if !ok || b.oneTripRefused.Load() {
@@ -56,17 +60,20 @@ func (b *Backend) beginOnConn(ctx context.Context, db *gorm.DB, f backend.Fence)
 	c := &connTx{db: db, conn: conn, inTx: true}
 	var held bool
 	if f.Release {
-		var query string
-		if query, err = b.beginLocked(f.Lease); err != nil {
-			_ = conn.Close()
-			return nil, true, err
-		}
 		var n int64
-		_, n, err = backend.ExecOn(ctx, db, conn, query)
-		if err != nil && refusesQueries(err) {
-			_ = conn.Close()
-			b.oneTripRefused.Store(true)
-			return nil, false, nil
+		n, err = b.beginPipelined(ctx, db, conn, f.Lease)
+		if errors.Is(err, errNotPgx) {
+			var query string
+			if query, err = b.beginLocked(f.Lease); err != nil {
+				_ = conn.Close()
+				return nil, true, err
+			}
+			_, n, err = backend.ExecOn(ctx, db, conn, query)
+			if err != nil && refusesQueries(err) {
+				_ = conn.Close()
+				b.oneTripRefused.Store(true)
+				return nil, false, nil
+			}
 		}
 		held = n == 1
 	} else {
@@ -144,11 +151,91 @@ func (c *connTx) commit(ctx context.Context) error {
 	return err
 }
 
+// beginPipelined begins the fenced transaction at READ COMMITTED and runs
+// the statement that records the save and releases the lease
+// (backend.SaveRelease), which locks l's row, in one round trip, on pgx's
+// connection under conn in pgx's default query mode (cache_statement):
+// BEGIN as a simple query, then the statement, prepared once per
+// connection (pgx's Conn.Prepare, which answers from the connection's own
+// statements after the first call), bound to the target and the token and
+// executed, all sent at once. The server so does not parse and plan the
+// statement at every commit, as it would the simple query of beginLocked.
+// It returns the rows the statement affected, and errNotPgx, having sent
+// nothing, when conn is not pgx's, or is in another query mode, which may
+// be chosen because prepared statements do not last (a pooler between).
+func (b *Backend) beginPipelined(ctx context.Context, db *gorm.DB, conn *sql.Conn, l backend.Lease) (int64, error) {
+	var res simpleResult
+	sent := false
+	begin := time.Now()
+	ctx, end := backend.StartStatement(ctx, db, b.beginSaveReleaseSQL)
+	err := conn.Raw(func(dc any) error {
+		c, ok := dc.(pgxConn)
+		if !ok || c.Conn().Config().DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+			return errNotPgx
+		}
+		sent = true
+		if c.Conn().IsClosed() || c.Conn().PgConn().IsBusy() {
+			return driver.ErrBadConn
+		}
+		sd, err := c.Conn().Prepare(ctx, b.saveReleaseSQL, b.saveReleaseSQL)
+		if err != nil {
+			return err
+		}
+		pg := c.Conn().PgConn()
+		// One value for the messages and the token's text: each would be
+		// an allocation of its own, as Send's argument escapes.
+		m := new(struct {
+			query  pgproto3.Query
+			bind   pgproto3.Bind
+			exec   pgproto3.Execute
+			sync   pgproto3.Sync
+			params [2][]byte
+			token  [36]byte
+		})
+		tokenText(&m.token, l.Token)
+		m.params = [2][]byte{[]byte(l.TargetID), m.token[:]}
+		m.query.String = beginSQL
+		m.bind.PreparedStatement = sd.Name
+		m.bind.Parameters = m.params[:] // text, as no format codes say otherwise
+		f := pg.Frontend()
+		f.Send(&m.query)
+		f.Send(&m.bind)
+		f.Send(&m.exec)
+		f.Send(&m.sync)
+		if err := f.Flush(); err != nil {
+			return &badConn{err}
+		}
+		// Two answers, each up to its ReadyForQuery: BEGIN's, then the
+		// statement's, read even when BEGIN failed (then the statement
+		// ran outside a transaction, and the caller discards the
+		// connection for the error).
+		beginErr := readAnswer(ctx, pg, &res)
+		var bad *badConn
+		if errors.As(beginErr, &bad) {
+			return beginErr
+		}
+		err = readAnswer(ctx, pg, &res)
+		if errors.As(err, &bad) || beginErr == nil {
+			return err
+		}
+		return beginErr
+	})
+	if !sent {
+		return 0, errNotPgx
+	}
+	if end != nil {
+		end(err)
+	}
+	backend.Trace(ctx, db, begin, b.beginSaveReleaseSQL, []any{l.TargetID, l.Token.String()}, res.n, err)
+	return res.n, err
+}
+
 // beginLocked returns the query that begins the fenced transaction at READ
 // COMMITTED and runs the statement that records the save and releases the
-// lease (backend.SaveRelease), which locks the lease row, on l's row. pgx
-// (and lib/pq) send a query without arguments as a simple query, which may
-// hold several statements; its rows affected are the last statement's.
+// lease (backend.SaveRelease), which locks the lease row, on l's row, for
+// drivers other than pgx (see beginPipelined). lib/pq sends a query without
+// arguments as a simple query, which may hold several statements; its rows
+// affected are the last statement's.
 // The statement's $1 and $2, the target and the token, are written in as
 // literals (see literal), in one pass and one allocation: the query is
 // built for every fenced commit.

@@ -34,6 +34,8 @@ type Backend struct {
 	schemaSQL, heartbeatSQL string
 	heartbeatParts          [3]string // heartbeatSQL before $1, between $1 and $2, and after $2
 	saveReleaseParts        [3]string // the statement of backend.SaveRelease, cut so too (see beginLocked)
+	saveReleaseSQL          string    // the statement of backend.SaveRelease (see beginPipelined)
+	beginSaveReleaseSQL     string    // BEGIN and that statement, as beginPipelined reports them
 	acquireSQL, rowSQL      string
 	takeOverSQL             string
 	stateSQL, markSQL       string
@@ -82,7 +84,9 @@ WHERE target_id = $1 AND generation = $2 AND (released_at IS NULL OR paused_at I
 	d := dialect(t)
 	d.PrefixRange = b.bytewiseOrder
 	b.Common = backend.NewCommon(d, t)
-	head, rest, _ = strings.Cut(b.OwnSQL(backend.SaveRelease), "$1")
+	b.saveReleaseSQL = b.OwnSQL(backend.SaveRelease)
+	b.beginSaveReleaseSQL = beginSQL + "; " + b.saveReleaseSQL
+	head, rest, _ = strings.Cut(b.saveReleaseSQL, "$1")
 	mid, tail, _ = strings.Cut(rest, "$2")
 	b.saveReleaseParts = [3]string{head, mid, tail}
 	return b

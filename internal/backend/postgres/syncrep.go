@@ -6,8 +6,10 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -110,7 +112,7 @@ func simpleQuery(ctx context.Context, db *gorm.DB, conn *sql.Conn, query, report
 		end(err)
 	}
 	if report {
-		backend.Trace(ctx, db, begin, reported, res.n, err)
+		backend.Trace(ctx, db, begin, reported, nil, res.n, err)
 	}
 	return res, err
 }
@@ -146,8 +148,12 @@ func (e *badConn) Unwrap() []error { return []error{driver.ErrBadConn, e.err} }
 func readAnswer(ctx context.Context, pg *pgconn.PgConn, res *simpleResult) error {
 	var serverErr error
 	cancelled := false
+	w := watch(ctx, pg)
+	defer w.stop()
 	for {
-		msg, err := pg.ReceiveMessage(ctx)
+		// Read without ctx: pgconn would watch it anew for each message
+		// (three allocations each); w watches it once for the answer.
+		msg, err := pg.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				cancelStatement(pg)
@@ -184,6 +190,49 @@ func readAnswer(ctx context.Context, pg *pgconn.PgConn, res *simpleResult) error
 			}
 			return nil
 		}
+	}
+}
+
+// answerWatch ends the reads of one answer on a connection when a context
+// ends, by the connection's read deadline, as pgconn does for each message
+// read with a context.
+type answerWatch struct {
+	mu       sync.Mutex
+	conn     net.Conn
+	done     bool // the answer was read: set no deadline
+	deadline bool // the deadline was set
+	stopFunc func() bool
+}
+
+// watch sets pg's read deadline to now once ctx ends, until its stop. A
+// context that never ends costs nothing.
+func watch(ctx context.Context, pg *pgconn.PgConn) *answerWatch {
+	if ctx.Done() == nil {
+		return nil
+	}
+	w := &answerWatch{conn: pg.Conn()}
+	w.stopFunc = context.AfterFunc(ctx, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if !w.done {
+			w.deadline = true
+			_ = w.conn.SetReadDeadline(time.Now())
+		}
+	})
+	return w
+}
+
+// stop ends the watch, and clears the deadline if ctx ended meanwhile, so
+// that a connection whose answer was read whole stays usable.
+func (w *answerWatch) stop() {
+	if w == nil || w.stopFunc() {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done = true
+	if w.deadline {
+		_ = w.conn.SetReadDeadline(time.Time{})
 	}
 }
 
