@@ -173,6 +173,9 @@ type candidate struct {
 	plain bool
 	// narrow makes T with the plain-SQL lease's three columns.
 	narrow bool
+	// seeded makes, before the points, the released rows of every
+	// worker's targets: the candidate's acquire makes no row.
+	seeded bool
 	// insert, when set, runs after acquire took nothing, as this version's
 	// acquire does: its arguments are acquire's but the generation.
 	insert string
@@ -198,7 +201,7 @@ WHERE T.updated_at < now() - make_interval(secs => $3)`
 		{key: "c_cte", name: "one statement: UPDATE first, INSERT only without a free row (a CTE)", acquire: cteAcquire, release: committedRelease},
 		{key: "c_pair", name: "gormlease before (cf335ea): UPDATE, then INSERT only when it took nothing", acquire: pairTakeOver, insert: pairInsert, release: rawRelease},
 		{key: "c_now", name: "gormlease now: one statement (a CTE) for every outcome", acquire: rawAcquireSQL, release: rawRelease},
-		{key: "c_row", name: "gormlease now, a row seen before: the CTE without its INSERT", acquire: rawAcquireRowSQL, release: rawRelease},
+		{key: "c_row", name: "gormlease now, a row seen before: the CTE without its INSERT", acquire: rawAcquireRowSQL, release: rawRelease, seeded: true},
 	}
 }
 
@@ -276,6 +279,15 @@ func (b *bench) candidateScenarios(ctx context.Context) error {
 		}
 		if _, err := b.admin.Exec(ctx, ddl); err != nil {
 			return fmt.Errorf("%s: %w", ddl, err)
+		}
+		if c.seeded {
+			// The targets of acquireRelease: ar-<worker>-<i>.
+			seed := "INSERT INTO " + q(c.key) + " (target_id, lease_token, generation, updated_at, released_at)" +
+				" SELECT 'ar-' || w || '-' || i, gen_random_uuid(), 1, now(), now()" +
+				" FROM generate_series(0, 31) AS w, generate_series(0, $1 - 1) AS i"
+			if _, err := b.admin.Exec(ctx, seed, targetsPerWorker); err != nil {
+				return fmt.Errorf("%s: %w", seed, err)
+			}
 		}
 	}
 	_, err := b.admin.Exec(ctx, "SELECT public.pg_stat_statements_reset()")

@@ -113,7 +113,7 @@ func main() {
 }
 
 func run(o options) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
 	cfg, err := pgx.ParseConfig(o.dsn)
 	if err != nil {
@@ -382,10 +382,14 @@ func (b *bench) measure(ctx context.Context, sp spec, im *impl, warmup time.Dura
 	// caches, and PostgreSQL plans each prepared statement afresh for its
 	// first five executions on a connection before it settles on a plan
 	// (docs/performance.md, "A fresh connection's first statements"). Each
-	// worker runs at least warmOps operations and for at least warmup;
+	// worker runs at least warmOps operations (for at most maxWarmup) and
+	// for at least warmup;
 	// the window starts once every worker has, so that it measures warm
 	// pools whatever the time their first statements took.
 	warmEnd := time.Now().Add(warmup)
+	// An implementation that takes seconds for its warm-up operations
+	// (pglock with its heartbeats on lib/pq) stops warming after warmCap.
+	warmCap := time.Now().Add(max(warmup, maxWarmup))
 	var start, deadline time.Time
 	var ready sync.WaitGroup
 	ready.Add(workers)
@@ -395,7 +399,7 @@ func (b *bench) measure(ctx context.Context, sp spec, im *impl, warmup time.Dura
 	for w := range workers {
 		wg.Go(func() {
 			i := 0
-			for ; (i < warmOps || time.Now().Before(warmEnd)) && ctx.Err() == nil; i++ {
+			for ; (i < warmOps && time.Now().Before(warmCap) || time.Now().Before(warmEnd)) && ctx.Err() == nil; i++ {
 				_, _ = fn(ctx, w, i)
 			}
 			ready.Done()
@@ -554,6 +558,10 @@ func (b *bench) addRound(round int, r result) {
 	r.Round = round
 	b.add(r)
 }
+
+// maxWarmup bounds the time a point's workers spend on their warm-up
+// operations.
+const maxWarmup = 2 * time.Second
 
 // targetsPerWorker is how many targets each worker of the acquire+release
 // and full job points takes in turn. Their warm-up takes each once, so
