@@ -39,6 +39,7 @@ func TestReadAnswer_EndsWithItsContext(t *testing.T) {
 	_, err := postgres.ReadAnswer(ctx, conn, "SELECT pg_sleep(60)")
 	require.Error(t, err)
 	assert.ErrorIs(t, err, driver.ErrBadConn)
+	assert.ErrorIs(t, err, context.Canceled, "the error does not say that the context ended")
 	assert.Less(t, time.Since(start), 30*time.Second, "the read outlived its context")
 	// The statement was cancelled: its backend is no longer running it.
 	other := connect(t)

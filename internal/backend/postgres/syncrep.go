@@ -157,6 +157,9 @@ func readAnswer(ctx context.Context, pg *pgconn.PgConn, res *simpleResult) error
 		if err != nil {
 			if ctx.Err() != nil {
 				cancelStatement(pg)
+				// w's deadline ended the read: say why, as pgconn does
+				// for a read ended by its context.
+				err = fmt.Errorf("receive message failed: %w (%w)", ctx.Err(), err)
 			}
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) {
