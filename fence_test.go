@@ -23,9 +23,9 @@ import (
 )
 
 // commitPaths runs fn on each way a Repository can run its fenced commit:
-// on PostgreSQL, BEGIN and the locking statement in one round trip, as a
-// batch on pgx's connection ("default") or as one simple query on another
-// driver's ("other driver"), and gorm's transaction, which PostgreSQL
+// on PostgreSQL, BEGIN and the locking statement in one round trip, with
+// the statement prepared on pgx's connection ("default") or as one simple
+// query on another driver's ("other driver"), and gorm's transaction, which PostgreSQL
 // falls back to and the other databases use.
 func commitPaths(t *testing.T, fn func(t *testing.T, s *testdb.Server, db *gorm.DB, setup func(*gormlease.Repository))) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
@@ -216,8 +216,8 @@ func TestCommit_AbortedTransactionSavesNothing(t *testing.T) {
 }
 
 // On PostgreSQL Run's fenced commit sends BEGIN and its locking statement
-// in one round trip, as a batch on pgx's connection or as one query on
-// another driver's (CommitIfOwner sends BEGIN, then the model's locking
+// in one round trip, with the statement prepared on pgx's connection or
+// as one query on another driver's (CommitIfOwner sends BEGIN, then the model's locking
 // read), and falls back to gorm's transaction, BEGIN alone, when the
 // driver refused that once.
 func TestCommit_PostgresBeginsAndLocksInOneQuery(t *testing.T) {

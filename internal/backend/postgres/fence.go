@@ -40,8 +40,9 @@ func (b *Backend) CommitFenced(ctx context.Context, db *gorm.DB, f backend.Fence
 // of its own, whose COMMIT is read with its notices, and locks f's row.
 // With f.Release, BEGIN and the statement that records the save and
 // releases the lease, which locks the row and checks the token in one, go
-// in one round trip: a batch on pgx's connection (beginPipelined), or, on
-// another driver's, one simple query (beginLocked). Without, the
+// in one round trip: on pgx's connection in its default query mode, BEGIN
+// and the statement prepared, sent together (beginPipelined); otherwise
+// one simple query (beginLocked). Without, the
 // transaction begins by a BEGIN of its own, and the row is locked by the
 // locking read through the row's model (Common.LockRead); the save is
 // recorded after the saver. It reports handled false, having run nothing,
