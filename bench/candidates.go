@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,7 +22,8 @@ import (
 // acquire+release on raw pgx, each on a table of its own named by the
 // candidate's key. Where the server loads pg_stat_statements it also reports
 // each statement's server time, buffers and WAL, and for each acquire
-// EXPLAIN (ANALYZE, BUFFERS) on a released row.
+// EXPLAIN (ANALYZE, BUFFERS) on a released row. A few of them
+// (newTargetCandidates) are measured on targets never acquired before too.
 
 // committedAcquire is the acquire of the version before this one, on table
 // T: two subqueries for the new row's generation (the row's own and the
@@ -179,6 +181,10 @@ type candidate struct {
 	// insert, when set, runs after acquire took nothing, as this version's
 	// acquire does: its arguments are acquire's but the generation.
 	insert string
+	// fresh measures c on targets never acquired before too (see
+	// newTargetCandidates); onlyFresh measures it there alone: an acquire
+	// that never takes a row over.
+	fresh, onlyFresh bool
 }
 
 // candidates are the statements measured apart.
@@ -202,8 +208,44 @@ WHERE T.updated_at < now() - make_interval(secs => $3)`
 		{key: "c_pair", name: "gormlease before (cf335ea): UPDATE, then INSERT only when it took nothing", acquire: pairTakeOver, insert: pairInsert, release: rawRelease},
 		{key: "c_now", name: "gormlease now: one statement (a CTE) for every outcome", acquire: rawAcquireSQL, release: rawRelease},
 		{key: "c_row", name: "gormlease now, a row seen before: the CTE without its INSERT", acquire: rawAcquireRowSQL, release: rawRelease, seeded: true},
+		{key: "c_keep", name: "plain-SQL lease whose release keeps the row", acquire: plainT.Replace(plainAcquire), release: keepRelease, plain: true, narrow: true, fresh: true},
+		{key: "c_insert", name: "an INSERT that only inserts, above the floor (ON CONFLICT DO NOTHING)", acquire: insertOnly, release: rawRelease, onlyFresh: true},
 	}
 }
+
+// keepRelease releases a plain-SQL lease by marking its row expired rather
+// than deleting it: the row stays, as gormlease's does.
+const keepRelease = `UPDATE T SET updated_at = '-infinity' WHERE target_id = $1 AND lease_token = $2`
+
+// insertOnly is the least a first acquire of gormlease's row can be: one
+// INSERT above the generation floor, which takes nothing where a row is.
+// It reads its fourth and fifth arguments only so that its arguments are
+// the other candidates'.
+const insertOnly = `
+INSERT INTO T (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+SELECT CAST($1 AS varchar), CAST($2 AS uuid),
+	COALESCE((SELECT generation FROM raw_lease_floor WHERE id = 1), 0) + 1,
+	CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
+WHERE CAST($4 AS bigint) IS NOT NULL AND CAST($5 AS bigint) <= 0
+ON CONFLICT (target_id) DO NOTHING
+RETURNING generation`
+
+// newTargetCandidates are the candidates measured on targets never
+// acquired before: the plain-SQL lease, with its row deleted and kept,
+// gormlease's one statement, and the least INSERT.
+func newTargetCandidates(cs []candidate) []candidate {
+	var fresh []candidate
+	for _, c := range cs {
+		if c.key == "c_plain" || c.key == "c_now" || c.fresh || c.onlyFresh {
+			fresh = append(fresh, c)
+		}
+	}
+	return fresh
+}
+
+// newTargetCandidatesScenario is the candidates' scenario on targets never
+// acquired before.
+const newTargetCandidatesScenario = "candidates, new targets"
 
 // on writes c's statements for its own table.
 func (c candidate) on(s string) string {
@@ -292,24 +334,25 @@ func (b *bench) candidateScenarios(ctx context.Context) error {
 	}
 	_, err := b.admin.Exec(ctx, "SELECT public.pg_stat_statements_reset()")
 	stats := err == nil
-	if stats {
-	}
 	const conns = 34
-	makers := make([]maker, len(cs))
-	for i, c := range cs {
-		makers[i] = func() (*impl, error) { return newCandidate(ctx, b.dsn, conns, c) }
+	var makers []maker
+	for _, c := range cs {
+		if !c.onlyFresh {
+			makers = append(makers, func() (*impl, error) { return newCandidate(ctx, b.dsn, conns, c) })
+		}
 	}
 	slice := b.o.duration / time.Duration(b.o.rounds)
 	for _, w := range []int{1, 8, 32} {
 		sp := spec{"candidates", "candidates", w, acquireRelease, targetsPerWorker}
-		for round := range b.o.rounds {
-			for i := range makers {
-				b.addRound(round, b.point(ctx, sp, makers[(i+round)%len(makers)], slice, false))
-			}
-		}
+		b.rotate(ctx, sp, makers, slice)
 	}
 	b.settle(ctx)
+	// The figures of the statements, before the points on new targets run
+	// some of them again.
 	for _, c := range cs {
+		if c.onlyFresh {
+			continue
+		}
 		r := candidateResult{c: c, stats: stats}
 		_ = b.admin.QueryRow(ctx, `SELECT n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`,
 			b.o.schema, c.key).Scan(&r.hot, &r.upd)
@@ -321,7 +364,24 @@ func (b *bench) candidateScenarios(ctx context.Context) error {
 		}
 		b.cands = append(b.cands, r)
 	}
+	makers = nil
+	for _, c := range newTargetCandidates(cs) {
+		makers = append(makers, func() (*impl, error) { return newCandidate(ctx, b.dsn, conns, c) })
+		b.freshCands = append(b.freshCands, c)
+	}
+	b.rotate(ctx, spec{"candidates", newTargetCandidatesScenario, 32, acquireReleaseNew, 0}, makers, slice)
+	b.settle(ctx)
 	return nil
+}
+
+// rotate runs the point sp of every maker for slice, o.rounds times, the
+// makers taking turns, each round starting one further along.
+func (b *bench) rotate(ctx context.Context, sp spec, makers []maker, slice time.Duration) {
+	for round := range b.o.rounds {
+		for i := range makers {
+			b.addRound(round, b.point(ctx, sp, makers[(i+round)%len(makers)], slice, false))
+		}
+	}
 }
 
 // statementStat reads from pg_stat_statements the figures of c's acquire
@@ -358,7 +418,8 @@ func (b *bench) explain(ctx context.Context, c candidate, target string, free bo
 		if c.plain {
 			return []any{target, token, leaseTimeout.Seconds()}
 		}
-		return []any{target, token, "bench", leaseTimeout.Microseconds(), -1, leaseTimeout.Milliseconds()}
+		all := []any{target, token, "bench", leaseTimeout.Microseconds(), -1, leaseTimeout.Milliseconds(), false}
+		return all[:params(c.acquire)]
 	}
 	// The row, live; released too when free (the plain lease deletes it).
 	create, createArgs := c.on(c.acquire), args(uuid.New())
@@ -414,6 +475,18 @@ func (b *bench) explain(ctx context.Context, c candidate, target string, free bo
 	return strings.Join(out, "\n")
 }
 
+// params returns how many parameters query has: the highest $n in it.
+func params(query string) int {
+	n := 0
+	for _, m := range paramRef.FindAllStringSubmatch(query, -1) {
+		k, _ := strconv.Atoi(m[1])
+		n = max(n, k)
+	}
+	return n
+}
+
+var paramRef = regexp.MustCompile(`\$([0-9]+)`)
+
 // errSkipCommit rolls an explained transaction back.
 var errSkipCommit = errors.New("roll back")
 
@@ -457,19 +530,20 @@ func (b *bench) candidatesReport(p func(string, ...any)) {
 			stat(a), num(a.calls > 0, a.hit, "%.1f"), num(a.calls > 0, a.walRec, "%.2f"), num(a.calls > 0, a.wB, "%.0f"),
 			stat(rel), num(rel.calls > 0, rel.walRec, "%.2f"), hot)
 	}
-	p("\nWhat was found, and changed (the figures are this run's, above):\n\n")
-	p("- **The subqueries, the from-generation predicate, the notification, the wider row: each costs little.** Taking out the floor subquery, the row's own generation, both, the from predicate, or the release's `RETURNING CASE … pg_notify` moves ops/s within the noise of the slices, and the server time of the acquire by a few µs (an index probe of a cached page each); the plain-SQL lease on a row as wide as job_lease runs as fast as on its narrow one. None of them is the regression.\n")
-	p("- **The cost was the shape of the takeover.** `INSERT … ON CONFLICT DO UPDATE` on a row that exists runs the insert's SELECT (its subqueries included), probes the index for the conflict, locks the row, which writes a WAL record of its own (Heap LOCK), then updates it: %s WAL records and %s buffers per acquire before, against %s and %s for a bare `UPDATE` of the free row now. The acquire is now that `UPDATE` (TakeOverSQL), HOT like before, and the `INSERT` (LEFT JOIN on the row, the floor read only without one, `ON CONFLICT DO NOTHING`) runs only when the `UPDATE` took nothing: a target's first acquire, and an acquire refused by a live lease, are two statements, as on MySQL. The `INSERT` reads the row in a CTE and answers, when it refuses, the live lease it read (holder, generation, age and timeout: the `*HeldError`), so that a refusal says who holds the target without a third statement.\n",
+	b.freshCandidatesReport(p, plain)
+	p("\nWhat was found, and what gormlease runs (the figures are this run's, above):\n\n")
+	p("- **The subqueries, the from-generation predicate, the notification, the wider row: each costs little.** Taking out the floor subquery, the row's own generation, both, the from predicate, or the release's `RETURNING CASE … pg_notify` moves ops/s within the noise of the slices, and the server time of the acquire by a few µs (an index probe of a cached page each); the plain-SQL lease on a row as wide as job_lease runs as fast as on its narrow one.\n")
+	p("- **The shape of the takeover is what costs.** `INSERT … ON CONFLICT DO UPDATE` on a row that exists runs the insert's SELECT (its subqueries included), probes the index for the conflict, locks the row, which writes a WAL record of its own (Heap LOCK), then updates it: %s WAL records and %s buffers per acquire for *gormlease before (5364ab8)*, against %s and %s for the `UPDATE` of *gormlease before (cf335ea)*, which, after a target's first acquire, is all that candidate runs.\n",
 		b.candStat("c_committed", func(s candidateStat) float64 { return s.walRec }, "%.2f"), b.candStat("c_committed", func(s candidateStat) float64 { return s.hit }, "%.1f"),
-		b.candStat("c_now", func(s candidateStat) float64 { return s.walRec }, "%.2f"), b.candStat("c_now", func(s candidateStat) float64 { return s.hit }, "%.1f"))
-	p("- **One statement with both parts, a CTE, is not faster.** It cut the executor's time and the WAL records as much, but its plan opens the UPDATE, the INSERT with its conflict arbiter and the LEFT JOIN on every call: with pgbench (8 clients, a private cluster, server CPU read from /proc) a cycle of acquire and release cost the server about 140 µs with it and with the earlier statement, 122–136 µs with the bare UPDATE, and 98–114 µs for the plain-SQL lease's upsert and DELETE.\n")
-	p("- **What is left** is the design's: a lease row that stays, so that its generation goes on, is two new row versions per cycle (the takeover and the release, each a HOT update with page pruning), where the plain-SQL lease inserts one and marks it deleted.\n")
-	p("- **Guarantees kept**: a refused acquire writes nothing (the UPDATE's WHERE fails on the live row its snapshot shows, and takes no lock; the INSERT sees the live row and inserts nothing; see *Safety checks*); generations rise across prunes (the new row starts above the row its snapshot shows, else above the floor); notifications stay on the release, only for rows marked as waited on; takeovers and releases are HOT updates (*Safety checks* and the last column above; TestAcquire_TakeoverIsOneHOTUpdate checks it with pg_walinspect on a cluster of its own).\n")
+		b.candStat("c_pair", func(s candidateStat) float64 { return s.walRec }, "%.2f"), b.candStat("c_pair", func(s candidateStat) float64 { return s.hit }, "%.1f"))
+	p("- **What gormlease runs now** (the library's PostgreSQL backend, and *gormlease SQL, raw pgx* above) chooses the statement by what its Repository has seen of the target. A target it saw taken last time is taken over by that bare `UPDATE` (TakeOverSQL) alone, a HOT update; only when that takes nothing does the CTE without its INSERT (*a row seen before*) run, to answer who holds it. A target it has not seen gets the one statement for every outcome (*gormlease now*, a CTE): a first acquire, a takeover and a refusal are each one round trip, and a refusal answers the live lease (holder, generation, age and timeout: the `*HeldError`) and writes nothing. A target it saw refused gets the CTE without its INSERT. The CTE costs the server more per call than the bare `UPDATE` (its plan opens the UPDATE, the INSERT with its conflict arbiter and the read of the row on every call), which is why it runs only where the Repository has not seen the target taken.\n")
+	p("- **What is left** is the design's: a lease row that stays, so that its generation goes on, is two new row versions per cycle (the takeover and the release, each a HOT update with page pruning), where the plain-SQL lease inserts one and deletes it. *plain-SQL lease whose release keeps the row* is the plain lease with that one change.\n")
+	p("- **Guarantees kept**: a refused acquire writes nothing (the UPDATE's WHERE fails on the live row its snapshot shows, and takes no lock; the INSERT does not run where the snapshot shows a row; see *Safety checks*); generations rise across prunes (a new row starts above the floor, which Prune raises in the transaction that deletes); notifications stay on the release, only for rows marked as waited on; takeovers and releases are HOT updates (*Safety checks* and the last column above; TestAcquire_TakeoverIsOneHOTUpdate checks it with pg_walinspect on a cluster of its own).\n")
 	if !b.cands[0].stats {
 		p("\npg_stat_statements is not loaded on this server (shared_preload_libraries), so the server columns are n/a; run this section on a cluster that loads it.\n")
 		return
 	}
-	p("\nServer µs and plan µs are pg_stat_statements' mean execution and planning time per call over the whole section (the plan column is the mean over the calls that planned: %s), buffers hit and WAL are per call; the server times leave out parsing, the protocol and the commit's WAL flush. HOT updates are n_tup_hot_upd of n_tup_upd on the candidate's table after the section.\n",
+	p("\nServer µs and plan µs are pg_stat_statements' mean execution and planning time per call over the section's points on targets acquired before (the first table; the plan column is the mean over the calls that planned: %s), buffers hit and WAL are per call; the server times leave out parsing, the protocol and the commit's WAL flush. HOT updates are n_tup_hot_upd of n_tup_upd on the candidate's table after the section.\n",
 		"a prepared statement plans on its first calls, then reuses a generic plan")
 	for _, key := range []string{"c_committed", "c_now"} {
 		for _, r := range b.cands {
@@ -478,6 +552,24 @@ func (b *bench) candidatesReport(p func(string, ...any)) {
 			}
 			p("\nEXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) of *%s*'s acquire on a released row (a takeover), then on a live one (a refusal):\n\n```\n%s\n```\n\n```\n%s\n```\n", r.c.name, r.explain, r.explainR)
 		}
+	}
+}
+
+// freshCandidatesReport writes the candidates' table on targets never
+// acquired before.
+func (b *bench) freshCandidatesReport(p func(string, ...any), plain string) {
+	if len(b.freshCands) == 0 {
+		return
+	}
+	p("\nThe same on targets never acquired before (32 workers, each acquire on a new target):\n\n")
+	p("| candidate | ops/s | vs plain | client CPU µs/op | server CPU µs/op |\n|---|---|---|---|---|\n")
+	for _, c := range b.freshCands {
+		m, ok := b.find(newTargetCandidatesScenario, c.name, 32)
+		if !ok {
+			continue
+		}
+		p("| %s | %.0f | %.2f× | %.0f | %.0f |\n", c.name, m.OpsPerSec,
+			b.ratio(newTargetCandidatesScenario, c.name, plain, 32), m.CPUPerOp, m.ServerOp)
 	}
 }
 

@@ -54,8 +54,19 @@ func (r hbResult) String() string {
 
 // window measures a heartbeat scenario for o.hbWindow: statements from c,
 // CPU, the oldest lease (age, when the table keeps a heartbeat time) and
-// the connections in use (inUse, when there is a database/sql pool).
-func (b *bench) window(ctx context.Context, r *hbResult, c *counter, age string, inUse func() int, beats func() int64) {
+// the connections in use (inUse, when there is a database/sql pool). The
+// counts are read when the window ends, to the timer's precision, not at
+// the next sample: a batched heartbeat's statements are spread evenly over
+// the interval, so a window that overran by a sample would count one or two
+// more than its length holds. The renewals come from c's command tags, or
+// from beats, a count that each renewal advances, or, with renewedSince
+// set, from the table: that query answers, for a time on the database's
+// clock ($1), the held rows renewed since then and the database's time
+// now; it is read at the window's start, at each whole heartbeat interval
+// and at its end, each reading counting the rows renewed since the last
+// (each at most once), over the database's time between the first and the
+// last.
+func (b *bench) window(ctx context.Context, r *hbResult, c *counter, age string, inUse func() int, beats func() int64, renewedSince string) {
 	var stmts0, beats0, renewed0 int64
 	if c != nil {
 		stmts0, beats0, renewed0 = c.statements.Load(), c.beats.Load(), c.renewed.Load()
@@ -66,10 +77,33 @@ func (b *bench) window(ctx context.Context, r *hbResult, c *counter, age string,
 	}
 	cpu0 := cpuTime()
 	start := time.Now()
+	end := start.Add(b.o.hbWindow)
+	var renewals int64
+	var since, first time.Time
+	readRenewed := func() {
+		var n int64
+		var now time.Time
+		if err := b.admin.QueryRow(ctx, renewedSince, since).Scan(&n, &now); err == nil {
+			renewals, since = renewals+n, now
+		}
+	}
+	if renewedSince != "" {
+		since = time.Now().Add(time.Hour) // none renewed since: only the time
+		readRenewed()
+		renewals, first = 0, since
+	}
+	nextRead := start.Add(hbInterval)
 	var samples, busy, inUseSum int
 	r.MaxAge = -1
-	for time.Since(start) < b.o.hbWindow && ctx.Err() == nil {
-		time.Sleep(50 * time.Millisecond)
+	for ctx.Err() == nil {
+		time.Sleep(min(50*time.Millisecond, time.Until(end)))
+		if !time.Now().Before(end) {
+			break
+		}
+		if renewedSince != "" && !time.Now().Before(nextRead) {
+			readRenewed()
+			nextRead = nextRead.Add(hbInterval)
+		}
 		if inUse != nil {
 			n := inUse()
 			samples++
@@ -95,6 +129,12 @@ func (b *bench) window(ctx context.Context, r *hbResult, c *counter, age string,
 	}
 	if beats != nil {
 		r.RenewPerSec = float64(beats()-ext0) / secs
+	}
+	if renewedSince != "" {
+		readRenewed()
+		if span := since.Sub(first).Seconds(); span > 0 {
+			r.RenewPerSec = float64(renewals) / span
+		}
 	}
 	r.Missed = max(0, 100*(1-r.RenewPerSec/(float64(r.Held)/hbInterval.Seconds())))
 	if samples > 0 {
@@ -150,9 +190,11 @@ func (b *bench) hbGormlease(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("gormlease: %w", err)
 	}
-	time.Sleep(hbInterval + hbInterval/4) // into the rhythm of the beats
+	time.Sleep(hbInterval + hbInterval/4) // every lease renewed once
 	r.Held = h.held.Load()
-	b.window(ctx, &r, c, b.ageSQL("job_lease", "released_at IS NULL AND "), func() int { return sqlDB.Stats().InUse }, nil)
+	renewed := fmt.Sprintf(`SELECT count(*), clock_timestamp() FROM %s.job_lease
+WHERE released_at IS NULL AND target_id LIKE 'hb-%%' AND updated_at > $1`, b.o.schema)
+	b.window(ctx, &r, c, b.ageSQL("job_lease", "released_at IS NULL AND "), func() int { return sqlDB.Stats().InUse }, nil, renewed)
 	r.Lost = h.lost.Load()
 	b.addHB(r)
 	return nil
@@ -276,7 +318,7 @@ func (b *bench) hbPlain(ctx context.Context) error {
 	}
 	time.Sleep(hbInterval + hbInterval/4)
 	r.Held = int64(b.o.leases)
-	b.window(ctx, &r, im.stmts, b.ageSQL("plain_lease", ""), func() int { return int(pool.Stat().AcquiredConns()) }, nil)
+	b.window(ctx, &r, im.stmts, b.ageSQL("plain_lease", ""), func() int { return int(pool.Stat().AcquiredConns()) }, nil, "")
 	cancel()
 	wg.Wait()
 	_, err = pool.Exec(ctx, `DELETE FROM plain_lease WHERE target_id LIKE 'hb-%'`)
@@ -320,7 +362,7 @@ func (b *bench) hbPglock(ctx context.Context, onPgx bool) error {
 		_ = b.admin.QueryRow(ctx, `SELECT last_value FROM `+b.o.schema+`.`+table+`_rvn`).Scan(&v)
 		return v
 	}
-	b.window(ctx, &r, im.stmts, "", func() int { return db.Stats().InUse }, seq)
+	b.window(ctx, &r, im.stmts, "", func() int { return db.Stats().InUse }, seq, "")
 	if im.stmts == nil {
 		r.StmtPerSec = 2 * r.RenewPerSec
 		r.Note += "; 2 statements a beat"

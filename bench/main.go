@@ -269,8 +269,10 @@ type bench struct {
 	sat          []satResult
 	checks       []string
 	// wake, fan and spreadR are the waiting section's results.
-	// cands are the candidates section's results.
-	cands []candidateResult
+	// cands are the candidates section's results; freshCands are the
+	// candidates it measured on targets never acquired before.
+	cands      []candidateResult
+	freshCands []candidate
 	// server describes the server; loadStart is the load average when the
 	// run began.
 	server, loadStart string

@@ -192,7 +192,9 @@ func errorCounts(kinds map[string]int64) string {
 // which pgx's tracer does not see: they are sent as simple queries on the
 // connection's wire protocol (so that their notices are read), with the
 // leases written in as array literals, and reported to the gorm logger
-// (without their error: a failed one with rows -1).
+// with placeholders in their place (and without their error: a failed one
+// with rows -1). The rows they renewed are read from the table instead
+// (see window).
 type beatLogger struct {
 	logger.Interface
 	c *counter
@@ -205,11 +207,4 @@ func (l beatLogger) Trace(_ context.Context, _ time.Time, fc func() (string, int
 	}
 	l.c.statements.Add(1)
 	l.c.beats.Add(1)
-	// The second array literal holds the tokens, one per lease sent; the
-	// rows are the leases that the statement did not renew.
-	if i := strings.LastIndex(sql, "'{"); i >= 0 {
-		if j := strings.Index(sql[i:], "}'"); j > 2 {
-			l.c.renewed.Add(int64(strings.Count(sql[i:i+j], ",")+1) - rows)
-		}
-	}
 }
