@@ -247,6 +247,25 @@ func newTargetCandidates(cs []candidate) []candidate {
 // acquired before.
 const newTargetCandidatesScenario = "candidates, new targets"
 
+// contendedCandidates are the candidates measured with 32 workers on one
+// target: the plain-SQL lease, with its row deleted and kept, and each
+// shape of gormlease's acquire: the upsert of before, the UPDATE then the
+// INSERT, the one statement, and the one statement without its INSERT.
+func contendedCandidates(cs []candidate) []candidate {
+	var out []candidate
+	for _, c := range cs {
+		switch c.key {
+		case "c_plain", "c_keep", "c_committed", "c_pair", "c_now", "c_row":
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// contendedCandidatesScenario is the candidates' scenario with 32 workers
+// contending on one target.
+const contendedCandidatesScenario = "candidates, contended"
+
 // on writes c's statements for its own table.
 func (c candidate) on(s string) string {
 	return tableName.ReplaceAllString(s, c.key)
@@ -323,11 +342,13 @@ func (b *bench) candidateScenarios(ctx context.Context) error {
 			return fmt.Errorf("%s: %w", ddl, err)
 		}
 		if c.seeded {
-			// The targets of acquireRelease: ar-<worker>-<i>.
+			// The targets of acquireRelease, ar-<worker>-<i>, and the
+			// one of contendedOp.
 			seed := "INSERT INTO " + q(c.key) + " (target_id, lease_token, generation, updated_at, released_at)" +
 				" SELECT 'ar-' || w || '-' || i, gen_random_uuid(), 1, now(), now()" +
-				" FROM generate_series(0, 31) AS w, generate_series(0, $1 - 1) AS i"
-			if _, err := b.admin.Exec(ctx, seed, targetsPerWorker); err != nil {
+				" FROM generate_series(0, 31) AS w, generate_series(0, $1 - 1) AS i" +
+				" UNION ALL SELECT $2, gen_random_uuid(), 1, now(), now()"
+			if _, err := b.admin.Exec(ctx, seed, targetsPerWorker, "hot-"+c.name); err != nil {
 				return fmt.Errorf("%s: %w", seed, err)
 			}
 		}
@@ -370,6 +391,13 @@ func (b *bench) candidateScenarios(ctx context.Context) error {
 		b.freshCands = append(b.freshCands, c)
 	}
 	b.rotate(ctx, spec{"candidates", newTargetCandidatesScenario, 32, acquireReleaseNew, 0}, makers, slice)
+	b.settle(ctx)
+	makers = nil
+	for _, c := range contendedCandidates(cs) {
+		makers = append(makers, func() (*impl, error) { return newCandidate(ctx, b.dsn, conns, c) })
+		b.hotCands = append(b.hotCands, c)
+	}
+	b.rotate(ctx, spec{"candidates", contendedCandidatesScenario, 32, b.contendedOp, 0}, makers, slice)
 	b.settle(ctx)
 	return nil
 }
@@ -531,12 +559,17 @@ func (b *bench) candidatesReport(p func(string, ...any)) {
 			stat(rel), num(rel.calls > 0, rel.walRec, "%.2f"), hot)
 	}
 	b.freshCandidatesReport(p, plain)
+	b.contendedCandidatesReport(p, plain)
 	p("\nWhat was found, and what gormlease runs (the figures are this run's, above):\n\n")
 	p("- **The subqueries, the from-generation predicate, the notification, the wider row: each costs little.** Taking out the floor subquery, the row's own generation, both, the from predicate, or the release's `RETURNING CASE … pg_notify` moves ops/s within the noise of the slices, and the server time of the acquire by a few µs (an index probe of a cached page each); the plain-SQL lease on a row as wide as job_lease runs as fast as on its narrow one.\n")
 	p("- **The shape of the takeover is what costs.** `INSERT … ON CONFLICT DO UPDATE` on a row that exists runs the insert's SELECT (its subqueries included), probes the index for the conflict, locks the row, which writes a WAL record of its own (Heap LOCK), then updates it: %s WAL records and %s buffers per acquire for *gormlease before (5364ab8)*, against %s and %s for the `UPDATE` of *gormlease before (cf335ea)*, which, after a target's first acquire, is all that candidate runs.\n",
 		b.candStat("c_committed", func(s candidateStat) float64 { return s.walRec }, "%.2f"), b.candStat("c_committed", func(s candidateStat) float64 { return s.hit }, "%.1f"),
 		b.candStat("c_pair", func(s candidateStat) float64 { return s.walRec }, "%.2f"), b.candStat("c_pair", func(s candidateStat) float64 { return s.hit }, "%.1f"))
 	p("- **What gormlease runs now** (the library's PostgreSQL backend, and *gormlease SQL, raw pgx* above) chooses the statement by what its Repository has seen of the target. A target it saw taken last time is taken over by that bare `UPDATE` (TakeOverSQL) alone, a HOT update; only when that takes nothing does the CTE without its INSERT (*a row seen before*) run, to answer who holds it. A target it has not seen gets the one statement for every outcome (*gormlease now*, a CTE): a first acquire, a takeover and a refusal are each one round trip, and a refusal answers the live lease (holder, generation, age and timeout: the `*HeldError`) and writes nothing. A target it saw refused gets the CTE without its INSERT. The CTE costs the server more per call than the bare `UPDATE` (its plan opens the UPDATE, the INSERT with its conflict arbiter and the read of the row on every call), which is why it runs only where the Repository has not seen the target taken.\n")
+	if len(b.hotCands) > 0 {
+		p("- **On one contended target** (the table above) a refusal writes nothing in every shape of gormlease's acquire, so each runs at several times the plain-SQL lease's upsert, whose refusals lock the row and wait for a WAL flush: the one statement (a CTE) at %s, and without its INSERT, which is what gormlease runs on a target it saw refused, at %s. The UPDATE followed by an INSERT (*gormlease before (cf335ea)*) spends two statements on every refusal, %s an attempt, and runs at %s: the second round trip is what the one statement saves where attempts are refused.\n",
+			b.hotRatio("c_now"), b.hotRatio("c_row"), b.hotStmts("c_pair"), b.hotRatio("c_pair"))
+	}
 	p("- **The row that stays**: gormlease's lease row stays, so that its generation goes on: a cycle is two new versions of it (the takeover and the release, each a HOT update with page pruning), where the plain-SQL lease inserts a row and deletes it. *plain-SQL lease whose release keeps the row* is the plain lease with only that change (its release marks the row expired): its ratio beside the plain lease's is what keeping the row costs by itself.\n")
 	p("- **Guarantees kept**: a refused acquire writes nothing (the UPDATE's WHERE fails on the live row its snapshot shows, and takes no lock; the INSERT does not run where the snapshot shows a row; see *Safety checks*); generations rise across prunes (a new row starts above the floor, which Prune raises in the transaction that deletes); notifications stay on the release, only for rows marked as waited on; takeovers and releases are HOT updates (*Safety checks* and the last column above; TestAcquire_TakeoverIsOneHOTUpdate checks it with pg_walinspect on a cluster of its own).\n")
 	if !b.cands[0].stats {
@@ -563,14 +596,64 @@ func (b *bench) freshCandidatesReport(p func(string, ...any), plain string) {
 	}
 	p("\nThe same on targets never acquired before (32 workers, each acquire on a new target):\n\n")
 	p("| candidate | ops/s | vs plain | client CPU µs/op | server CPU µs/op |\n|---|---|---|---|---|\n")
-	for _, c := range b.freshCands {
-		m, ok := b.find(newTargetCandidatesScenario, c.name, 32)
-		if !ok {
-			continue
-		}
+	b.eachPoint(newTargetCandidatesScenario, b.freshCands, func(c candidate, m result) {
 		p("| %s | %.0f | %.2f× | %.0f | %.0f |\n", c.name, m.OpsPerSec,
 			b.ratio(newTargetCandidatesScenario, c.name, plain, 32), m.CPUPerOp, m.ServerOp)
+	})
+}
+
+// eachPoint calls f with each of cs that has a point of scenario at 32
+// workers, and the point.
+func (b *bench) eachPoint(scenario string, cs []candidate, f func(candidate, result)) {
+	for _, c := range cs {
+		if m, ok := b.find(scenario, c.name, 32); ok {
+			f(c, m)
+		}
 	}
+}
+
+// contendedCandidatesReport writes the candidates' table with 32 workers
+// contending on one target.
+func (b *bench) contendedCandidatesReport(p func(string, ...any), plain string) {
+	if len(b.hotCands) == 0 {
+		return
+	}
+	overlaps := b.overlaps()
+	p("\nThe same with 32 workers contending on one target (attempts; each holder sleeps 200 µs):\n\n")
+	p("| candidate | attempts/s | vs plain | acquired | statements/attempt | client CPU µs/attempt | server CPU µs/attempt | overlapping holders |\n|---|---|---|---|---|---|---|---|\n")
+	b.eachPoint(contendedCandidatesScenario, b.hotCands, func(c candidate, m result) {
+		var ops, acquired int64
+		for _, r := range b.rounds(contendedCandidatesScenario, c.name, 32) {
+			ops, acquired = ops+r.Ops, acquired+r.Acquired
+		}
+		p("| %s | %.0f | %.2f× | %d of %d | %.2f | %.0f | %.0f | %d |\n", c.name, m.OpsPerSec,
+			b.ratio(contendedCandidatesScenario, c.name, plain, 32), acquired, ops, m.StmtPerOp, m.CPUPerOp, m.ServerOp, overlaps[c.name])
+	})
+}
+
+// hotRatio formats the contended ratio of the candidate keyed key to the
+// plain-SQL lease, or n/a.
+func (b *bench) hotRatio(key string) string {
+	for _, c := range b.hotCands {
+		if c.key == key {
+			if r := b.ratio(contendedCandidatesScenario, c.name, b.hotCands[0].name, 32); r > 0 {
+				return fmt.Sprintf("%.2f×", r)
+			}
+		}
+	}
+	return "n/a"
+}
+
+// hotStmts formats the statements per contended attempt of the candidate
+// keyed key, or n/a.
+func (b *bench) hotStmts(key string) string {
+	s := "n/a"
+	b.eachPoint(contendedCandidatesScenario, b.hotCands, func(c candidate, m result) {
+		if c.key == key && m.StmtPerOp >= 0 {
+			s = fmt.Sprintf("%.2f", m.StmtPerOp)
+		}
+	})
+	return s
 }
 
 // candStat formats one pg_stat_statements figure of the acquire of the

@@ -269,10 +269,11 @@ type bench struct {
 	sat          []satResult
 	checks       []string
 	// wake, fan and spreadR are the waiting section's results.
-	// cands are the candidates section's results; freshCands are the
-	// candidates it measured on targets never acquired before.
-	cands      []candidateResult
-	freshCands []candidate
+	// cands are the candidates section's results; freshCands and hotCands
+	// are the candidates it measured on targets never acquired before and
+	// on one contended target.
+	cands                []candidateResult
+	freshCands, hotCands []candidate
 	// server describes the server; loadStart is the load average when the
 	// run began.
 	server, loadStart string
@@ -447,7 +448,7 @@ func (b *bench) measure(ctx context.Context, sp spec, im *impl, warmup time.Dura
 	// Where no other worker takes a worker's targets, a refused attempt
 	// is no operation done: only the contended scenario counts attempts.
 	done := acquired.Load()
-	if sp.scenario == contendedScenario {
+	if contended(sp.scenario) {
 		done = ops.Load()
 	}
 	r := result{
@@ -607,6 +608,12 @@ func fullJob(im *impl) op {
 // contendedScenario is 32 workers on one target; contendedOp checks that
 // no two of them ever hold it at once.
 const contendedScenario = "contended, one target"
+
+// contended reports whether scenario is one of workers contending on one
+// target, whose attempts count, refused or not.
+func contended(scenario string) bool {
+	return scenario == contendedScenario || scenario == contendedCandidatesScenario
+}
 
 func (b *bench) contendedOp(im *impl) op {
 	hot := "hot-" + im.name

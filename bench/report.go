@@ -61,7 +61,7 @@ func (b *bench) find(scenario, impl string, workers int) (result, bool) {
 	}
 	med.Errors, med.ErrorKinds = errs, kinds
 	switch {
-	case scenario == contendedScenario:
+	case contended(scenario):
 		med.Note = fmt.Sprintf("%d of %d attempts acquired. %s", acquired, ops, med.Note)
 	case acquired < ops:
 		med.Note = fmt.Sprintf("%d of %d attempts refused or failed, on targets no other worker takes; ops/s counts only the others. %s", ops-acquired, ops, med.Note)
