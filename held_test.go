@@ -99,6 +99,28 @@ func TestHeldError_RefusalSaysWhoHolds(t *testing.T) {
 	})
 }
 
+// An AcquireFrom a generation above 0 on a target without a row refuses
+// and makes no row, on every database: the generation it waited for is
+// gone, and the caller must look again rather than start a new one. For
+// generation 0 it makes the row.
+func TestAcquireFrom_MakesNoRowForAGenerationAboveZero(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx := context.Background()
+		repo := holderRepository(t, db, "pod-a")
+		target := newTarget(t)
+
+		_, err := repo.AcquireFrom(ctx, target, time.Minute, 3)
+		require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
+		assert.Zero(t, countRows(t, db, &gormlease.JobLease{}, target), "rows made")
+
+		l, err := repo.AcquireFrom(ctx, target, time.Minute, 0)
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), countRows(t, db, &gormlease.JobLease{}, target), "rows made")
+		require.NoError(t, repo.Release(ctx, l))
+	})
+}
+
 // steps returns the statements that st recorded since the last take, but
 // for the one probe by which a Repository on MySQL finds out, on its first
 // acquire, what its server is: MariaDB, with RETURNING, or a Galera node.

@@ -148,8 +148,11 @@ func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
 // the row by the timeout its holder recorded, and the DO UPDATE never
 // takes a paused row (Repository.Pause). Ages are
 // compared in seconds through julianday(). A target without a row starts
-// above the generation floor; the statement holds the write
-// lock from its start, so no Prune can commit while it runs.
+// above the generation floor, but only for an acquire of any generation
+// or from 0: from a generation above 0 (backend.AcquireArgs.From) the
+// SELECT yields nothing where there is no row, so that no row is made for
+// a generation that is gone. The statement holds the write lock from its
+// start, so no Prune can commit while it runs.
 const acquireSQL = `
 INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
 SELECT ?1, ?2, COALESCE((SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1, ?3, ` + now + `, NULL, ?6
@@ -157,6 +160,7 @@ WHERE NOT EXISTS (
 	SELECT 1 FROM job_lease
 	WHERE target_id = ?1 AND released_at IS NULL
 	  AND (julianday('now') - julianday(updated_at)) * 86400.0 <= COALESCE(timeout_ms / 1000.0, ?4))
+  AND (?5 <= 0 OR EXISTS (SELECT 1 FROM job_lease WHERE target_id = ?1))
 ON CONFLICT (target_id) DO UPDATE SET
 	lease_token = excluded.lease_token,
 	generation  = l.generation + 1,
