@@ -36,9 +36,14 @@ var ErrSharedJobFailed = errors.New("gormlease: shared job failed")
 type SharedJobError struct {
 	// TargetID is the target of the job.
 	TargetID string
-	// Generation is the generation of the lease the job ran under, or 0
-	// when it is not known.
+	// Generation is the generation whose failure Message tells, or 0 when
+	// it is not known. It is the generation the caller waited for, or a
+	// later one when that one ended and a later one failed too before the
+	// caller read the row again: the row keeps only the last failure.
 	Generation int64
+	// WaitedFor is the generation the caller waited for, when it is not
+	// Generation; 0 otherwise.
+	WaitedFor int64
 	// Message is the job's error message as its lease row keeps it: at
 	// most 255 bytes of it. It may come from another process, possibly
 	// another user's request, and says what went wrong; the job's own
@@ -48,6 +53,10 @@ type SharedJobError struct {
 
 // Error implements error.
 func (e *SharedJobError) Error() string {
+	if e.WaitedFor > 0 && e.WaitedFor != e.Generation {
+		return fmt.Sprintf("gormlease: shared job %q (generation %d, after generation %d that was waited for ended without saving) failed: %s",
+			e.TargetID, e.Generation, e.WaitedFor, e.Message)
+	}
 	if e.Generation > 0 {
 		return fmt.Sprintf("gormlease: shared job %q (generation %d) failed: %s", e.TargetID, e.Generation, e.Message)
 	}
@@ -64,8 +73,10 @@ const endedWithoutSaving = "ended without saving a result"
 // Do runs work once for everyone who asks for targetID at the same time, across
 // goroutines, processes and machines (a distributed singleflight).
 //
-//   - When no one holds the target, Do runs work and save as Run does and
-//     returns (result, false, nil), or Run's error.
+//   - When no one holds the target and no result was saved since the call
+//     began, Do runs work and save as Run does and returns
+//     (result, false, nil), or Run's error (a *WorkError when work or save
+//     failed, even if that error wraps a refusal of a lease of its own).
 //   - When another holder's lease is live, Do waits for that job to end,
 //     holding no connection, until ctx is done. When the job saved its
 //     result, Do calls load in a transaction on the database (never on a
@@ -85,6 +96,21 @@ const endedWithoutSaving = "ended without saving a result"
 //   - When an operator stops the job (Repository.RequestStop), its waiters
 //     do not get a SharedJobError: the job was given up, not failed, and
 //     one of them takes over and runs the work.
+//
+// What Do promises, and the history checker (module history/) verifies
+// under faults, for a call that began at time B:
+//   - it runs the work only when no result was saved between B and its
+//     acquire: a job that saved while the call waited, or while its reads
+//     could not reach the database, is shared, never run a second time;
+//   - a result it shares (shared true) was saved after B, or within
+//     WithReuseFor, or, by up to the latency of the read that found it,
+//     just before B;
+//   - it returns ErrSharedJobFailed only when it did not run the work and
+//     a generation it waited for ended without saving.
+//
+// A save counts from the moment its fenced commit locked the row, as the
+// row records it on the database's clock (to a millisecond on SQLite). A
+// call that joins a job of its process (below) shares that job's B.
 //
 // Calls of Do for the same target on the same Runner in one process share
 // one job, or one wait and one load: only the first caller's work and save
@@ -141,15 +167,16 @@ func (r *Runner[T]) Do(ctx context.Context, targetID string,
 		switch {
 		case f.err == nil:
 			return f.value, !first || !f.ran, nil
-		case !first && f.ran && errors.Is(f.err, ErrStopRequested):
+		case !first && f.generation > 0 && errors.Is(f.err, ErrStopRequested):
 			// An operator stopped the job that ran here for the first
 			// caller: it was given up, not failed, and the others take
 			// over, as the callers in other processes do.
 			continue
-		case !first && f.ran:
-			// The job ran here, for the first caller: to the others it is a
-			// shared job that failed, as it is to the callers in other
-			// processes, which read its failure from the lease row.
+		case !first && f.generation > 0:
+			// The work ran here, for the first caller: to the others it is
+			// a shared job that failed, as it is to the callers in other
+			// processes, which read its failure from the lease row. (An
+			// acquire that failed ran nothing: they get its error.)
 			var lost *SharedJobError
 			if !errors.As(f.err, &lost) {
 				return zero, true, &SharedJobError{TargetID: targetID, Generation: f.generation, Message: failureText(f.err)}
@@ -194,8 +221,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 		refused := false
 		switch {
 		case unread:
-		case r.cfg.reuseFor > 0 && st.SavedGeneration > 0 && st.SavedAge >= 0 && st.SavedAge < r.cfg.reuseFor,
-			waitFor > 0 && st.SavedGeneration >= waitFor:
+		case savedSince(st, begin, r.cfg.reuseFor), waitFor > 0 && st.SavedGeneration >= waitFor:
 			tried = time.Now()
 			v, err := r.load(ctx, targetID, load)
 			return v, false, err
@@ -204,7 +230,11 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			if msg == "" {
 				msg = endedWithoutSaving
 			}
-			return zero, false, &SharedJobError{TargetID: targetID, Generation: st.Generation, Message: msg}
+			shared := &SharedJobError{TargetID: targetID, Generation: st.Generation, Message: msg}
+			if st.Generation != waitFor {
+				shared.WaitedFor = waitFor
+			}
+			return zero, false, shared
 		case st.Live(r.cfg.leaseTimeout):
 			waitFor = st.Generation
 			held.Store(&refusal{r.heldError(targetID, st)})
@@ -227,6 +257,8 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			expired := st.Found && !st.Released
 			v, err := r.run(ctx, targetID, work, save, takeover{generation: st.Generation, expired: expired})
 			if !errors.Is(err, ErrLeaseHeld) {
+				// A refusal of the work's own (a *WorkError) is not this
+				// call's: it ran, and failed.
 				return v, true, err
 			}
 			var h *HeldError
@@ -282,6 +314,30 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	}
 }
 
+// savedSince reports whether st shows a result saved after begin, when the
+// call that reads it began, or within reuse of the read: a result that Do
+// shares. A save counts from the moment its fenced commit locked the row,
+// which the row records (saved_at). The database took the read's ages
+// before its answer came, so a save after begin always reads as after it:
+// a call whose first reads failed finds so a job that began and saved while
+// it could not read, loads that job's result, and does not run the work a
+// second time. A save up to the read's latency (and savedSlack) before
+// begin may read as after it too.
+func savedSince(st backend.State, begin time.Time, reuse time.Duration) bool {
+	if st.SavedGeneration <= 0 || st.SavedAge < 0 {
+		return false
+	}
+	if st.SavedAge < reuse {
+		return true
+	}
+	return doFirstReadRule && !st.Read.IsZero() && !st.Read.Add(-st.SavedAge+savedSlack).Before(begin)
+}
+
+// savedSlack covers the coarsest clock among the databases' (SQLite's
+// milliseconds), by which a save just after a call began could read as
+// just before it.
+const savedSlack = time.Millisecond
+
 // withGeneration returns work, which records in *generation the
 // generation of the lease it runs under.
 func withGeneration[T any](work func(context.Context) (T, error), generation *int64) func(context.Context) (T, error) {
@@ -322,6 +378,10 @@ func (r *Runner[T]) load(ctx context.Context, targetID string, load func(*gorm.D
 // With WithSlots(n), it waits while all n slots are held, until one of them
 // is released or expires; up to n calls of the process go to the database
 // at once. It does not wait on ErrSlotCountConflict, which it returns.
+//
+// A work that fails ends the call with Run's *WorkError, even when its
+// error wraps a refusal of a lease of its own (it called Run on another
+// target): only RunWait's own acquire being refused makes it wait.
 //
 // Each call runs its own work, under a lease of its own: N calls for one
 // target run their work one at a time, each saving under its own

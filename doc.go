@@ -33,7 +33,8 @@
 //     SQLite a refusal's second is a read in the process: see
 //     Repository.Acquire.
 //   - Heartbeat: every interval, one statement stamps the row where both the
-//     target and the token match. Zero rows means the lease was taken over:
+//     target and the token match. Zero rows means the lease was taken over
+//     (or released by force):
 //     the work is cancelled, with ErrLeaseLost as its context.Cause. The
 //     leases that one Runner holds share a statement per 1,000 (two on
 //     MySQL).

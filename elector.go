@@ -56,7 +56,9 @@ func NewElector(db *gorm.DB, name string, opts ...Option) (*Elector, error) {
 //     or can no longer be trusted; lead should then return at once.
 //   - It releases the lease when lead returns, so that a standby leads.
 //
-// It returns lead's error; an error wrapping ErrLeaseLost when the term
+// It returns lead's error, as lead returned it (an error of lead's that
+// wraps ErrLeaseHeld, from a lease of its own, is not a refusal of the
+// role: Lead does not campaign again on it); an error wrapping ErrLeaseLost when the term
 // ended because the lease was lost, whatever lead returned; or an error
 // wrapping ctx's when ctx ended before a term began, which also wraps a
 // *HeldError saying who led when ctx ended while another holder's lease
@@ -82,12 +84,13 @@ func (e *Elector) Lead(ctx context.Context, lead func(ctx context.Context) error
 		return struct{}{}, leadErr
 	}
 	wait := backend.Backoff{Pause: campaignRetry, Max: campaignMaxRetry}
+	var failed *WorkError // lead's error, as RunWait returns it
 	for {
 		_, err := e.runner.RunWait(ctx, e.name, work, func(*gorm.DB, struct{}) error { return nil })
 		switch {
 		case err == nil:
 			return nil
-		case led && leadErr != nil && errors.Is(err, leadErr) && !errors.Is(err, ErrLeaseLost):
+		case led && leadErr != nil && errors.As(err, &failed) && failed.Err == leadErr:
 			return leadErr
 		case led || errors.Is(err, ErrInvalidArgument):
 			return err

@@ -23,9 +23,10 @@ var (
 	// another session was taking, renewing or releasing the lease.
 	ErrLeaseHeld = errors.New("gormlease: lease held by another holder")
 
-	// ErrLeaseLost is returned by Repository.Heartbeat, CommitIfOwner and
-	// Release when the lease row no longer carries the caller's token: it was
-	// taken over, or already released. Runner.Run returns it, and reports it
+	// ErrLeaseLost is returned by Repository.Heartbeat, Hold, CommitIfOwner,
+	// CommitAndRelease, Release and ReleaseFailed when the lease row no
+	// longer carries the caller's token: it was taken over, or already
+	// released. Runner.Run returns it, and reports it
 	// as the context.Cause of the work's context, when a heartbeat finds the
 	// lease taken or when the lease could not be confirmed in time (see the
 	// package documentation on self-fencing). Nothing is saved then.
@@ -60,7 +61,8 @@ var (
 	// ErrMaxHoldExceeded is returned by Runner.Run, and reported as the
 	// context.Cause of the work's context, when the work was still running
 	// when the Runner's WithMaxHold ran out. Nothing is saved then, and the
-	// lease is released once the work returns. It does not match
+	// lease is released once the work returns (with WithMinHold, held to the
+	// hold's end first). It does not match
 	// ErrLeaseLost: the lease was not taken from the Runner, which gave it up.
 	ErrMaxHoldExceeded = errors.New("gormlease: max hold exceeded")
 
@@ -212,12 +214,13 @@ func (e *stepError) Unwrap() error { return e.cause }
 // unprefixed returns err's message without its leading "gormlease: ".
 func unprefixed(err error) string { return strings.TrimPrefix(err.Error(), prefix) }
 
-// saveFailed wraps err, returned by the saver of l's fenced commit.
+// saveFailed wraps err, returned by the saver of l's fenced commit: in a
+// *WorkError, or, for a panic, in the commit's step.
 func saveFailed(l Lease, err error) error {
 	if _, panicked := err.(*PanicError); panicked {
 		return wrapf(err, "commit %q", l.TargetID) // the panic says "save panicked"
 	}
-	return wrapf(err, "save %q", l.TargetID)
+	return &WorkError{Step: "save", Target: l.TargetID, Generation: l.Generation, Err: err}
 }
 
 // cleanupError is an error after which cleaning up (releasing the lease)
@@ -244,8 +247,9 @@ func (e *commitUnknownError) Unwrap() []error { return []error{ErrCommitUnknown,
 
 // PanicError is returned by Runner.Run, RunWait and Do when the work or the
 // saver panics, and by Do when its load panics. They recover the panic,
-// release the lease they hold (a saver's transaction is rolled back first)
-// and return a *PanicError; they do not re-panic. Use errors.As to get at the value and
+// release the lease they hold (a saver's transaction is rolled back first;
+// with WithMinHold the lease stays held to the hold's end) and return a
+// *PanicError; they do not re-panic. Use errors.As to get at the value and
 // the stack. When the panic value is an error, errors.Is and errors.As see
 // through to it.
 type PanicError struct {

@@ -70,8 +70,9 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 //     and for how long) at once and does not call work.
 //  2. Work: work runs on the calling goroutine with a context that carries
 //     the lease (LeaseFromContext) and is cancelled when the caller's context
-//     is, or when the lease is lost; context.Cause then reports an error
-//     wrapping ErrLeaseLost. Meanwhile a heartbeat renews the lease every
+//     is, when the lease is lost (context.Cause then reports an error
+//     wrapping ErrLeaseLost), or when WithMaxHold has passed
+//     (ErrMaxHoldExceeded). Meanwhile a heartbeat renews the lease every
 //     interval. No database connection is held while work runs. When an
 //     operator asks the holder to stop (Repository.RequestStop), the next
 //     heartbeat finds the request and the context is cancelled with a
@@ -86,7 +87,8 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 //     have been taken over, nothing is saved and Run returns ErrLeaseLost.
 //  4. Release: on every other outcome the lease is released on a context
 //     that survives the caller's cancellation, bounded by the operation
-//     timeout.
+//     timeout; with WithMinHold it is held to the hold's end instead, unless
+//     an operator asked the holder to stop.
 //
 // Run returns only after work has returned, the heartbeat has stopped, and
 // the result was committed or discarded. It returns work's result and nil
@@ -94,10 +96,13 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 // what save stored: save gets a copy of it. To get back what the database
 // assigns during the save (an auto-increment ID, column defaults), make T a
 // pointer type and let save write through it, as tx.Create(result) does:
-// Run returns that same pointer, filled in. Errors from work and save are
-// wrapped, so errors.Is matches them; a panic in work or save is recovered
-// and returned as a *PanicError, and the lease is released. When the lease
-// is lost, Run returns ErrLeaseLost even if work returned a result.
+// Run returns that same pointer, filled in. An error from work or save is
+// returned as a *WorkError: errors.Is matches the function's own errors
+// through it, but not gormlease's, so that a work's failure is never taken
+// for Run's own refusal (see WorkError). A panic in work or save is
+// recovered and returned as a *PanicError, and the lease is released (as
+// step 4 says). When the lease is lost, Run returns ErrLeaseLost even if
+// work returned a result.
 //
 // While the database cannot be reached (a failover, a switchover, a
 // restart), Run does not fail at once (see WithReconnectWindow). The acquire
@@ -247,11 +252,12 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 	case cause != nil:
 		return zero, r.releaseAfter(ctx, lease, sent, wrapf(cause, "run %q", targetID))
 	case workErr != nil:
-		step := "work %q"
 		if _, panicked := workErr.(*PanicError); panicked {
-			step = "run %q" // the panic says "work panicked"
+			// the panic says "work panicked"
+			return zero, r.releaseAfter(ctx, lease, sent, wrapf(workErr, "run %q", targetID))
 		}
-		return zero, r.releaseAfter(ctx, lease, sent, wrapf(workErr, step, targetID))
+		return zero, r.releaseAfter(ctx, lease, sent,
+			&WorkError{Step: "work", Target: targetID, Generation: lease.Generation, Err: workErr})
 	}
 
 	commitCtx, endCommit := m.start(ctx, observe.Span{Kind: observe.SpanCommit, TargetID: targetID, Generation: lease.Generation})

@@ -3,6 +3,7 @@ package gormlease
 import (
 	"context"
 	"strings"
+	"time"
 
 	"github.com/gormlease/gormlease/internal/backend"
 	"github.com/gormlease/gormlease/internal/wait"
@@ -30,7 +31,9 @@ func (r *Runner[T]) wake(lease Lease) { wait.Wake(r.repo.waitKey, lease.row().Ta
 func (r *Runner[T]) readState(ctx context.Context, targetID string) (backend.State, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
 	defer cancel()
-	return r.repo.state(ctx, targetID)
+	st, err := r.repo.state(ctx, targetID)
+	st.Read = time.Now()
+	return st, err
 }
 
 // maxFailureLength is how much of a failed job's error its lease row keeps,

@@ -449,6 +449,10 @@ type State struct {
 	// stop (RequestStop): a generation released so was given up, not
 	// failed, and its waiters take over rather than share its failure.
 	Stopped bool
+	// Read is when the read's answer came, on this process's clock: the
+	// database took its ages (Age, SavedAge) before then. It is set by the
+	// waiters' reads (internal/wait, Runner.Do), and zero elsewhere.
+	Read time.Time
 }
 
 // Live reports whether the generation that st shows is held and not

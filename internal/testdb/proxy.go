@@ -11,17 +11,19 @@ import (
 // blackhole traffic (keep connections open and deliver nothing), delay it,
 // and cut every connection.
 type Proxy struct {
-	ln     net.Listener
+	ln     net.Listener // replaced by Admit after Refuse; under mu
+	addr   string
 	target string
 
-	mu      sync.Mutex
-	cond    *sync.Cond
-	blocked bool
-	closed  bool
-	conns   map[net.Conn]struct{}
-	wg      sync.WaitGroup
-	trigger *trigger         // see BlackholeOn
-	delay   [2]time.Duration // see SetDelay; [1] is towards the server
+	mu       sync.Mutex
+	cond     *sync.Cond
+	blocked  bool
+	closed   bool
+	refusing bool // see Refuse
+	conns    map[net.Conn]struct{}
+	wg       sync.WaitGroup
+	trigger  *trigger         // see BlackholeOn
+	delay    [2]time.Duration // see SetDelay; [1] is towards the server
 }
 
 // NewProxy starts a proxy to target ("host:port") on a free loopback port.
@@ -32,16 +34,16 @@ func NewProxy(tb testing.TB, target string) *Proxy {
 	if err != nil {
 		tb.Fatalf("proxy: %v", err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, addr: ln.Addr().String(), target: target, conns: map[net.Conn]struct{}{}}
 	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(1)
-	go p.accept()
+	go p.accept(ln)
 	tb.Cleanup(p.Close)
 	return p
 }
 
 // Addr is the address that clients connect to.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+func (p *Proxy) Addr() string { return p.addr }
 
 // Blackhole withholds all traffic, both ways, on every connection, old and
 // new, until Restore. Connections stay open.
@@ -86,16 +88,17 @@ func (p *Proxy) Close() {
 	p.closed = true
 	p.blocked = false
 	p.cond.Broadcast()
+	ln := p.ln
 	p.mu.Unlock()
-	p.ln.Close()
+	ln.Close()
 	p.Cut()
 	p.wg.Wait()
 }
 
-func (p *Proxy) accept() {
+func (p *Proxy) accept(ln net.Listener) {
 	defer p.wg.Done()
 	for {
-		client, err := p.ln.Accept()
+		client, err := ln.Accept()
 		if err != nil {
 			return
 		}

@@ -247,6 +247,7 @@ func (w *Watch) loop(ctx context.Context, initial *backend.State) {
 		if read {
 			rctx, cancel := context.WithTimeout(ctx, readTimeout)
 			st, err := h.src.Backend.State(rctx, h.src.DB, w.target)
+			st.Read = time.Now()
 			cancel()
 			if ctx.Err() != nil {
 				return
