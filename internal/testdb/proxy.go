@@ -9,7 +9,7 @@ import (
 
 // Proxy is a TCP proxy in front of a database server, for fault tests: it can
 // blackhole traffic (keep connections open and deliver nothing), delay it,
-// and cut every connection.
+// rewrite what a client sends, and cut every connection.
 type Proxy struct {
 	ln     net.Listener // replaced by Admit after Refuse; under mu
 	addr   string
@@ -23,6 +23,7 @@ type Proxy struct {
 	conns    map[net.Conn]struct{}
 	wg       sync.WaitGroup
 	trigger  *trigger         // see BlackholeOn
+	rewrite  *rewrite         // see RewriteOn
 	delay    [2]time.Duration // see SetDelay; [1] is towards the server
 }
 
@@ -163,6 +164,9 @@ func (p *Proxy) pipe(src, dst net.Conn, toServer bool) {
 			t.Stop()
 		}
 		p.mu.Lock()
+		if toServer {
+			p.rewriteLocked(c.data)
+		}
 		passes := toServer && p.tripLocked(c.data)
 		for p.blocked && !p.closed && !passes {
 			p.cond.Wait()

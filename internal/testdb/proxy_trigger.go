@@ -2,6 +2,7 @@ package testdb
 
 import (
 	"bytes"
+	"testing"
 )
 
 // trigger is a pending BlackholeOn.
@@ -44,4 +45,42 @@ func (p *Proxy) Disarm() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.trigger = nil
+}
+
+// rewrite is a pending RewriteOn.
+type rewrite struct {
+	old, new  []byte
+	rewritten chan struct{}
+}
+
+// RewriteOn arms the proxy to replace old with new, byte for byte, in the
+// first chunk a client sends that contains old (compared exactly): the
+// server reads new in its place. new must be as long as old, so that the
+// lengths that frame the protocol's messages still hold. The returned
+// channel is closed once the chunk was rewritten; it rewrites once.
+func (p *Proxy) RewriteOn(tb testing.TB, old, new string) <-chan struct{} {
+	tb.Helper()
+	if len(old) != len(new) || old == "" {
+		tb.Fatalf("proxy: rewrite of %q needs a replacement of %d bytes, not %q", old, len(old), new)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rewrite = &rewrite{old: []byte(old), new: []byte(new), rewritten: make(chan struct{})}
+	return p.rewrite.rewritten
+}
+
+// rewriteLocked applies the armed rewrite to chunk, from a client, in
+// place, if chunk contains its text. p.mu is held.
+func (p *Proxy) rewriteLocked(chunk []byte) {
+	r := p.rewrite
+	if r == nil {
+		return
+	}
+	i := bytes.Index(chunk, r.old)
+	if i < 0 {
+		return
+	}
+	copy(chunk[i:], r.new)
+	p.rewrite = nil
+	close(r.rewritten)
 }

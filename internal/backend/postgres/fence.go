@@ -155,12 +155,17 @@ func (c *connTx) commit(ctx context.Context) error {
 // beginPipelined begins the fenced transaction at READ COMMITTED and runs
 // the statement that records the save and releases the lease
 // (backend.SaveRelease), which locks l's row, in one round trip, on pgx's
-// connection under conn in pgx's default query mode (cache_statement):
-// BEGIN as a simple query, then the statement, prepared once per
-// connection (pgx's Conn.Prepare, which answers from the connection's own
-// statements after the first call), bound to the target and the token and
-// executed, all sent at once. The server so does not parse and plan the
-// statement at every commit, as it would the simple query of beginLocked.
+// connection under conn in pgx's default query mode (cache_statement).
+// Both go in the extended protocol, before one Sync: BEGIN parsed as the
+// unnamed statement, bound and executed, then the statement, prepared once
+// per connection (pgx's Conn.Prepare, which answers from the connection's
+// own statements after the first call), bound to the target and the token
+// and executed, all sent at once. The server so does not parse and plan
+// the statement at every commit, as it would the simple query of
+// beginLocked. After an error it skips what comes before the Sync: the
+// statement never runs when BEGIN failed, where it would run, and commit,
+// outside a transaction, recording the lease as released and saved
+// without the saver's writes.
 // It returns the rows the statement affected, and errNotPgx, having sent
 // nothing, when conn is not pgx's, or is in another query mode, which may
 // be chosen because prepared statements do not last (a pooler between).
@@ -186,40 +191,33 @@ func (b *Backend) beginPipelined(ctx context.Context, db *gorm.DB, conn *sql.Con
 		// One value for the messages and the token's text: each would be
 		// an allocation of its own, as Send's argument escapes.
 		m := new(struct {
-			query  pgproto3.Query
-			bind   pgproto3.Bind
-			exec   pgproto3.Execute
-			sync   pgproto3.Sync
-			params [2][]byte
-			token  [36]byte
+			parseBegin pgproto3.Parse
+			bindBegin  pgproto3.Bind
+			execBegin  pgproto3.Execute
+			bind       pgproto3.Bind
+			exec       pgproto3.Execute
+			sync       pgproto3.Sync
+			params     [2][]byte
+			token      [36]byte
 		})
 		tokenText(&m.token, l.Token)
 		m.params = [2][]byte{[]byte(l.TargetID), m.token[:]}
-		m.query.String = beginSQL
+		m.parseBegin.Query = beginSQL // the unnamed statement and portal
 		m.bind.PreparedStatement = sd.Name
 		m.bind.Parameters = m.params[:] // text, as no format codes say otherwise
 		f := pg.Frontend()
-		f.Send(&m.query)
+		f.Send(&m.parseBegin)
+		f.Send(&m.bindBegin)
+		f.Send(&m.execBegin)
 		f.Send(&m.bind)
 		f.Send(&m.exec)
 		f.Send(&m.sync)
 		if err := f.Flush(); err != nil {
 			return &badConn{err}
 		}
-		// Two answers, each up to its ReadyForQuery: BEGIN's, then the
-		// statement's, read even when BEGIN failed (then the statement
-		// ran outside a transaction, and the caller discards the
-		// connection for the error).
-		beginErr := readAnswer(ctx, pg, &res)
-		var bad *badConn
-		if errors.As(beginErr, &bad) {
-			return beginErr
-		}
-		err = readAnswer(ctx, pg, &res)
-		if errors.As(err, &bad) || beginErr == nil {
-			return err
-		}
-		return beginErr
+		// One answer, up to the Sync's ReadyForQuery: the first error
+		// ended it, and the caller discards the connection for it.
+		return readAnswer(ctx, pg, &res)
 	})
 	if !sent {
 		return 0, errNotPgx
