@@ -122,16 +122,15 @@ const (
 
 // Leader reports who leads the role now, as the database sees it: the
 // role's lease row, and true, while its lease is live; false when nobody
-// leads (the row is released, expired, or there is none).
+// leads (the row is released, expired, or there is none). It reads the
+// role's own row, in one statement, never the row of a slot of a
+// semaphore (WithSlots) of the same name.
 func (e *Elector) Leader(ctx context.Context) (LeaseInfo, bool, error) {
-	rows, err := e.runner.Repository().List(ctx, ListOptions{Prefix: e.name, Limit: 1})
+	info, found, err := e.runner.Repository().info(ctx, e.name)
 	if err != nil {
 		return LeaseInfo{}, false, wrapf(err, "leader of %q", e.name)
 	}
-	if len(rows) == 0 || rows[0].TargetID != e.name {
-		return LeaseInfo{}, false, nil
-	}
-	return rows[0], rows[0].State == StateLive, nil
+	return info, found && info.State == StateLive, nil
 }
 
 // IsLeader reports whether this Elector leads now and still trusts its

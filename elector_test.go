@@ -89,6 +89,69 @@ func TestElector_ResignHandsOver(t *testing.T) {
 	})
 }
 
+// Leader reads the role's own row: the slots of a semaphore (WithSlots) of
+// the same name, all held by Runners, are no leader, before anyone led,
+// while someone leads (the leader is the role's holder, not a slot's), and
+// after the leader resigned.
+func TestElector_LeaderIgnoresSlotsOfTheSameName(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		role := newTarget(t)
+		const n = 2
+		slots := newRunner(t, db, gormlease.WithSlots(n), gormlease.WithHolder("semaphore"))
+		holds, free := make(chan struct{}, n), make(chan struct{})
+		var slotDone []<-chan runResult[string]
+		for range n {
+			slotDone = append(slotDone, goRun(t, context.Background(), slots, role, func(ctx context.Context) (string, error) {
+				holds <- struct{}{}
+				select {
+				case <-free:
+				case <-ctx.Done(): // the test ended early
+				}
+				return "", nil
+			}, func(*gorm.DB, string) error { return nil }))
+		}
+		for range n {
+			recv(t, holds, 20*time.Second, "every slot to be held")
+		}
+
+		e := newElector(t, db, role, gormlease.WithHolder("elector"))
+		leaderIs := func(want bool, when string) gormlease.LeaseInfo {
+			t.Helper()
+			info, leads, err := e.Leader(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, want, leads, "Leader %s (it reported %+v)", when, info)
+			return info
+		}
+		leaderIs(false, "before anyone led")
+
+		leading, resign := make(chan int64, 1), make(chan struct{})
+		leadDone := goLead(t, context.Background(), e, func(ctx context.Context) error {
+			l, _ := gormlease.LeaseFromContext(ctx)
+			leading <- l.Generation
+			select {
+			case <-resign:
+			case <-ctx.Done(): // the test ended early
+			}
+			return nil
+		})
+		term := recv(t, leading, 20*time.Second, "the elector to lead")
+		info := leaderIs(true, "while the elector leads")
+		assert.Equal(t, "elector", info.Holder)
+		assert.Equal(t, term, info.Generation)
+		assert.Equal(t, role, info.Key)
+		assert.Zero(t, info.Slot)
+
+		close(resign)
+		require.NoError(t, recv(t, leadDone, 20*time.Second, "Lead"))
+		leaderIs(false, "after the leader resigned")
+
+		close(free)
+		for _, done := range slotDone {
+			require.NoError(t, recv(t, done, 20*time.Second, "a slot's Run").err)
+		}
+	})
+}
+
 // A leader whose heartbeats stop (its heartbeat pool is closed) stops
 // trusting its term before its lease expires, and its lead is cancelled
 // with ErrLeaseLost; the standby leads only after that, within the lease

@@ -143,6 +143,22 @@ func (r *Repository) List(ctx context.Context, o ListOptions) ([]LeaseInfo, erro
 	if err != nil {
 		return nil, wrapf(err, "list")
 	}
+	return leaseInfos(rows), nil
+}
+
+// info reads the row of targetID itself, never one of its slots' (List
+// with the target as Prefix may find those first), with its state and ages
+// on the database's clock, in one statement; false when there is none.
+func (r *Repository) info(ctx context.Context, targetID string) (LeaseInfo, bool, error) {
+	rows, err := r.backend.List(ctx, r.db, backend.ListQuery{Key: targetID, Limit: 1})
+	if err != nil || len(rows) == 0 {
+		return LeaseInfo{}, false, err
+	}
+	return leaseInfos(rows)[0], true, nil
+}
+
+// leaseInfos returns the rows that the backend listed as LeaseInfos.
+func leaseInfos(rows []backend.Listed) []LeaseInfo {
 	out := make([]LeaseInfo, len(rows))
 	for i, row := range rows {
 		out[i].JobLease = JobLease(row.Row)
@@ -152,7 +168,7 @@ func (r *Repository) List(ctx context.Context, o ListOptions) ([]LeaseInfo, erro
 		}
 		out[i].fill(LeaseState(row.State), row.Age)
 	}
-	return out, nil
+	return out
 }
 
 // fill sets li's state and durations from state and age, as read.

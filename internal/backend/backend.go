@@ -467,11 +467,11 @@ func (st State) Live(fallback time.Duration) bool {
 }
 
 // ListQuery chooses the rows of a List: those after After, starting with
-// Prefix, in State (all when ""), up to Limit, in the order of their
-// target IDs.
+// Prefix, whose key is Key (any when ""), in State (all when ""), up to
+// Limit, in the order of their target IDs.
 type ListQuery struct {
-	After, Prefix, State string
-	Limit                int
+	After, Prefix, Key, State string
+	Limit                     int
 }
 
 // Listed is a row that List read, with its state ("live", "expired" or

@@ -272,6 +272,9 @@ func (c *Common) List(ctx context.Context, db *gorm.DB, q ListQuery) ([]Listed, 
 		}
 		where, args = append(where, cond), append(args, cargs...)
 	}
+	if q.Key != "" {
+		where, args = append(where, "target_id = ?"), append(args, q.Key)
+	}
 	if q.State != "" {
 		where, args = append(where, state+" = ?"), append(args, q.State)
 	}
