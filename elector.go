@@ -29,7 +29,7 @@ type Elector struct {
 // row of target name, in the tables of WithTableNames; the other options
 // are NewRunner's (interval, timeout, holder, logger, observer, …), with
 // which it leads: a leader that dies or freezes is replaced within the
-// lease timeout plus a heartbeat interval. WithSlots is refused
+// lease timeout plus a heartbeat interval. WithSlots above 1 is refused
 // (ErrInvalidArgument). It writes nothing; the tables
 // must exist (AutoMigrate).
 func NewElector(db *gorm.DB, name string, opts ...Option) (*Elector, error) {
@@ -52,14 +52,20 @@ func NewElector(db *gorm.DB, name string, opts ...Option) (*Elector, error) {
 //     notification on PostgreSQL, by poll, and when the lease expires).
 //   - It then calls lead with a context that carries the lease
 //     (LeaseFromContext: the generation is the fencing term) and is
-//     cancelled, with a cause wrapping ErrLeaseLost, when leadership is lost
-//     or can no longer be trusted; lead should then return at once.
-//   - It releases the lease when lead returns, so that a standby leads.
+//     cancelled when the term ends: with a cause wrapping ErrLeaseLost when
+//     leadership is lost or can no longer be trusted, ErrStopRequested when
+//     an operator asked the leader to stop (Repository.RequestStop), and
+//     ErrMaxHoldExceeded when WithMaxHold has passed. lead should then
+//     return at once.
+//   - It releases the lease when lead returns, so that a standby leads
+//     (with WithMinHold, at the end of the hold, or at once after a stop
+//     request).
 //
 // It returns lead's error, as lead returned it (an error of lead's that
 // wraps ErrLeaseHeld, from a lease of its own, is not a refusal of the
-// role: Lead does not campaign again on it); an error wrapping ErrLeaseLost when the term
-// ended because the lease was lost, whatever lead returned; or an error
+// role: Lead does not campaign again on it); an error wrapping
+// ErrLeaseLost, ErrStopRequested or ErrMaxHoldExceeded when the term ended
+// so, whatever lead returned; or an error
 // wrapping ctx's when ctx ended before a term began, which also wraps a
 // *HeldError saying who led when ctx ended while another holder's lease
 // was live (as RunWait's does). A campaign whose acquire fails because the

@@ -113,9 +113,11 @@ func WithHeartbeatInterval(d time.Duration) Option {
 	return option(func(c *config) { c.heartbeatInterval = d; c.heartbeatIntervalSet = true })
 }
 
-// WithLeaseTimeout sets how long a lease stays live without a heartbeat,
-// judged on the database's clock. A Run that finds the last heartbeat older
-// than this takes the target over. It must be at least twice the heartbeat
+// WithLeaseTimeout sets how long the Runner's leases stay live without a
+// heartbeat. Each lease records it in its row when acquired, and an acquire
+// of any holder takes the target over once the last heartbeat is older than
+// the timeout that the row records, on the database's clock: the holder's
+// timeout decides, not the acquirer's. It must be at least twice the heartbeat
 // interval. Given without WithHeartbeatInterval, it sets the interval too,
 // to a quarter of d (the ratio of the defaults): WithLeaseTimeout(10 *
 // time.Second) alone renews every 2.5 s. The default is DefaultLeaseTimeout,
@@ -153,9 +155,11 @@ func WithClockSkew(d time.Duration) Option {
 }
 
 // WithOperationTimeout bounds each database call of the Runner: each
-// attempt of the acquire, each heartbeat (which is further bounded by the
-// self-fencing deadline), each fenced commit with the saver inside it, and
-// the release. While the database cannot be reached, Run tries the acquire
+// attempt of the acquire, each heartbeat statement, each fenced commit with
+// the saver inside it, and each attempt of the release. Self-fencing does
+// not wait for a heartbeat: at the end of the trust window (see
+// WithSafetyMargin) the work is cancelled even while a heartbeat statement
+// is still in flight, bounded by this timeout alone. While the database cannot be reached, Run tries the acquire
 // and the fenced commit again within WithReconnectWindow, which defaults to
 // it. A saver that runs past it finds its context done and its transaction
 // rolled back, and Run commits again as after a failover (see Runner.Run).
@@ -244,7 +248,7 @@ func WithObserver(o observe.Observer) Option {
 // running d after the lease was acquired is cancelled, with a cause that
 // matches ErrMaxHoldExceeded; its result is not saved, even if it ignores
 // the cancellation and returns one, and the lease is released when it
-// returns. It must be greater than zero; it need not relate to the lease
+// returns (with WithMinHold, held to the hold's end). It must be greater than zero; it need not relate to the lease
 // timeout, since heartbeats keep the lease live meanwhile. By default the
 // work may run for as long as it keeps its lease.
 func WithMaxHold(d time.Duration) Option {

@@ -16,14 +16,17 @@ import (
 
 // Repository runs the steps of the lease protocol, one method a step, each
 // one or two statements on the database (their SQL is the backend's, in
-// internal/backend). Runner composes them, and nothing but them (with two
-// reads of the row that the Repository keeps to itself: a waiter's, and the
-// one that settles a COMMIT that got no answer): use the Repository
-// directly to drive the steps yourself. A Repository is safe for
-// concurrent use and holds no connection between calls. The heartbeats of
-// the Runs that hold leases through it share its statements (see
-// internal/heartbeat); it runs no goroutine while none does, and needs no
-// closing.
+// internal/backend): use it directly to drive the steps yourself. A Runner
+// takes its leases through a Repository of its own (Runner.Repository), with
+// the same statements, and with steps that the exported methods do not
+// offer: acquires that bound each attempt, Do's takeover of an expired
+// generation only while it is unreleased, heartbeats batched across the
+// Runner's leases, a waiter's read and watch of the row, the read that
+// settles a COMMIT that got no answer, and Do's load of a saved result. A
+// Repository is safe for concurrent use and holds no connection between
+// calls. One that NewRepository returns runs no goroutine and needs no
+// closing; a Runner's runs the heartbeat goroutine of its Runs while they
+// hold leases (see internal/heartbeat).
 type Repository struct {
 	db      *gorm.DB
 	backend backend.Backend
@@ -155,7 +158,10 @@ func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.
 // has it, and it is released or expired), or, for generation 0, only when
 // the target has no row. A generation that began, and maybe ended, since
 // the caller looked is never taken over: the caller looks again instead.
-// Runner.Do and RunWait acquire so. Refused by a live lease, it returns a
+// (Runner.RunWait acquires as Run does, taking over any generation;
+// Runner.Do takes over from the generation it read, as AcquireFrom does, but
+// a generation that it read expired only while it is still unreleased,
+// which AcquireFrom does not check.) Refused by a live lease, it returns a
 // *HeldError, as Acquire does; refused by a row that is not live but at
 // another generation, an error that wraps ErrLeaseHeld alone. Its
 // statements are Acquire's, which never make a row for a generation above

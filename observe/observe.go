@@ -19,9 +19,11 @@ import (
 
 // An Observer receives what a gormlease Runner does, for metrics and
 // traces: its steps as spans (Start) and its outcomes as events (Record).
-// The Runner calls it from the goroutines of its Runs and from the
-// heartbeat goroutine it shares with other Runners, so it must be safe for
-// concurrent use; it should return quickly, since the Runner waits for it.
+// The Runner calls it from the goroutines of its Runs and from those of
+// its heartbeats: the Runner's own heartbeat goroutine, which no other
+// Runner shares, and its heartbeat statements, up to four at once, each on
+// a goroutine of its own. So it must be safe for concurrent use; it should
+// return quickly, since the Runner waits for it.
 // Without an Observer, the Runner calls nothing.
 type Observer interface {
 	// Start is called as a span begins: a Run, one of its steps, or one of

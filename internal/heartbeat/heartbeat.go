@@ -9,9 +9,10 @@
 // in 1/1024ths of the interval (0, 1/2, 1/4, 3/4, 1/8, ...), so that however
 // many buckets there are, their statements are spread evenly over the
 // interval, not sent in a burst. A lease joins the lowest-numbered bucket
-// with room and stays in it, so each of its renewals comes one interval
-// after the one before, and its first within an interval of its joining,
-// whichever bucket that is. Up to Parallelism statements are in flight at
+// with room, and leaves it only when the bucket is merged into lower ones
+// (below), which are due no later: so each of its renewals comes at most
+// one interval after the one before, and its first within an interval of
+// its joining, whichever bucket that is. Up to Parallelism statements are in flight at
 // once, each on a connection taken from the pool only for the statement; a
 // bucket due while they are is sent as soon as one returns, so a group that
 // cannot keep pace renews as fast as the database answers. When leases
