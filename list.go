@@ -70,8 +70,9 @@ type LeaseInfo struct {
 	State LeaseState
 	// Age is the time since UpdatedAt: the acquisition or last heartbeat.
 	Age time.Duration
-	// Timeout is the lease timeout of the last acquisition, 0 when the row
-	// does not record it (see JobLease.TimeoutMS).
+	// Timeout is the lease timeout that the row records: the last
+	// acquisition's, or under a minimum hold the rest of the hold that
+	// Hold recorded; 0 when the row records none (see JobLease.TimeoutMS).
 	Timeout time.Duration
 	// ExpiresIn is, for a row not released, Timeout - Age: how long the
 	// lease lives without another heartbeat, negative once it has expired;
@@ -125,9 +126,9 @@ func (o ListOptions) check() (ListOptions, error) {
 	return o, nil
 }
 
-// List returns the lease rows that o chooses, in the order of their target
-// IDs, a page at a time: pass the last target ID of a page as o.After to
-// get the next, until a page is shorter than the limit. Each row's state
+// List returns the lease rows that o chooses, in the order of their keys
+// (LeaseInfo.Key), a page at a time: pass the Key of a page's last row as
+// o.After to get the next, until a page is shorter than the limit. Each row's state
 // and ages are read on the database's clock, in one statement. A page
 // walks the primary key from o.After (and o.Prefix), so paging through a
 // table of any size costs each page about the same. Like Get, List reads

@@ -62,8 +62,9 @@ type JobLease struct {
 	// otherwise. An acquisition clears it.
 	Failure *string `gorm:"column:failure"`
 	// TimeoutMS is the lease timeout, in milliseconds, that the last
-	// acquisition asked for: how long the lease lives after UpdatedAt
-	// without a heartbeat. It is nil in a row that no acquisition has
+	// acquisition asked for, or that Repository.Hold recorded for the rest
+	// of a minimum hold: how long the lease lives after UpdatedAt without
+	// a heartbeat. It is nil in a row that no acquisition has
 	// written since AutoMigrate added the column; such a row counts as
 	// expired since UpdatedAt (see Repository.List).
 	TimeoutMS *int64 `gorm:"column:timeout_ms"`

@@ -222,7 +222,8 @@ func WithReuseFor(d time.Duration) Option {
 // WithLogger makes the Runner log its lifecycle to logger, with the target,
 // generation and holder, and durations, as attributes. Levels say what the
 // reader must do: Debug for normal outcomes (a lease acquired, refused
-// because it is held, released, a result saved); Warn where gormlease
+// because it is held, released, a result saved); Info where an operator's
+// request was carried out (work stopped by RequestStop); Warn where gormlease
 // protected the caller (a lease lost to a takeover, self-fencing, work
 // cancelled past WithMaxHold, a heartbeat that failed or took more than half
 // the heartbeat interval); Error where a person must look (a commit whose

@@ -103,7 +103,10 @@ const (
 	EventAcquire EventKind = iota + 1
 	// EventLeaseEnd says that a Run no longer holds its lease, with
 	// Duration how long it held it. The leases a process holds now are its
-	// EventAcquires with a nil Err minus its EventLeaseEnds.
+	// EventAcquires with a nil Err minus its EventLeaseEnds. A lease that a
+	// minimum hold (gormlease.WithMinHold) leaves held, unrenewed, after
+	// the Run ends has ended for the Run: its EventLeaseEnd comes as the
+	// Run returns.
 	EventLeaseEnd
 	// EventHeartbeat is one heartbeat statement: Duration its round trip,
 	// Leases how many leases it renewed or tried to, Err its error.
