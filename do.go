@@ -101,7 +101,10 @@ const endedWithoutSaving = "ended without saving a result"
 // under faults, for a call that began at time B:
 //   - it runs the work only when no result was saved between B and its
 //     acquire: a job that saved while the call waited, or while its reads
-//     could not reach the database, is shared, never run a second time;
+//     could not reach the database, is shared, never run a second time
+//     (but for a job whose fenced commit began and ended within the
+//     call's first read of the row, which the call cannot tell from one
+//     that saved before B);
 //   - a result it shares (shared true) was saved after B, or within
 //     WithReuseFor, or, by up to the latency of the read that found it,
 //     just before B;
@@ -198,6 +201,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	defer func() { r.waited(ctx, targetID, observe.EventDoWait, begin, tried) }()
 	// The row as this call finds it, read by the call itself: the watch,
 	// shared with others, may publish a later state before this call looks.
+	sent := time.Now()
 	st, err := r.readState(ctx, targetID)
 	if err != nil && !backend.Unreachable(err) {
 		return zero, false, wrapf(err, "do %q: read lease", targetID)
@@ -221,7 +225,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 		refused := false
 		switch {
 		case unread:
-		case savedSince(st, begin, r.cfg.reuseFor), waitFor > 0 && st.SavedGeneration >= waitFor:
+		case savedSince(st, begin, sent, r.cfg.reuseFor), waitFor > 0 && st.SavedGeneration >= waitFor:
 			tried = time.Now()
 			v, err := r.load(ctx, targetID, load)
 			return v, false, err
@@ -310,32 +314,41 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 			return zero, false, wrapf(err, "do %q", targetID)
 		}
 		st, _, changed = w.Current()
-		unread = false
+		unread, sent = false, time.Time{}
 	}
 }
 
-// savedSince reports whether st shows a result saved after begin, when the
-// call that reads it began, or within reuse of the read: a result that Do
-// shares. A save counts from the moment its fenced commit locked the row,
-// which the row records (saved_at). The database took the read's ages
-// before its answer came, so a save after begin always reads as after it:
-// a call whose first reads failed finds so a job that began and saved while
-// it could not read, loads that job's result, and does not run the work a
-// second time. A save up to the read's latency (and savedSlack) before
-// begin may read as after it too.
-func savedSince(st backend.State, begin time.Time, reuse time.Duration) bool {
-	if st.SavedGeneration <= 0 || st.SavedAge < 0 {
+// savedSince reports whether st shows a result that Do shares: one saved
+// after begin, when the call began, or within reuse. A save counts from the
+// moment its fenced commit locked the row, which the row records
+// (saved_at), on the database's clock: savedSince compares durations only.
+//
+// On the call's own first read, sent when the read was sent (the database
+// took its ages later), a save counts only when it was surely after begin:
+// a call that follows a job's end runs the work again, as it must. On any
+// later read (sent zero), when the call has waited or its first reads
+// failed, a save counts when it may have been after begin: the database
+// took the ages before the read's answer came (st.Read). So a call whose
+// first reads failed loads the result of a job that began and saved while
+// it could not read, rather than run the work a second time; a save up to
+// the read's latency (and savedSlack) before begin may count too.
+func savedSince(st backend.State, begin, sent time.Time, reuse time.Duration) bool {
+	switch {
+	case st.SavedGeneration <= 0 || st.SavedAge < 0:
 		return false
-	}
-	if st.SavedAge < reuse {
+	case st.SavedAge < reuse:
 		return true
+	case !doFirstReadRule:
+		return false
+	case !sent.IsZero():
+		return sent.Add(-st.SavedAge - savedSlack).After(begin)
 	}
-	return doFirstReadRule && !st.Read.IsZero() && !st.Read.Add(-st.SavedAge+savedSlack).Before(begin)
+	return !st.Read.IsZero() && !st.Read.Add(-st.SavedAge+savedSlack).Before(begin)
 }
 
 // savedSlack covers the coarsest clock among the databases' (SQLite's
-// milliseconds), by which a save just after a call began could read as
-// just before it.
+// milliseconds), by which a save could read as up to that much older or
+// younger than it is.
 const savedSlack = time.Millisecond
 
 // withGeneration returns work, which records in *generation the

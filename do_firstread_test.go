@@ -2,6 +2,7 @@ package gormlease_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -59,5 +60,53 @@ func TestDo_FirstReadsRefusedSharesTheJobThatSavedMeanwhile(t *testing.T) {
 		assert.Equal(t, "the holder's", r.value)
 		assert.True(t, r.shared, "shared")
 		assert.Zero(t, runs.Load(), "the Do ran the work after the job it began under saved")
+	})
+}
+
+// A Do that waited for generation g, and whose reads failed while g failed
+// and a later generation failed too, gets the later failure, the only one
+// the row keeps, told as that generation's, after the one it waited for.
+func TestDo_SharedFailureSaysWhose(t *testing.T) {
+	t.Parallel()
+	eachServerDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		target := newTarget(t)
+		first := newRunner(t, db)
+		working, finish := make(chan struct{}), make(chan struct{})
+		held := make(chan error, 1)
+		go func() {
+			_, err := first.Run(context.Background(), target, func(context.Context) (string, error) {
+				close(working)
+				<-finish
+				return "", errors.New("the first failure")
+			}, gormlease.SaveJSON[string])
+			held <- err
+		}()
+		<-working
+
+		proxy := testdb.NewProxy(t, s.Addr)
+		waiter := newRunner(t, s.OpenVia(t, proxy.Addr()), fast(100*time.Millisecond, 2*time.Second)...)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		res := goDo(t, ctx, waiter, target, func(context.Context) (string, error) {
+			t.Error("the waiter ran the work")
+			return "", nil
+		})
+		waitWatched(t, target) // it read generation 1 live
+		proxy.Refuse()
+		close(finish)
+		require.Error(t, <-held)
+		_, err := newRunner(t, db).Run(context.Background(), target, func(context.Context) (string, error) {
+			return "", errors.New("the second failure")
+		}, gormlease.SaveJSON[string])
+		require.Error(t, err)
+		require.NoError(t, proxy.Admit())
+
+		r := <-res
+		var shared *gormlease.SharedJobError
+		require.ErrorAs(t, r.err, &shared)
+		assert.EqualValues(t, 2, shared.Generation)
+		assert.EqualValues(t, 1, shared.WaitedFor)
+		assert.Contains(t, shared.Message, "the second failure")
+		assert.Contains(t, r.err.Error(), "generation 2, after generation 1")
 	})
 }

@@ -251,7 +251,7 @@ func (e *commitUnknownError) Unwrap() []error { return []error{ErrCommitUnknown,
 // with WithMinHold the lease stays held to the hold's end) and return a
 // *PanicError; they do not re-panic. Use errors.As to get at the value and
 // the stack. When the panic value is an error, errors.Is and errors.As see
-// through to it.
+// through to it, but not to gormlease's outcomes in it (see Unwrap).
 type PanicError struct {
 	// Step names the function that panicked, and is one of:
 	//   - "work": the work function of Run, RunWait or Do;
@@ -270,9 +270,15 @@ func (e *PanicError) Error() string {
 	return fmt.Sprintf("gormlease: %s panicked: %v", e.Step, e.Value)
 }
 
-// Unwrap returns the panic value when it is an error, and nil otherwise.
+// Unwrap returns the panic value when it is an error, and nil otherwise;
+// gormlease's outcomes in it are hidden from errors.Is and errors.As, as in
+// a WorkError's: a panic with a refusal that the work met is not the
+// call's refusal.
 func (e *PanicError) Unwrap() error {
 	err, _ := e.Value.(error)
+	if holdsOwnError(err) {
+		return metError{err}
+	}
 	return err
 }
 

@@ -60,6 +60,37 @@ func nestedWork(r *gormlease.Runner[string], other string, runs *atomic.Int32) f
 	}
 }
 
+// nestedPanic is nestedWork, except that it panics with the refusal.
+func nestedPanic(r *gormlease.Runner[string], other string, runs *atomic.Int32) func(context.Context) (string, error) {
+	work := nestedWork(r, other, runs)
+	return func(ctx context.Context) (string, error) {
+		if _, err := work(ctx); err != nil {
+			panic(err)
+		}
+		return "", nil
+	}
+}
+
+// A work that panics with a refusal it met ends RunWait's call with a
+// *PanicError that matches neither ErrLeaseHeld nor ErrPaused.
+func TestRunWait_WorkPanickingWithARefusalRunsOnce(t *testing.T) {
+	t.Parallel()
+	eachNestedRefusal(t, func(t *testing.T, db *gorm.DB, target, other string, is error) {
+		r := newRunner(t, db, fast(100*time.Millisecond, time.Second)...)
+		var runs atomic.Int32
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, err := r.RunWait(ctx, target, nestedPanic(r, other, &runs), gormlease.SaveJSON[string])
+		require.NoError(t, ctx.Err(), "RunWait ran until its context ended (%d runs)", runs.Load())
+		assert.EqualValues(t, 1, runs.Load(), "runs of the work")
+		var p *gormlease.PanicError
+		require.ErrorAs(t, err, &p)
+		assert.ErrorIs(t, p.Value.(error), is, "the panic's value")
+		assert.NotErrorIs(t, err, gormlease.ErrLeaseHeld)
+		assert.NotErrorIs(t, err, gormlease.ErrPaused)
+	})
+}
+
 // assertWorkFailedWithRefusal asserts that err is a *WorkError of the work,
 // which neither matches ErrLeaseHeld nor holds a *HeldError or
 // *PausedError for errors.As, while its Err is the nested refusal.
