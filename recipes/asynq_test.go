@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,19 +40,47 @@ func redisAddr(t *testing.T) string {
 	return addr
 }
 
-// Two tasks that sync one account, on an asynq server with two workers:
-// the first runs, the second finds the lease held and is retried soon,
-// without counting the retry as a failure, until the first has ended; then
-// it runs. They never run at once.
-func TestAsynqLeaseMiddleware_OneSyncAtATime(t *testing.T) {
+// asynqQueue returns the Redis server of the asynq tests, a queue of the
+// test's own on it, deleted when the test ends, and an inspector.
+func asynqQueue(t *testing.T) (asynq.RedisClientOpt, string, *asynq.Inspector) {
+	t.Helper()
 	redisOpt := asynq.RedisClientOpt{Addr: redisAddr(t)}
-	db := testdb.Postgres(t).DB(t)
-	queue := newTarget(t) // a queue of this test's own on the shared server
+	queue := newTarget(t)
 	inspector := asynq.NewInspector(redisOpt)
 	t.Cleanup(func() {
 		assert.NoError(t, inspector.DeleteQueue(queue, true))
 		inspector.Close()
 	})
+	return redisOpt, queue, inspector
+}
+
+// startAsynq starts an asynq server with mux on queue, with cfg's retry
+// delay and error handler, AsynqIsFailure, two workers and fast polling,
+// and returns a client; both are closed when the test ends.
+func startAsynq(t *testing.T, redisOpt asynq.RedisClientOpt, queue string, mux *asynq.ServeMux, cfg asynq.Config) *asynq.Client {
+	t.Helper()
+	cfg.Concurrency = 2
+	cfg.Queues = map[string]int{queue: 1}
+	cfg.IsFailure = recipes.AsynqIsFailure
+	cfg.TaskCheckInterval = 20 * time.Millisecond
+	cfg.DelayedTaskCheckInterval = 50 * time.Millisecond
+	cfg.LogLevel = asynq.ErrorLevel
+	cfg.ShutdownTimeout = 5 * time.Second
+	srv := asynq.NewServer(redisOpt, cfg)
+	require.NoError(t, srv.Start(mux))
+	t.Cleanup(srv.Shutdown)
+	client := asynq.NewClient(redisOpt)
+	t.Cleanup(func() { assert.NoError(t, client.Close()) })
+	return client
+}
+
+// Two tasks that sync one account, on an asynq server with two workers:
+// the first runs, the second finds the lease held and is retried soon,
+// without counting the retry as a failure, until the first has ended; then
+// it runs. They never run at once.
+func TestAsynqLeaseMiddleware_OneSyncAtATime(t *testing.T) {
+	redisOpt, queue, inspector := asynqQueue(t)
+	db := testdb.Postgres(t).DB(t)
 
 	seen := newRefusals()
 	runner := newRunner[struct{}](t, db, gormlease.WithObserver(seen))
@@ -78,20 +107,9 @@ func TestAsynqLeaseMiddleware_OneSyncAtATime(t *testing.T) {
 		done <- id
 		return nil
 	})
-	srv := asynq.NewServer(redisOpt, asynq.Config{
-		Concurrency:              2,
-		Queues:                   map[string]int{queue: 1},
-		IsFailure:                recipes.AsynqIsFailure,
-		RetryDelayFunc:           recipes.AsynqRetryDelay(50*time.Millisecond, nil),
-		TaskCheckInterval:        20 * time.Millisecond,
-		DelayedTaskCheckInterval: 50 * time.Millisecond,
-		LogLevel:                 asynq.ErrorLevel,
-		ShutdownTimeout:          5 * time.Second,
+	client := startAsynq(t, redisOpt, queue, mux, asynq.Config{
+		RetryDelayFunc: recipes.AsynqRetryDelay(50*time.Millisecond, nil),
 	})
-	require.NoError(t, srv.Start(mux))
-	defer srv.Shutdown()
-	client := asynq.NewClient(redisOpt)
-	defer client.Close()
 
 	payload, err := json.Marshal(syncArgs{Account: newTarget(t)})
 	require.NoError(t, err)
@@ -115,4 +133,87 @@ func TestAsynqLeaseMiddleware_OneSyncAtATime(t *testing.T) {
 		assert.Zero(t, info.Retried, "task %s: a refusal counted as a failure", id)
 	}
 	t.Logf("%d refusals", seen.n.Load())
+}
+
+// Tasks whose handler calls Run on another target, held or paused, and
+// fails with that refusal, returned or panicked with, fail: AsynqIsFailure
+// says so, AsynqRetryDelay retries them as other failures, their retries
+// count, and at their MaxRetry of 1 they are archived after two runs. So
+// is a task run without a lease (its target "") that returns such a
+// refusal.
+func TestAsynqLeaseMiddleware_TaskRefusedInsideFails(t *testing.T) {
+	redisOpt, queue, inspector := asynqQueue(t)
+	db := testdb.Postgres(t).DB(t)
+	runner := newRunner[struct{}](t, db)
+	jobs := nestedJobs(t, db)
+	noLease := jobs[0] // returns the refusal
+	noLease.Name, noLease.Target = "NoLease", ""
+	jobs = append(jobs, noLease)
+	runs := map[string]*atomic.Int32{}
+	for _, job := range jobs {
+		runs[job.Name] = new(atomic.Int32)
+	}
+	argsOf := func(task *asynq.Task) (args nestedArgs) { // on asynq's goroutines
+		assert.NoError(t, json.Unmarshal(task.Payload(), &args))
+		return args
+	}
+	mux := asynq.NewServeMux()
+	mux.Use(recipes.AsynqLeaseMiddleware(runner, func(task *asynq.Task) string { return argsOf(task).Target }))
+	mux.HandleFunc(nestedArgs{}.Kind(), func(ctx context.Context, task *asynq.Task) error {
+		args := argsOf(task)
+		runs[args.Name].Add(1)
+		return args.run(ctx, runner)
+	})
+	type failure struct {
+		name string
+		err  error
+	}
+	failures := make(chan failure, 4*len(jobs))
+	client := startAsynq(t, redisOpt, queue, mux, asynq.Config{
+		RetryDelayFunc: recipes.AsynqRetryDelay(time.Hour, func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond }),
+		ErrorHandler: asynq.ErrorHandlerFunc(func(_ context.Context, task *asynq.Task, err error) {
+			failures <- failure{argsOf(task).Name, err}
+		}),
+	})
+
+	ids := map[string]string{}
+	for _, job := range jobs {
+		payload, err := json.Marshal(job)
+		require.NoError(t, err)
+		info, err := client.Enqueue(asynq.NewTask(job.Kind(), payload), asynq.Queue(queue),
+			asynq.MaxRetry(1), asynq.Retention(time.Minute))
+		require.NoError(t, err)
+		ids[job.Name] = info.ID
+	}
+	for range 2 * len(jobs) {
+		f := recvT(t, failures, "the tasks' failures")
+		require.True(t, recipes.AsynqIsFailure(f.err), "%s: a refusal met inside was not a failure: %v", f.name, f.err)
+	}
+	for _, job := range jobs {
+		info := waitTaskState(t, inspector, queue, ids[job.Name], asynq.TaskStateArchived)
+		assert.Equal(t, 1, info.Retried, "%s: retries", job.Name)
+		assert.Contains(t, info.LastErr, job.Other, "%s: the task's error", job.Name)
+		assert.EqualValues(t, 2, runs[job.Name].Load(), "runs of %s", job.Name)
+	}
+}
+
+// waitTaskState waits until the task id of queue is in state, and returns
+// its info, failing the test after 20s.
+func waitTaskState(t *testing.T, inspector *asynq.Inspector, queue, id string, state asynq.TaskState) *asynq.TaskInfo {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(20 * time.Second)
+	for {
+		info, err := inspector.GetTaskInfo(queue, id)
+		require.NoError(t, err)
+		if info.State == state {
+			return info
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("task %s: %v after 20s, want %v", id, info.State, state)
+		}
+	}
 }

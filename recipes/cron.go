@@ -2,7 +2,6 @@ package recipes
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/robfig/cron/v3"
@@ -16,7 +15,10 @@ import (
 // under the gormlease lease of target, with runner, and a run that finds
 // the target held, by this pod's previous run or another pod's, is
 // skipped, and logged at Info on logger. A run's failure to reach the
-// database is logged with logger.Error. The job's cron.Job.Run takes no
+// database is logged with logger.Error, and so is a panic of the job, which
+// the wrapper recovers, releasing the lease: a job that panicked with a
+// refusal that it met (it called Run on another target, held or paused)
+// failed, and is not logged as a skip. The job's cron.Job.Run takes no
 // context, so a lost lease cannot stop it (see the gocron module's package
 // doc for the same limit): jobs that must be fenced call runner.Run
 // themselves. A nil logger logs nothing (cron.DiscardLogger). With a nil
@@ -36,7 +38,7 @@ func CronSkipIfHeld(runner *gormlease.Runner[struct{}], target string, logger cr
 				return struct{}{}, nil
 			}, func(*gorm.DB, struct{}) error { return nil })
 			switch {
-			case errors.Is(err, gormlease.ErrLeaseHeld):
+			case refused(err):
 				logger.Info("skip", "target", target)
 			case err != nil:
 				logger.Error(err, "run", "target", target)

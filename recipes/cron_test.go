@@ -1,6 +1,7 @@
 package recipes_test
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -104,5 +105,28 @@ func TestCronSkipIfHeld_TwoCronsNeverOverlap(t *testing.T) {
 		assert.Positive(t, logs[0].skips.Load()+logs[1].skips.Load(), "no run was skipped")
 		assert.Zero(t, logs[0].errors.Load()+logs[1].errors.Load())
 		t.Logf("%d runs, %d skips", runs.Load(), logs[0].skips.Load()+logs[1].skips.Load())
+	})
+}
+
+// A job whose own code calls Run on another target, held or paused, and
+// panics with that refusal (a cron job returns no error) failed: the
+// wrapper logs it as an error, not as a skip. The job ran once.
+func TestCronSkipIfHeld_JobRefusedInsideIsAnError(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		runner := newRunner[struct{}](t, db)
+		for _, nested := range nestedJobs(t, db) {
+			if !nested.Panic {
+				continue // cron.Job.Run returns nothing
+			}
+			var runs atomic.Int64
+			var log cronLog
+			cron.NewChain(recipes.CronSkipIfHeld(runner, nested.Target, &log)).Then(cron.FuncJob(func() {
+				runs.Add(1)
+				_ = nested.run(context.Background(), runner)
+			})).Run()
+			assert.EqualValues(t, 1, runs.Load(), nested.Name)
+			assert.Zero(t, log.skips.Load(), "%s: the job's failure was logged as a skip", nested.Name)
+			assert.EqualValues(t, 1, log.errors.Load(), "%s: errors logged", nested.Name)
+		}
 	})
 }

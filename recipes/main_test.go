@@ -14,6 +14,7 @@ import (
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/leasetest"
 	"github.com/gormlease/gormlease/observe"
 )
 
@@ -92,4 +93,62 @@ func newRunner[T any](t *testing.T, db *gorm.DB, opts ...gormlease.Option) *gorm
 	r, err := gormlease.NewRunner[T](db, fast(opts...)...)
 	require.NoError(t, err)
 	return r
+}
+
+// nestedRefusals are the refusals that a job's own code meets when it
+// calls Run on another target: held by another holder, or paused by an
+// operator. Each prepares that other target on db.
+var nestedRefusals = []struct {
+	name    string
+	prepare func(t *testing.T, db *gorm.DB, other string)
+}{
+	{"Held", func(t *testing.T, db *gorm.DB, other string) { leasetest.Hold(t, db, other) }},
+	{"Paused", func(t *testing.T, db *gorm.DB, other string) {
+		repo, err := gormlease.NewRepository(db)
+		require.NoError(t, err)
+		require.NoError(t, repo.Pause(context.Background(), other, "maintenance"))
+	}},
+}
+
+// nestedArgs is a job whose own code calls Run on the target Other, held
+// or paused, and fails with that refusal: it returns it, or, with Panic,
+// panics with it. The job runs under the lease of Target.
+type nestedArgs struct {
+	Name   string `json:"name"`
+	Target string `json:"target"`
+	Other  string `json:"other"`
+	Panic  bool   `json:"panic"`
+}
+
+func (nestedArgs) Kind() string { return "nested" }
+
+// nestedJobs returns the jobs of a test of nested refusals, their other
+// targets prepared on db: for each of nestedRefusals, one that returns the
+// refusal and one that panics with it, each with a target of its own.
+func nestedJobs(t *testing.T, db *gorm.DB) []nestedArgs {
+	t.Helper()
+	var jobs []nestedArgs
+	for _, nested := range nestedRefusals {
+		other := newTarget(t)
+		nested.prepare(t, db, other)
+		for _, panics := range []bool{false, true} {
+			name := nested.name + map[bool]string{false: "Returned", true: "Panicked"}[panics]
+			jobs = append(jobs, nestedArgs{Name: name, Target: newTarget(t), Other: other, Panic: panics})
+		}
+	}
+	return jobs
+}
+
+// run is the job's own code: it calls runner.Run on a.Other and fails
+// with its refusal.
+func (a nestedArgs) run(ctx context.Context, runner *gormlease.Runner[struct{}]) error {
+	_, err := runner.Run(ctx, a.Other, func(context.Context) (struct{}, error) { return struct{}{}, nil },
+		func(*gorm.DB, struct{}) error { return nil })
+	if err == nil {
+		return fmt.Errorf("%s: Run on %q was not refused", a.Name, a.Other)
+	}
+	if a.Panic {
+		panic(err)
+	}
+	return err
 }

@@ -2,7 +2,6 @@ package recipes
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -20,7 +19,10 @@ import (
 // at the same time. The job's work gets a context that carries the lease
 // (gormlease.LeaseFromContext) and is cancelled when it is lost, so its
 // writes can be fenced with runner.Repository().CommitIfOwner. A target of
-// "" runs the job without a lease. It returns an error wrapping
+// "" runs the job without a lease. Only the job's own target being held
+// snoozes it: the job's failure is returned to River as a failure, even
+// when the job met a lease held or paused elsewhere (it called Run on
+// another target, say, and returned that refusal), and so is a panic. It returns an error wrapping
 // gormlease.ErrInvalidArgument when runner or target is nil or snooze is
 // negative.
 func RiverSnoozeOnHeld(runner *gormlease.Runner[struct{}], target func(job *rivertype.JobRow) string,
@@ -40,7 +42,7 @@ func RiverSnoozeOnHeld(runner *gormlease.Runner[struct{}], target func(job *rive
 		_, err := runner.Run(ctx, id, func(ctx context.Context) (struct{}, error) {
 			return struct{}{}, doInner(ctx)
 		}, func(*gorm.DB, struct{}) error { return nil })
-		if errors.Is(err, gormlease.ErrLeaseHeld) {
+		if refused(err) {
 			return river.JobSnooze(snooze)
 		}
 		return err

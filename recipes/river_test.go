@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/leasetest"
 	"github.com/gormlease/gormlease/recipes"
 )
 
@@ -44,15 +47,6 @@ func TestRiverSnoozeOnHeld_OneSyncAtATime(t *testing.T) {
 	s := testdb.Postgres(t)
 	db := s.DB(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, s.DSN) // in the test's schema, by search_path
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	driver := riverpgxv5.New(pool)
-	migrator, err := rivermigrate.New(driver, nil)
-	require.NoError(t, err)
-	_, err = migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
-	require.NoError(t, err)
-
 	seen := newRefusals()
 	runner := newRunner[struct{}](t, db, gormlease.WithObserver(seen))
 	var flight inFlight
@@ -73,34 +67,17 @@ func TestRiverSnoozeOnHeld_OneSyncAtATime(t *testing.T) {
 	require.NoError(t, err)
 	_, err = recipes.RiverSnoozeOnHeld(runner, syncTarget, -time.Second)
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
-	client, err := river.NewClient(driver, &river.Config{
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}},
-		Workers:           workers,
-		Middleware:        []rivertype.Middleware{middleware},
-		FetchPollInterval: 20 * time.Millisecond,
-		FetchCooldown:     10 * time.Millisecond,
-		Logger:            slog.New(slog.DiscardHandler),
-		TestOnly:          true,
-	})
-	require.NoError(t, err)
-	events, unsubscribe := client.Subscribe(river.EventKindJobCompleted, river.EventKindJobSnoozed, river.EventKindJobFailed)
-	defer unsubscribe()
-	require.NoError(t, client.Start(ctx))
-	defer func() {
-		stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		require.NoError(t, client.StopAndCancel(stopCtx))
-	}()
+	rc := startRiver(t, s, workers, middleware)
 
 	account := newTarget(t)
 	for range 2 {
-		_, err := client.Insert(ctx, syncArgs{Account: account}, nil)
+		_, err := rc.client.Insert(ctx, syncArgs{Account: account}, nil)
 		require.NoError(t, err)
 	}
 	recvT(t, started, "the first sync to start")
 	snoozed := 0
 	for snoozed == 0 {
-		e := recvT(t, events, "the second sync to be snoozed")
+		e := recvT(t, rc.events, "the second sync to be snoozed")
 		require.Equal(t, river.EventKindJobSnoozed, e.Kind, "job %d", e.Job.ID)
 		snoozed++
 	}
@@ -108,7 +85,7 @@ func TestRiverSnoozeOnHeld_OneSyncAtATime(t *testing.T) {
 	close(release)
 	completed := 0
 	for completed < 2 {
-		switch e := recvT(t, events, "both syncs to complete"); e.Kind {
+		switch e := recvT(t, rc.events, "both syncs to complete"); e.Kind {
 		case river.EventKindJobCompleted:
 			completed++
 			assert.Equal(t, 1, e.Job.Attempt, "a snooze counted as an attempt")
@@ -120,6 +97,112 @@ func TestRiverSnoozeOnHeld_OneSyncAtATime(t *testing.T) {
 	}
 	assert.EqualValues(t, 1, flight.most.Load(), "two syncs of one account ran at once")
 	t.Logf("the second sync was snoozed %d times", snoozed)
+}
+
+// Jobs whose own code calls Run on another target, held or paused, and
+// fail with that refusal, returned or panicked with, fail: River records
+// their error and, at their MaxAttempts of 1, discards them. None is
+// snoozed, for the refusal is not of the job's own target. A job whose own
+// target is held is still snoozed, and does not run.
+func TestRiverSnoozeOnHeld_JobRefusedInsideFails(t *testing.T) {
+	s := testdb.Postgres(t)
+	db := s.DB(t)
+	ctx := context.Background()
+	runner := newRunner[struct{}](t, db)
+	ownHeld := nestedArgs{Name: "OwnTargetHeld", Target: newTarget(t)}
+	leasetest.Hold(t, db, ownHeld.Target)
+	jobs := append(nestedJobs(t, db), ownHeld)
+	runs := map[string]*atomic.Int32{}
+	for _, job := range jobs {
+		runs[job.Name] = new(atomic.Int32)
+	}
+	workers := river.NewWorkers()
+	river.AddWorker(workers, river.WorkFunc(func(ctx context.Context, job *river.Job[nestedArgs]) error {
+		runs[job.Args.Name].Add(1)
+		return job.Args.run(ctx, runner)
+	}))
+	middleware, err := recipes.RiverSnoozeOnHeld(runner, func(job *rivertype.JobRow) string {
+		var args nestedArgs
+		if json.Unmarshal(job.EncodedArgs, &args) != nil {
+			return ""
+		}
+		return args.Target
+	}, 50*time.Millisecond)
+	require.NoError(t, err)
+	rc := startRiver(t, s, workers, middleware)
+
+	byID := map[int64]nestedArgs{}
+	for _, job := range jobs {
+		res, err := rc.client.Insert(ctx, job, &river.InsertOpts{MaxAttempts: 1})
+		require.NoError(t, err)
+		byID[res.Job.ID] = job
+	}
+	failed, ownSnoozed := 0, false
+	for failed < len(jobs)-1 || !ownSnoozed {
+		e := recvT(t, rc.events, "the jobs refused inside to fail and the other to be snoozed")
+		job := byID[e.Job.ID]
+		switch e.Kind {
+		case river.EventKindJobSnoozed:
+			require.Equal(t, ownHeld.Name, job.Name, "a job refused inside was snoozed")
+			ownSnoozed = true
+		case river.EventKindJobFailed:
+			require.NotEqual(t, ownHeld.Name, job.Name)
+			failed++
+			assert.Equal(t, rivertype.JobStateDiscarded, e.Job.State, job.Name)
+			assert.Equal(t, 1, e.Job.Attempt, job.Name)
+			if assert.Len(t, e.Job.Errors, 1, job.Name) {
+				assert.Contains(t, e.Job.Errors[0].Error, job.Other, "%s: the job's error", job.Name)
+			}
+		default:
+			t.Fatalf("%s: %s", job.Name, e.Kind)
+		}
+	}
+	for _, job := range jobs[:len(jobs)-1] {
+		assert.EqualValues(t, 1, runs[job.Name].Load(), "runs of %s", job.Name)
+	}
+	assert.Zero(t, runs[ownHeld.Name].Load(), "the job whose target was held ran")
+}
+
+// riverClient is a started River client, and the events of its jobs'
+// ends: completed, snoozed or failed.
+type riverClient struct {
+	client *river.Client[pgx.Tx]
+	events <-chan *river.Event
+}
+
+// startRiver starts a River client on s's database, in the test's schema,
+// with River's tables migrated, the workers and the middleware, two
+// workers and fast polling; it is stopped when the test ends.
+func startRiver(t *testing.T, s *testdb.Server, workers *river.Workers, middleware rivertype.WorkerMiddleware) riverClient {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, s.DSN) // in the test's schema, by search_path
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	driver := riverpgxv5.New(pool)
+	migrator, err := rivermigrate.New(driver, nil)
+	require.NoError(t, err)
+	_, err = migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+	require.NoError(t, err)
+	client, err := river.NewClient(driver, &river.Config{
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}},
+		Workers:           workers,
+		Middleware:        []rivertype.Middleware{middleware},
+		FetchPollInterval: 20 * time.Millisecond,
+		FetchCooldown:     10 * time.Millisecond,
+		Logger:            slog.New(slog.DiscardHandler),
+		TestOnly:          true,
+	})
+	require.NoError(t, err)
+	events, unsubscribe := client.Subscribe(river.EventKindJobCompleted, river.EventKindJobSnoozed, river.EventKindJobFailed)
+	t.Cleanup(unsubscribe)
+	require.NoError(t, client.Start(ctx))
+	t.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		assert.NoError(t, client.StopAndCancel(stopCtx))
+	})
+	return riverClient{client: client, events: events}
 }
 
 // recvT receives from ch, failing the test after 20s.
