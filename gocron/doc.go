@@ -11,7 +11,11 @@
 // calls Unlock, which releases it. Lock returns an error wrapping
 // gormlease.ErrLeaseHeld when the lease is held elsewhere, and gocron then
 // skips the run. Give every job a name of its own (gocron.WithName): the
-// name is the target.
+// name is the target. A job's own error never reaches the Locker, nor the
+// Elector: one that wraps gormlease.ErrLeaseHeld (the job called Run on
+// another target, held or paused, and returned that refusal) is the job's
+// failure, which gocron reports to AfterJobRunsWithError; its lease is
+// released as after any run, and the next tick runs it again.
 //
 // The timers of the pods' schedulers fire a little apart, and a fast job
 // may have ended, and its lease been released, before another pod's timer
