@@ -107,13 +107,17 @@ const endedWithoutSaving = "ended without saving a result"
 //     that saved before B);
 //   - a result it shares (shared true) was saved after B, or within
 //     WithReuseFor, or, by up to the latency of the read that found it,
-//     just before B;
+//     just before B, or by the generation it waited for, which may have
+//     saved before B while it kept its lease (a Runner with WithMinHold,
+//     or Repository.CommitIfOwner);
 //   - it returns ErrSharedJobFailed only when it did not run the work and
 //     a generation it waited for ended without saving.
 //
-// A save counts from the moment its fenced commit locked the row, as the
-// row records it on the database's clock (to a millisecond on SQLite). A
-// call that joins a job of its process (below) shares that job's B.
+// A save counts from the moment the fenced commit's statement that records
+// it ran (began, on MySQL), as the row records it on the database's clock
+// (to a millisecond on SQLite). A call that joins a job of its process
+// (below) shares that job's B, and keeps it when that job was stopped or
+// left its commit unknown and the call waits on.
 //
 // Calls of Do for the same target on the same Runner in one process share
 // one job, or one wait and one load: only the first caller's work and save
@@ -153,9 +157,10 @@ func (r *Runner[T]) Do(ctx context.Context, targetID string,
 	if load == nil {
 		return zero, false, invalidf("load function is nil")
 	}
+	began, again := time.Now(), false
 	for {
 		f, first := r.local.join(ctx, targetID, func(fctx context.Context, f *flight[T]) (T, bool, error) {
-			return r.do(fctx, targetID, withGeneration(work, &f.generation), save, load, &f.held)
+			return r.do(fctx, targetID, withGeneration(work, &f.generation), save, load, &f.held, began, again)
 		})
 		select {
 		case <-f.done:
@@ -170,10 +175,14 @@ func (r *Runner[T]) Do(ctx context.Context, targetID string,
 		switch {
 		case f.err == nil:
 			return f.value, !first || !f.ran, nil
-		case !first && f.generation > 0 && errors.Is(f.err, ErrStopRequested):
+		case !first && f.generation > 0 && (errors.Is(f.err, ErrStopRequested) || errors.Is(f.err, ErrCommitUnknown)):
 			// An operator stopped the job that ran here for the first
 			// caller: it was given up, not failed, and the others take
-			// over, as the callers in other processes do.
+			// over, as the callers in other processes do. Or its commit's
+			// outcome is unknown: the others read the row, as the callers
+			// in other processes do, and load what it saved, if it did.
+			// Either way they began before that job's end.
+			again = true
 			continue
 		case !first && f.generation > 0:
 			// The work ran here, for the first caller: to the others it is
@@ -194,15 +203,21 @@ func (r *Runner[T]) Do(ctx context.Context, targetID string,
 // held is the HeldError of the lease it waits for, as it last read it.
 func (r *Runner[T]) do(ctx context.Context, targetID string,
 	work func(context.Context) (T, error), save func(*gorm.DB, T) error, load func(*gorm.DB) (T, error),
-	held *atomic.Pointer[refusal],
+	held *atomic.Pointer[refusal], began time.Time, again bool,
 ) (result T, ran bool, err error) {
 	var zero T
 	begin, tried := time.Now(), time.Time{}
 	defer func() { r.waited(ctx, targetID, observe.EventDoWait, begin, tried) }()
 	// The row as this call finds it, read by the call itself: the watch,
 	// shared with others, may publish a later state before this call looks.
+	// The first read is judged as the first read of the call only when it
+	// is: a call that began again after its process's job was stopped or
+	// left its commit unknown has waited since it began (see savedSince).
 	sent := time.Now()
 	st, err := r.readState(ctx, targetID)
+	if again {
+		sent = time.Time{}
+	}
 	if err != nil && !backend.Unreachable(err) {
 		return zero, false, wrapf(err, "do %q: read lease", targetID)
 	}
@@ -225,7 +240,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 		refused := false
 		switch {
 		case unread:
-		case savedSince(st, begin, sent, r.cfg.reuseFor), waitFor > 0 && st.SavedGeneration >= waitFor:
+		case savedSince(st, began, sent, r.cfg.reuseFor), waitFor > 0 && st.SavedGeneration >= waitFor:
 			tried = time.Now()
 			v, err := r.load(ctx, targetID, load)
 			return v, false, err

@@ -80,14 +80,12 @@ func (e *Elector) Lead(ctx context.Context, lead func(ctx context.Context) error
 	if lead == nil {
 		return invalidf("lead function is nil")
 	}
-	var leadErr error
 	led := false
 	work := func(term context.Context) (struct{}, error) {
 		led = true
 		e.term.Store(&term)
 		defer e.term.Store(nil)
-		leadErr = lead(term)
-		return struct{}{}, leadErr
+		return struct{}{}, lead(term)
 	}
 	wait := backend.Backoff{Pause: campaignRetry, Max: campaignMaxRetry}
 	var failed *WorkError // lead's error, as RunWait returns it
@@ -96,8 +94,8 @@ func (e *Elector) Lead(ctx context.Context, lead func(ctx context.Context) error
 		switch {
 		case err == nil:
 			return nil
-		case led && leadErr != nil && errors.As(err, &failed) && failed.Err == leadErr:
-			return leadErr
+		case led && errors.As(err, &failed):
+			return failed.Err // the saver does nothing: the work is lead
 		case led || errors.Is(err, ErrInvalidArgument):
 			return err
 		case ctx.Err() != nil:

@@ -276,10 +276,7 @@ func (e *PanicError) Error() string {
 // call's refusal.
 func (e *PanicError) Unwrap() error {
 	err, _ := e.Value.(error)
-	if holdsOwnError(err) {
-		return metError{err}
-	}
-	return err
+	return hideOutcomes(err)
 }
 
 // errWorkExited is the reason logged for the release of a lease whose work

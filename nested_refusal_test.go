@@ -171,6 +171,41 @@ type apiError struct{ err error }
 func (e *apiError) Error() string { return "API: " + e.err.Error() }
 func (e *apiError) Unwrap() error { return e.err }
 
+// delegatingError names, through its own Is and As methods, what it
+// carries, without an Unwrap: as some error types of other libraries do.
+type delegatingError struct{ inner error }
+
+func (e delegatingError) Error() string        { return "delegating: " + e.inner.Error() }
+func (e delegatingError) Is(target error) bool { return errors.Is(e.inner, target) }
+func (e delegatingError) As(target any) bool   { return errors.As(e.inner, target) }
+
+// sliceError is an error type that cannot be compared.
+type sliceError []string
+
+func (e sliceError) Error() string { return "slice error" }
+
+// Gormlease's outcomes stay hidden behind a *WorkError even when an error
+// type's own Is or As method would name them, and odd error types do not
+// make errors.Is panic.
+func TestWorkError_HidesOutcomesThatIsOrAsMethodsName(t *testing.T) {
+	t.Parallel()
+	errQuota := errors.New("quota exceeded")
+	held := &gormlease.HeldError{Target: "other", Generation: 3}
+	err := error(&gormlease.WorkError{Step: "work", Target: "t", Err: delegatingError{fmt.Errorf("%w; %w", held, errQuota)}})
+	assert.NotErrorIs(t, err, gormlease.ErrLeaseHeld)
+	var h *gormlease.HeldError
+	assert.False(t, errors.As(err, &h), "errors.As found a *HeldError through an As method")
+	assert.ErrorIs(t, err, errQuota, "the work's own error, named by an Is method")
+
+	odd := error(&gormlease.WorkError{Step: "work", Target: "t", Err: sliceError{"a"}})
+	assert.NotErrorIs(t, odd, gormlease.ErrLeaseHeld)
+	assert.NotErrorIs(t, odd, sliceError{"a"}, "an error that cannot be compared matches only by an Is method")
+	var se sliceError
+	assert.True(t, errors.As(odd, &se))
+
+	assert.Equal(t, `gormlease: save "t": failed`, (&gormlease.WorkError{Step: "save", Target: "t"}).Error())
+}
+
 // The work's own errors stay visible through a *WorkError: errors.Is finds
 // a sentinel of the caller's, errors.As a type of the caller's, beside a
 // refusal that is hidden.
@@ -199,4 +234,16 @@ func TestWorkError_SeesTheWorksOwnErrors(t *testing.T) {
 			assert.Equal(t, `gormlease: work "t": `+workErr.Error(), err.Error())
 		})
 	}
+}
+
+// Lead returns lead's error as lead returned it, even one of a type that
+// cannot be compared.
+func TestElector_LeadReturnsAnUncomparableError(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		e, err := gormlease.NewElector(db, newTarget(t))
+		require.NoError(t, err)
+		err = e.Lead(context.Background(), func(context.Context) error { return sliceError{"a", "b"} })
+		assert.Equal(t, sliceError{"a", "b"}, err)
+	})
 }

@@ -26,7 +26,8 @@ import (
 // Repository is safe for concurrent use and holds no connection between
 // calls. One that NewRepository returns runs no goroutine and needs no
 // closing; a Runner's runs the heartbeat goroutine of its Runs while they
-// hold leases (see internal/heartbeat).
+// hold leases (with WithHeartbeatDB, a second Repository on that pool
+// does; see internal/heartbeat).
 type Repository struct {
 	db      *gorm.DB
 	backend backend.Backend

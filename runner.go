@@ -96,10 +96,12 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 // what save stored: save gets a copy of it. To get back what the database
 // assigns during the save (an auto-increment ID, column defaults), make T a
 // pointer type and let save write through it, as tx.Create(result) does:
-// Run returns that same pointer, filled in. An error from work or save is
-// returned as a *WorkError: errors.Is matches the function's own errors
-// through it, but not gormlease's, so that a work's failure is never taken
-// for Run's own refusal (see WorkError). A panic in work or save is
+// Run returns that same pointer, filled in. An error that work or save
+// returns is returned as a *WorkError: errors.Is matches the function's own
+// errors through it, but not gormlease's, so that a work's failure is never
+// taken for Run's own refusal (see WorkError). When the work's context had
+// ended (the caller's ctx, a lost lease, WithMaxHold, a stop request), Run
+// returns that cause instead of the work's error. A panic in work or save is
 // recovered and returned as a *PanicError, and the lease is released (as
 // step 4 says). When the lease is lost, Run returns ErrLeaseLost even if
 // work returned a result.

@@ -7,10 +7,11 @@ import (
 )
 
 // WorkError is the error of a call whose own lease was acquired and whose
-// work or saver then failed: Run, RunWait and Do return it when work
-// returned an error, and they and Repository.CommitIfOwner and
-// CommitAndRelease when the saver did. Its presence means the work ran;
-// a refusal (ErrLeaseHeld, ErrPaused) never comes as one.
+// work or saver then returned an error: Run, RunWait and Do return it when
+// work did (unless the work's context had ended first: they return its
+// cause then), and they and Repository.CommitIfOwner and CommitAndRelease
+// when the saver did. A panic is a *PanicError instead. Its presence means
+// the work ran; a refusal (ErrLeaseHeld, ErrPaused) never comes as one.
 //
 // errors.Is and errors.As see through it to Err and to what Err wraps,
 // except gormlease's outcomes: the sentinels of refusals and of leases'
@@ -38,16 +39,23 @@ type WorkError struct {
 
 // Error reads "gormlease: <step> <target>: <Err>".
 func (e *WorkError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("%s%s %q: failed", prefix, e.Step, e.Target)
+	}
 	return fmt.Sprintf("%s%s %q: %s", prefix, e.Step, e.Target, unprefixed(e.Err))
 }
 
 // Unwrap returns Err, with gormlease's outcomes in its chain hidden from
-// errors.Is and errors.As (see WorkError).
-func (e *WorkError) Unwrap() error {
-	if !holdsOwnError(e.Err) {
-		return e.Err
+// errors.Is and errors.As (see WorkError), whether the chain wraps them or
+// an error's own Is or As method names them.
+func (e *WorkError) Unwrap() error { return hideOutcomes(e.Err) }
+
+// hideOutcomes returns err as a metError, or nil for nil.
+func hideOutcomes(err error) error {
+	if err == nil {
+		return nil
 	}
-	return metError{e.Err}
+	return metError{err}
 }
 
 // ownSentinels are gormlease's sentinels of outcomes: in a work's error,
@@ -67,35 +75,18 @@ func isOwnError(err error) bool {
 	return slices.Contains(ownSentinels, err)
 }
 
-// holdsOwnError reports whether err's chain holds one of gormlease's
-// outcomes.
-func holdsOwnError(err error) bool {
-	if err == nil {
-		return false
-	}
-	if isOwnError(err) {
-		return true
-	}
-	switch x := err.(type) {
-	case interface{ Unwrap() error }:
-		return holdsOwnError(x.Unwrap())
-	case interface{ Unwrap() []error }:
-		return slices.ContainsFunc(x.Unwrap(), holdsOwnError)
-	}
-	return false
-}
-
-// metError is one link of a work's error chain that holds gormlease's
-// outcomes: errors.Is and errors.As see the link and the links below it as
-// they are, except those outcomes, and what they wrap, which they do not
-// see at all.
+// metError is one link of a work's error chain: errors.Is and errors.As
+// see the link and the links below it as they are, except gormlease's
+// outcomes and what they wrap, which they do not see at all, even when a
+// link's own Is or As method would name them.
 type metError struct{ err error }
 
 func (m metError) Error() string { return m.err.Error() }
 
-// Is reports whether the link is target, or says it is.
+// Is reports whether the link is target, or says it is, for a target that
+// is not one of gormlease's outcomes.
 func (m metError) Is(target error) bool {
-	if isOwnError(m.err) {
+	if isOwnError(m.err) || isOwnError(target) {
 		return false
 	}
 	if t := reflect.TypeOf(target); t != nil && t.Comparable() && m.err == target {
@@ -105,13 +96,16 @@ func (m metError) Is(target error) bool {
 	return ok && x.Is(target)
 }
 
-// As sets *target to the link when it can hold it, as errors.As would.
+// As sets *target to the link when it can hold it, or when the link's own
+// As method does so, as errors.As would, for a target that cannot hold one
+// of gormlease's outcomes.
 func (m metError) As(target any) bool {
-	if isOwnError(m.err) {
+	switch target.(type) {
+	case **HeldError, **PausedError, **SharedJobError, **PanicError:
 		return false
 	}
-	if x, ok := m.err.(interface{ As(any) bool }); ok && x.As(target) {
-		return true
+	if isOwnError(m.err) {
+		return false
 	}
 	v := reflect.ValueOf(target)
 	if v.Kind() != reflect.Pointer || v.IsNil() {
@@ -121,7 +115,8 @@ func (m metError) As(target any) bool {
 		v.Elem().Set(reflect.ValueOf(m.err))
 		return true
 	}
-	return false
+	x, ok := m.err.(interface{ As(any) bool })
+	return ok && x.As(target)
 }
 
 // Unwrap returns the links below, each seen as a metError.

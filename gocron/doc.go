@@ -15,7 +15,8 @@
 // Elector: one that wraps gormlease.ErrLeaseHeld (the job called Run on
 // another target, held or paused, and returned that refusal) is the job's
 // failure, which gocron reports to AfterJobRunsWithError; its lease is
-// released as after any run, and the next tick runs it again.
+// released as after any run (under WithMinHold, held to the hold's end),
+// and the next tick runs it again.
 //
 // The timers of the pods' schedulers fire a little apart, and a fast job
 // may have ended, and its lease been released, before another pod's timer

@@ -163,9 +163,9 @@ func (c *connTx) commit(ctx context.Context) error {
 // and executed, all sent at once. The server so does not parse and plan
 // the statement at every commit, as it would the simple query of
 // beginLocked. After an error it skips what comes before the Sync: the
-// statement never runs when BEGIN failed, where it would run, and commit,
-// outside a transaction, recording the lease as released and saved
-// without the saver's writes.
+// statement never runs when BEGIN failed, whereas after a simple-query
+// BEGIN it would run, and commit, outside a transaction, recording the
+// lease as released and saved without the saver's writes.
 // It returns the rows the statement affected, and errNotPgx, having sent
 // nothing, when conn is not pgx's, or is in another query mode, which may
 // be chosen because prepared statements do not last (a pooler between).
