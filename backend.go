@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 
 	"gorm.io/gorm"
@@ -39,6 +40,19 @@ func checkSettings(ctx context.Context, b backend.Backend, db *gorm.DB) error {
 		return invalidf("%s", bad.Problem)
 	}
 	return wrapf(err, "check the connection's settings")
+}
+
+// warnSettings logs at Warn, to logger, each of the server's settings that
+// b finds weakening a guarantee (see backend.Backend.SettingsWarnings),
+// with the setting and its value as attributes. Without a logger it does
+// not ask the server.
+func warnSettings(ctx context.Context, b backend.Backend, db *gorm.DB, logger *slog.Logger) {
+	if logger == nil || !logger.Enabled(ctx, slog.LevelWarn) {
+		return
+	}
+	for _, w := range b.SettingsWarnings(ctx, db) {
+		logger.LogAttrs(ctx, slog.LevelWarn, w.Message, slog.String("setting", w.Setting), slog.String("value", w.Value))
+	}
 }
 
 // newWaitKey returns the key of r's watches: waiters share a watch when

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -752,4 +753,40 @@ func TestGalera_ForceReleaseSlotsAcrossNodes(t *testing.T) {
 		require.ErrorIs(t, repos[0].Heartbeat(ctx, second), gormlease.ErrLeaseLost, "round %d", i)
 		require.NoError(t, repos[0].Heartbeat(ctx, first), "round %d: the other slot's holder", i)
 	}
+}
+
+// NewRunner on a Galera node whose innodb_flush_log_at_trx_commit is not 1
+// logs one warning at Warn, naming the setting and its value, through the
+// Runner's logger (see docs/scaling.md); at 1, and on a MariaDB server
+// that is no Galera node whatever its setting, nothing.
+func TestGalera_FlushSettingWarnsAtNewRunner(t *testing.T) {
+	f := newGaleraFixture(t)
+	const message = "innodb_flush_log_at_trx_commit is not 1 on this Galera node"
+	setFlush := func(db *gorm.DB, v int) {
+		t.Helper()
+		require.NoError(t, db.Exec(fmt.Sprintf("SET GLOBAL innodb_flush_log_at_trx_commit = %d", v)).Error)
+	}
+	// The harness starts the nodes with 0.
+	t.Cleanup(func() { setFlush(f.nodes[1], 0) })
+	warnings := func(db *gorm.DB) []logRecord {
+		t.Helper()
+		h := &recordingHandler{}
+		newRunner(t, db, galeraOpts(gormlease.WithLogger(slog.New(h)))...)
+		return h.find(message)
+	}
+	for _, v := range []int{0, 2} {
+		setFlush(f.nodes[1], v)
+		got := warnings(f.nodes[1])
+		require.Len(t, got, 1, "warnings at innodb_flush_log_at_trx_commit=%d", v)
+		assert.Equal(t, slog.LevelWarn, got[0].level)
+		assert.Equal(t, "innodb_flush_log_at_trx_commit", got[0].attrs["setting"])
+		assert.Equal(t, fmt.Sprint(v), got[0].attrs["value"])
+	}
+	setFlush(f.nodes[1], 1)
+	assert.Empty(t, warnings(f.nodes[1]), "warnings at innodb_flush_log_at_trx_commit=1")
+
+	plain := testdb.MySQL(t)
+	var flush int
+	require.NoError(t, plain.Open(t, nil).Raw("SELECT @@global.innodb_flush_log_at_trx_commit").Scan(&flush).Error)
+	assert.Empty(t, warnings(plain.Open(t, nil)), "warnings on a server that is no Galera node (its setting: %d)", flush)
 }

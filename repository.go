@@ -84,6 +84,7 @@ func newRepository(db *gorm.DB, cfg config) (*Repository, error) {
 	if err := checkSettings(ctx, b, db); err != nil {
 		return nil, err
 	}
+	warnSettings(ctx, b, db, cfg.logger)
 	r := &Repository{db: db, backend: b, holder: holder, tables: tables, attempts: cfg.attempts}
 	r.waitKey = r.newWaitKey()
 	r.beats.Renew = func(ctx context.Context, leases []backend.Lease) (map[backend.Lease]backend.Ended, error) {

@@ -372,6 +372,12 @@ type database struct {
 	patroni *testdb.Patroni
 	// resolution is Input.Resolution's.
 	resolution time.Duration
+	// clusterFault, when set, may inject a fault of the servers (a Galera
+	// node's crash) in a fault phase, at the same time as the workers'
+	// faults, and returns it when it did.
+	clusterFault func(t *testing.T, rng *rand.Rand) (Fault, bool)
+	// migrate, when set, makes the history tables instead of Migrate.
+	migrate func(ctx context.Context, db *gorm.DB) error
 }
 
 // serverDatabase is a database of its own on server.
@@ -504,7 +510,11 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 	t.Logf("scenario on %s: %v, %d workers, %d targets, faults %v, failovers %v, seed %d",
 		d.name, sc.duration, sc.workers, sc.targets, sc.faults, sc.failovers, sc.seed)
 	require.NoError(t, gormlease.AutoMigrate(ctx, d.db))
-	require.NoError(t, Migrate(ctx, d.db))
+	migrate := Migrate
+	if d.migrate != nil {
+		migrate = d.migrate
+	}
+	require.NoError(t, migrate(ctx, d.db))
 
 	dir, visualize := t.TempDir(), ""
 	if keep := os.Getenv("GORMLEASE_HISTORY_DIR"); keep != "" {
@@ -697,6 +707,14 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 						counts[operatorResumeLost]++
 					}
 				})
+			}
+			if d.clusterFault != nil {
+				if f, ok := d.clusterFault(t, rng); ok {
+					mu.Lock()
+					defer mu.Unlock()
+					faults = append(faults, f)
+					counts[f.Kind]++
+				}
 			}
 			if len(sc.failovers) > 0 {
 				kind := next[0]

@@ -47,6 +47,10 @@ type Backend interface {
 	// db's settings would make the steps fail later, before any step runs.
 	// It writes nothing.
 	CheckSettings(ctx context.Context, db *gorm.DB) error
+	// SettingsWarnings returns the server's settings that weaken a
+	// guarantee without making any step fail, for the Runner's logger at
+	// Warn; none when the server could not be asked. It writes nothing.
+	SettingsWarnings(ctx context.Context, db *gorm.DB) []SettingsWarning
 	// Migrate creates the tables when they do not exist, and adds the
 	// columns that a table made by an earlier version lacks.
 	Migrate(ctx context.Context, db *gorm.DB) error

@@ -118,6 +118,9 @@ func (c *Common) Capabilities() Capabilities { return Capabilities{} }
 // CheckSettings checks nothing.
 func (c *Common) CheckSettings(context.Context, *gorm.DB) error { return nil }
 
+// SettingsWarnings finds nothing.
+func (c *Common) SettingsWarnings(context.Context, *gorm.DB) []SettingsWarning { return nil }
+
 // OwnSQL returns the statement of op on the caller's own row. Its arguments
 // are op's own (see Backend.UpdateOwn), then the target and the token.
 func (c *Common) OwnSQL(op Own) string { return c.own[op] }

@@ -23,6 +23,11 @@ type SettingsError struct{ Problem string }
 
 func (e *SettingsError) Error() string { return e.Problem }
 
+// SettingsWarning is a server setting that weakens a guarantee (see
+// Backend.SettingsWarnings): Setting's Value, and Message, which says what
+// it risks (logged as it is, and named in the docs).
+type SettingsWarning struct{ Setting, Value, Message string }
+
 // ErrCannotListen says that a pool cannot receive notifications: its driver
 // cannot, or its connections go through a connection pooler. Its waiters
 // then only poll.

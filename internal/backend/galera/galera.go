@@ -157,6 +157,32 @@ func (b *Backend) SlotRows(ctx context.Context, db *gorm.DB, targetID string, n 
 	return backend.ScanSlots(rows)
 }
 
+// FlushWarning is the message of the warning that SettingsWarnings returns
+// on a Galera node whose innodb_flush_log_at_trx_commit is not 1.
+const FlushWarning = "gormlease: innodb_flush_log_at_trx_commit is not 1 on this Galera node: " +
+	"when the nodes crash together, saved results and lease changes that were committed can be lost, " +
+	"and the work run again (docs/scaling.md)"
+
+// SettingsWarnings warns, on a Galera node, when innodb_flush_log_at_trx_commit
+// is not 1: InnoDB then writes or flushes its redo log about once a second
+// rather than at each commit, and the cluster keeps a commit only in the
+// nodes' memory until then. A node that crashes alone gets it back from the
+// others when it rejoins; when every node crashes within that second (a power
+// cut, a host running them all, a coordinated restart gone wrong), the
+// commit is gone: a saved result that Run reported, or a release, and the
+// lease row goes back to an older generation, whose work then runs again.
+func (b *Backend) SettingsWarnings(ctx context.Context, db *gorm.DB) []backend.SettingsWarning {
+	if !b.On(ctx, db) {
+		return nil
+	}
+	var flush string
+	found, err := backend.QueryRow(ctx, db, "SELECT @@global.innodb_flush_log_at_trx_commit", nil, &flush)
+	if err != nil || !found || flush == "1" {
+		return nil
+	}
+	return []backend.SettingsWarning{{Setting: "innodb_flush_log_at_trx_commit", Value: flush, Message: FlushWarning}}
+}
+
 // CommitFenced runs the fenced commit with the statements on the caller's
 // row sent through UpdateOwn, which, on a known Galera node, takes a
 // serialization failure inside the transaction as RetryCommit's to decide.

@@ -1,0 +1,208 @@
+package history
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	mysqldriver "github.com/go-sql-driver/mysql"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gormlease/gormlease/internal/testdb"
+)
+
+// FaultNodeCrash kills a node of the Galera cluster (SIGKILL to its
+// mariadbd), starts it again 0.5 to 2 s after the others dropped it from
+// the cluster (about 4 s), and lasts until it has rejoined (an incremental
+// state transfer from the others) and is synced.
+const FaultNodeCrash = "node crash"
+
+// The ways the workers of a Galera scenario reach the cluster.
+const (
+	// WritersSpread connects worker i to node i mod 3: every node takes
+	// writes at once, and the fenced commits of one target meet in
+	// certification.
+	WritersSpread = "spread"
+	// WritersOne connects every worker to node 1, as a proxy that sends
+	// the writes to one node does: the fenced commits meet in node 1's row
+	// locks, and the other nodes only apply.
+	WritersOne = "one"
+)
+
+// galeraSettings are the server settings a Galera scenario runs under.
+type galeraSettings struct {
+	// syncWait is the workers' wsrep_sync_wait (a session variable of
+	// their connections): 0, the default, lets a read run on a node that
+	// has not applied what the cluster committed; gormlease makes its
+	// own causal reads where a step decides on a read.
+	syncWait int
+	// flush is every node's innodb_flush_log_at_trx_commit: 1 writes and
+	// flushes the redo log at each commit, 2 writes it and flushes it once
+	// a second, 0 does both once a second.
+	flush int
+	// writers is WritersSpread or WritersOne.
+	writers string
+}
+
+// galeraSettingsFor reads the settings from GORMLEASE_HISTORY_GALERA_SYNC_WAIT
+// (default 0), GORMLEASE_HISTORY_GALERA_FLUSH (default 0, as Galera's
+// documentation recommends and as the harness starts its nodes) and
+// GORMLEASE_HISTORY_GALERA_WRITERS (by default one or the other, by seed).
+func galeraSettingsFor(t *testing.T, seed uint64) galeraSettings {
+	s := galeraSettings{writers: WritersSpread}
+	if seed%2 == 1 {
+		s.writers = WritersOne
+	}
+	number := func(name string, dest *int) {
+		if v := os.Getenv(name); v != "" {
+			n, err := strconv.Atoi(v)
+			require.NoError(t, err, name)
+			*dest = n
+		}
+	}
+	number("GORMLEASE_HISTORY_GALERA_SYNC_WAIT", &s.syncWait)
+	number("GORMLEASE_HISTORY_GALERA_FLUSH", &s.flush)
+	if v := os.Getenv("GORMLEASE_HISTORY_GALERA_WRITERS"); v != "" {
+		require.Contains(t, []string{WritersSpread, WritersOne}, v, "GORMLEASE_HISTORY_GALERA_WRITERS")
+		s.writers = v
+	}
+	return s
+}
+
+// On the Galera cluster of three nodes (testdb.Galera), the workers
+// spread over the nodes or all on one (galeraSettings): the faults of the
+// other scenarios, and a node's crash in every other fault phase, the
+// first among them. The checker judges the Runs by node 1's records, once
+// every node is back and has the same records.
+func TestHistory_Galera(t *testing.T) {
+	t.Parallel()
+	started := time.Now()
+	c := testdb.SharedGalera(t)
+	t.Logf("the Galera cluster ready after %v", time.Since(started).Round(time.Millisecond))
+	sc := scenario{duration: duration(t, 40e9), workers: 4, targets: 3, faults: allFaults, seed: seed(t)}
+	d, crashes := galeraDatabase(t, c, galeraSettingsFor(t, sc.seed))
+	o := runOn(t, d, sc)
+	assert.Empty(t, o.rep.Violations, "violations")
+	assert.NotZero(t, o.rep.Saves, "nothing saved")
+	assert.NotZero(t, o.rep.Windows, "no quiet window was checked")
+	assert.NotZero(t, crashes.Load(), "no node was crashed")
+}
+
+var galeraDatabases atomic.Int64
+
+// galeraDatabase is a database of its own on the Galera cluster c, under
+// settings s, and the count of the node crashes its fault phases inject.
+// The records are read on every node, with causal reads, and must be the
+// same on each.
+func galeraDatabase(t *testing.T, c *testdb.Galera, s galeraSettings) (*database, *atomic.Int64) {
+	name := fmt.Sprintf("history_%d_%d", os.Getpid(), galeraDatabases.Add(1))
+	first := c.Node(1)
+	require.NoError(t, first.Open(t, nil).Exec("CREATE DATABASE "+name).Error)
+	t.Cleanup(func() { _ = first.Open(t, nil).Exec("DROP DATABASE " + name).Error })
+	// in is the DSN of node n's database name, through addr, with params.
+	in := func(n *testdb.GaleraNode, addr string, params map[string]string) string {
+		cfg, err := mysqldriver.ParseDSN(n.DSN(params))
+		require.NoError(t, err)
+		cfg.Addr, cfg.DBName = addr, name
+		return "mysql://" + cfg.FormatDSN()
+	}
+	setFlush := func(n *testdb.GaleraNode) {
+		require.NoError(t, n.Open(t, nil).Exec(fmt.Sprintf("SET GLOBAL innodb_flush_log_at_trx_commit = %d", s.flush)).Error)
+	}
+	for _, n := range c.Nodes() {
+		setFlush(n)
+	}
+	// The next test of the process finds the harness's setting.
+	t.Cleanup(func() {
+		for _, n := range c.Nodes() {
+			_ = n.Open(t, nil).Exec("SET GLOBAL innodb_flush_log_at_trx_commit = 0").Error
+		}
+	})
+	t.Logf("Galera settings: workers' wsrep_sync_wait=%d, innodb_flush_log_at_trx_commit=%d on every node, writers %s",
+		s.syncWait, s.flush, s.writers)
+
+	d := &database{name: "galera", db: openDB(t, in(first, first.Addr(), nil)), migrate: migrateGalera}
+	for _, n := range c.Nodes() {
+		d.addrs = append(d.addrs, n.Addr())
+	}
+	var workers atomic.Int64
+	d.workerDSN = func(proxies []*testdb.Proxy) string {
+		// A worker's incarnations stay on one node.
+		i := 0
+		if s.writers == WritersSpread {
+			i = int(workers.Add(1)-1) % len(proxies)
+		}
+		return in(c.Node(i+1), proxies[i].Addr(), map[string]string{"wsrep_sync_wait": strconv.Itoa(s.syncWait)})
+	}
+	d.read = func(t *testing.T) ([]Result, []Change) {
+		var results []Result
+		var changes []Change
+		for _, n := range c.Nodes() {
+			db := openDB(t, in(n, n.Addr(), map[string]string{"wsrep_sync_wait": "1"}))
+			r, ch, err := ReadDB(context.Background(), db)
+			require.NoError(t, err, "read node %d", n.N())
+			if n == first {
+				results, changes = r, ch
+				continue
+			}
+			require.Equal(t, len(results), len(r), "saved results on node %d and node 1", n.N())
+			require.Equal(t, len(changes), len(ch), "lease row changes on node %d and node 1", n.N())
+		}
+		return results, changes
+	}
+	var crashes atomic.Int64
+	phases := 0
+	d.clusterFault = func(t *testing.T, rng *rand.Rand) (Fault, bool) {
+		phases++
+		if phases%2 == 0 {
+			return Fault{}, false
+		}
+		i := rng.IntN(3)
+		n, survivor := c.Node(1+i), c.Node(1+(i+1)%3)
+		time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond)
+		f := Fault{Kind: FaultNodeCrash, Worker: "cluster", Start: Micros(time.Now())}
+		n.Kill(t)
+		// It starts again once the others have dropped it, as after a
+		// restart by a supervisor: a node that comes back while the others
+		// still count it in may find the cluster stuck.
+		survivor.WaitSize(t, 2)
+		time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
+		n.Start(t)
+		setFlush(n) // it starts with the harness's setting
+		f.End = Micros(time.Now())
+		crashes.Add(1)
+		t.Logf("%s: node %d from %s to %s", f.Kind, n.N(), micros(f.Start), micros(f.End))
+		return f, true
+	}
+	return d, &crashes
+}
+
+// migrateGalera makes the history tables as Migrate does on MariaDB, but
+// with the lease table's versions bounded by timestamps rather than
+// transaction IDs: MariaDB replicates a change of a table versioned by
+// transaction IDs, which are each node's own, as a statement, which the
+// other nodes fail to apply (a server-side prepared one goes out with its
+// placeholders, a heartbeat's multi-table UPDATE fails there), and the
+// cluster then votes the writing node out. With timestamps, a version that
+// a transaction wrote after a later-begun one had taken its timestamp may
+// be missing (see mysqlSchema): a takeover that waited for a fenced
+// commit's row lock on the same node.
+func migrateGalera(ctx context.Context, db *gorm.DB) error {
+	for _, stmt := range []string{mysqlSchema.ddl[0],
+		`ALTER TABLE job_lease ADD COLUMN history_start TIMESTAMP(6) GENERATED ALWAYS AS ROW START INVISIBLE,
+			ADD COLUMN history_end TIMESTAMP(6) GENERATED ALWAYS AS ROW END INVISIBLE,
+			ADD PERIOD FOR SYSTEM_TIME(history_start, history_end), ADD SYSTEM VERSIONING`,
+	} {
+		if err := db.WithContext(ctx).Exec(stmt).Error; err != nil {
+			return fmt.Errorf("history: migrate on Galera: %w", err)
+		}
+	}
+	return nil
+}
