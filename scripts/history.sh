@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # scripts/history.sh: the history checker's long run (history/, see
 # docs/reliability.md). Worker processes run Run loops on PostgreSQL,
-# MariaDB, SQLite and the Patroni cluster (which fails over) while faults
+# MariaDB, SQLite, the Patroni cluster (which fails over) and a Galera
+# cluster of three nodes (one of which crashes and rejoins) while faults
 # are injected; the checker then verifies every log and the database's
 # records. Then the fence mutation, which the checker must catch (on
-# PostgreSQL, MariaDB and the Patroni cluster).
+# PostgreSQL, MariaDB, the Patroni cluster and the Galera cluster).
 #
 #   scripts/history.sh [DURATION]     each run's length (default 5m), every database at once
 #
@@ -12,20 +13,25 @@
 # repeats a run's settings and fault schedule (not its timing);
 # GORMLEASE_HISTORY_DIR keeps the logs (and porcupine's drawings of the
 # histories that are not linearizable); HISTORY_MUTATION=0 leaves the
-# mutation out. The databases are those of the tests (internal/testdb):
-# start them, and install Patroni (scripts/install-patroni.sh), as .ci/run
-# does. Exits non-zero on any violation.
+# mutation out. GORMLEASE_HISTORY_GALERA_SYNC_WAIT (the workers'
+# wsrep_sync_wait, default 0), GORMLEASE_HISTORY_GALERA_FLUSH (the nodes'
+# innodb_flush_log_at_trx_commit, default 0) and
+# GORMLEASE_HISTORY_GALERA_WRITERS (spread or one; by default chosen by the
+# seed) set the Galera run's settings (docs/scaling.md). The databases are
+# those of the tests (internal/testdb): start them, install Patroni
+# (scripts/install-patroni.sh) and galera-4 with rsync, as .ci/run does.
+# Exits non-zero on any violation.
 set -euo pipefail
 cd "$(dirname "$0")/../history"
 duration="${1:-5m}"
 runs="${HISTORY_RUNS:-1}"
 for i in $(seq "$runs"); do
   echo "== history run $i of $runs, $duration per database"
-  GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -parallel 4 -timeout 0 \
-    -run '^TestHistory_(Postgres|MariaDB|SQLite|Patroni)$' ./
+  GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -parallel 5 -timeout 0 \
+    -run '^TestHistory_(Postgres|MariaDB|SQLite|Patroni|Galera)$' ./
 done
 if [ "${HISTORY_MUTATION:-1}" != 0 ]; then
   echo "== the fence mutation, $duration per database: the checker must report violations"
-  GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -parallel 3 -timeout 0 \
+  GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -parallel 4 -timeout 0 \
     -run '^TestHistory_MutatedFenceIsCaught_' ./
 fi
