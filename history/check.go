@@ -3,6 +3,7 @@ package history
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -13,6 +14,9 @@ type Fault struct {
 	Kind       string
 	Worker     string
 	Start, End int64
+	// Frozen says that the worker's process was stopped (SIGSTOP): its
+	// clock ran on, its code did not.
+	Frozen bool
 }
 
 // Input is everything Check reads: the workers' logs, the database's
@@ -37,6 +41,12 @@ type Input struct {
 	// on SQLite, whose rows hold text with milliseconds; 0 elsewhere): a
 	// takeover within it of the holder's expiry is not early.
 	Resolution time.Duration
+	// CallLag bounds how long after a call of Do logged its start the
+	// library may take to begin it (the call's own goroutines start, and
+	// the library reads the clock): a save that began within it may have
+	// been made, as far as the call can tell, before the call began. A
+	// worker paused or killed within it is not judged so (see Check).
+	CallLag time.Duration
 	// VisualizeDir, when set, is where the model check draws each target's
 	// history that is not linearizable.
 	VisualizeDir string
@@ -78,38 +88,70 @@ const (
 	ViolationNoProgress      = "no progress in a quiet window"
 	ViolationNotLinearizable = "not linearizable"
 	ViolationPausedStart     = "work started on a paused target"
+	// Do's, in a call that did not share another's job in its process
+	// (see Check).
+	ViolationDoRanAgain     = "Do ran the work again for a wave that saved"
+	ViolationDoStaleShare   = "Do shared a result saved before it began"
+	ViolationDoFalseFailure = "Do reported a shared job failure that is not one"
+	// Any call's: Run, Do and RunWait each run the work at most once.
+	ViolationWorkedTwice = "a call ran its work more than once"
 )
 
 // Report is what Check found, with counts of what it checked.
 type Report struct {
 	Violations []Violation
-	// Runs, Acquisitions, Saves and Changes count what was checked; Ops
-	// the operations of the model check; Windows the quiet windows.
+	// Runs, Acquisitions, Saves and Changes count what was checked (Runs
+	// every call: Run, RunWait, Do); Ops the operations of the model
+	// check; Windows the quiet windows.
 	Runs, Acquisitions, Saves, Changes, Ops, Windows int
-	Outcomes                                         map[string]int
+	// Calls counts the calls by what was called, and Outcomes by outcome.
+	Calls    map[string]int
+	Outcomes map[string]int
 	// Errors is the first error message of each Run outcome that is an
 	// error.
 	Errors map[string]string
 }
 
-// run is one Run, put together from its events.
+// run is one call, of Run, RunWait or Do, put together from its events;
+// or, when the call ran its work more than once, one of those works: each
+// but the last ends as an error (none of them saved, or the call would
+// have ended).
 type run struct {
 	worker, target string
+	call           string // KindRun, KindRunWait or KindDo
+	// again marks a work of the call after its first.
+	again          bool
 	id             int64
 	start, work    int64
+	workEnd        int64
 	save, end      int64 // 0: not logged
 	gen            int64
 	token, outcome string
 	err            string
+	// tries is the number of works of the call (on its last run).
+	tries int
+	// Do's: see Event.
+	shared         bool
+	loaded, failed int64
 }
 
 // Check verifies in's history.
 func Check(in Input) Report {
-	rep := Report{Outcomes: map[string]int{}, Errors: map[string]string{}}
+	rep := Report{Calls: map[string]int{}, Outcomes: map[string]int{}, Errors: map[string]string{}}
 	runs := assemble(in.Events)
 	byToken := map[string]*run{}
 	for _, r := range runs {
+		if r.token != "" {
+			rep.Acquisitions++
+			byToken[r.token] = r
+		}
+		if r.again {
+			rep.Violations = append(rep.Violations, Violation{Kind: ViolationWorkedTwice, Target: r.target,
+				Detail: fmt.Sprintf("%s %s %d ran its work again (work %d), under generation %d", r.worker, r.call, r.id, r.tries, r.gen)})
+			continue // counted with its call
+		}
 		rep.Runs++
+		rep.Calls[r.call]++
 		if r.end != 0 {
 			rep.Outcomes[r.outcome]++
 			if _, ok := rep.Errors[r.outcome]; !ok && r.err != "" {
@@ -117,10 +159,6 @@ func Check(in Input) Report {
 			}
 		} else {
 			rep.Outcomes["no end (crashed)"]++
-		}
-		if r.token != "" {
-			rep.Acquisitions++
-			byToken[r.token] = r
 		}
 	}
 	rep.Saves, rep.Changes = len(in.Results), len(in.Changes)
@@ -224,6 +262,8 @@ func Check(in Input) Report {
 		}
 	}
 
+	checkDo(in, runs, byToken, saved, add)
+
 	// Liveness: in every quiet window, each target has a Run that saved.
 	windows := quietWindows(in)
 	rep.Windows = len(windows)
@@ -266,17 +306,104 @@ func assemble(events []Event) []*run {
 			runs = append(runs, r)
 		}
 		switch e.Kind {
-		case KindRun:
-			r.start = e.At
+		case KindRun, KindRunWait, KindDo:
+			r.start, r.call = e.At, e.Kind
 		case KindWork:
+			if r.token != "" {
+				// The call runs its work again: the work before ended
+				// without a save that counts.
+				r.end, r.outcome, r.err = e.At, OutcomeError, "the call ran its work again"
+				r = &run{worker: e.Worker, id: e.Run, target: e.Target, call: r.call, start: r.start, tries: r.tries, again: true}
+				byKey[k] = r
+				runs = append(runs, r)
+			}
 			r.work, r.gen, r.token = e.At, e.Gen, e.Token
+			r.tries++
+		case KindWorkEnd:
+			r.workEnd = e.At
 		case KindSave:
 			r.save = e.At
 		case KindEnd:
 			r.end, r.outcome, r.err = e.At, e.Outcome, e.Err
+			r.shared, r.loaded, r.failed = e.Shared, e.Loaded, e.Failed
 		}
 	}
 	return runs
+}
+
+// checkDo checks the promise of each call of Do, which shares no job with
+// another call in its process (each Do loop of a worker has a Runner of
+// its own); saved counts the saves of each target's generations.
+//
+// A call that began while a generation of its target was unsaved does not
+// run the work under a later generation when that one saved after the call
+// began: the call's answer is that save (ViolationDoRanAgain). The
+// generation counts as unsaved from its work's start (before the call
+// began) until its work ended (after the call began, by more than
+// in.CallLag): its save's transaction, and so the save, came after. A
+// call whose worker was frozen within in.CallLag of its start is not
+// judged so.
+//
+// A result shared by the call (nil, shared) is one that was saved after
+// the call began: not one whose Run had returned before
+// (ViolationDoStaleShare). And a SharedJobError names a generation that
+// saved nothing, for a call that did not run the work itself
+// (ViolationDoFalseFailure).
+func checkDo(in Input, runs []*run, byToken map[string]*run, saved map[string]map[int64]int,
+	add func(kind, target, format string, args ...any),
+) {
+	lag := in.CallLag.Microseconds()
+	savedBy := map[string]map[int64]*run{} // by target and generation
+	for _, r := range runs {
+		if r.token != "" && saved[r.target][r.gen] > 0 {
+			if savedBy[r.target] == nil {
+				savedBy[r.target] = map[int64]*run{}
+			}
+			savedBy[r.target][r.gen] = r
+		}
+	}
+	for _, c := range runs {
+		if c.call != KindDo || c.again {
+			continue
+		}
+		if c.token != "" && !frozen(in.Faults, c.worker, c.start, c.start+lag) {
+			for gen, x := range savedBy[c.target] {
+				if gen < c.gen && x.work < c.start && x.workEnd > c.start+lag {
+					add(ViolationDoRanAgain, c.target, "%s do %d, called at %s while generation %d (%s %s %d) worked from %s to %s and then saved, ran the work under generation %d at %s",
+						c.worker, c.id, micros(c.start), gen, x.worker, x.call, x.id, micros(x.work), micros(x.workEnd), c.gen, micros(c.work))
+					break
+				}
+			}
+		}
+		switch c.outcome {
+		case OutcomeShared:
+			if x := savedBy[c.target][c.loaded]; x != nil && x.end != 0 && x.outcome == OutcomeOK && x.end < c.start {
+				add(ViolationDoStaleShare, c.target, "%s do %d, called at %s, shared generation %d's result, whose %s %d had returned at %s",
+					c.worker, c.id, micros(c.start), c.loaded, x.call, x.id, micros(x.end))
+			}
+		case OutcomeSharedFailed:
+			if c.token != "" {
+				add(ViolationDoFalseFailure, c.target, "%s do %d ran the work itself (generation %d), and returned a SharedJobError for generation %d",
+					c.worker, c.id, c.gen, c.failed)
+			}
+			if saved[c.target][c.failed] > 0 {
+				add(ViolationDoFalseFailure, c.target, "%s do %d returned a SharedJobError for generation %d, which saved",
+					c.worker, c.id, c.failed)
+			}
+		}
+	}
+}
+
+// frozen reports whether the process of worker (named w<n>.<incarnation>,
+// whose faults name it n) was frozen at some time from from to to.
+func frozen(faults []Fault, worker string, from, to int64) bool {
+	n, _, _ := strings.Cut(strings.TrimPrefix(worker, "w"), ".")
+	for _, f := range faults {
+		if f.Frozen && f.Worker == n && f.Start <= to && from <= f.End {
+			return true
+		}
+	}
+	return false
 }
 
 // quietWindows returns the windows of at least in.Window in which no

@@ -1,6 +1,7 @@
 package history
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,7 +44,16 @@ const (
 	// else it sends) for its lease timeout plus a second, then delivers
 	// it: another worker may take the lease over meanwhile.
 	FaultStall = "commit stall"
+	// FaultRefuse refuses a worker's new connections for 1.5 to 2.5 of its
+	// lease timeouts (see WorkerConfig.RefuseFile), and closes its open
+	// ones as the refusal begins, three times, 150 ms apart (its proxy's
+	// Cut), so that its next statements need new connections.
+	FaultRefuse = "connection refusal"
 )
+
+// callLag is Input.CallLag: on this machine, loaded and under -race, a
+// call of Do begins well within it of its log line.
+const callLag = 250 * time.Millisecond
 
 // The kinds of failover of the Patroni cluster, the faults of the cluster
 // rather than of one worker. After each, the driver waits for the new
@@ -246,6 +257,14 @@ type scenario struct {
 	// breakFence runs the workers with the fence broken (see
 	// WorkerConfig.BreakFence).
 	breakFence bool
+	// runOnly leaves the Do and RunWait loops out: the workers make Runs
+	// only. Otherwise each has 1 to maxDoers Do loops (2 when 0) and 0 or 1
+	// RunWait loop.
+	runOnly  bool
+	maxDoers int
+	// workerBin, when set, is the test binary that the workers run, built
+	// otherwise than this one (see workerBinary).
+	workerBin string
 }
 
 // slot is one worker, across its incarnations.
@@ -257,6 +276,8 @@ type slot struct {
 	// proxies are the worker's own, one per server address of db.
 	proxies []*testdb.Proxy
 	dir     string
+	// bin, when set, is the binary the worker runs (see scenario.workerBin).
+	bin string
 
 	mu          sync.Mutex
 	incarnation int
@@ -279,7 +300,11 @@ func (s *slot) start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	bin := os.Args[0]
+	if s.bin != "" {
+		bin = s.bin
+	}
+	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), WorkerEnv+"="+string(b))
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -530,6 +555,7 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 	}
 	slots := make([]*slot, sc.workers)
 	var maxTimeout, maxOpTimeout time.Duration
+	refuseAddr := refusingAddr(t)
 	for i := range slots {
 		// Each worker reaches each server through a proxy of its own.
 		var proxies []*testdb.Proxy
@@ -554,12 +580,22 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 			// reaches the database.
 			OpTimeout: timeout + 2*time.Second + time.Duration(rng.IntN(1000))*time.Millisecond,
 			WorkMin:   20 * time.Millisecond, WorkMax: time.Duration(100+rng.IntN(400)) * time.Millisecond,
+			// Longer, so that a call of Do often begins while another's
+			// job has more than callLag to go.
+			DoWorkMin: 100 * time.Millisecond, DoWorkMax: time.Duration(400+rng.IntN(600)) * time.Millisecond,
 			Seed: sc.seed + uint64(i), BreakFence: sc.breakFence,
 		}
+		if !sc.runOnly {
+			cfg.Doers, cfg.RunWaiters = 1+rng.IntN(cmp.Or(sc.maxDoers, 2)), rng.IntN(2)
+		}
+		if len(d.addrs) > 0 && slices.Contains(sc.faults, FaultRefuse) {
+			cfg.RefuseFile, cfg.RefuseAddr = filepath.Join(dir, fmt.Sprintf("refuse-%d", i)), refuseAddr
+		}
 		maxTimeout, maxOpTimeout = max(maxTimeout, timeout), max(maxOpTimeout, cfg.OpTimeout)
-		t.Logf("worker %d: %d Run loops, heartbeat %v, lease timeout %v, operation timeout %v, work %v to %v",
-			i, cfg.Goroutines, cfg.Interval, cfg.Timeout, cfg.OpTimeout, cfg.WorkMin, cfg.WorkMax)
-		slots[i] = &slot{t: t, n: i, cfg: cfg, db: d, proxies: proxies, dir: dir}
+		t.Logf("worker %d: %d Run loops, %d Do loops, %d RunWait loops, heartbeat %v, lease timeout %v, operation timeout %v, "+
+			"work %v to %v, Do's %v to %v", i, cfg.Goroutines, cfg.Doers, cfg.RunWaiters, cfg.Interval, cfg.Timeout, cfg.OpTimeout,
+			cfg.WorkMin, cfg.WorkMax, cfg.DoWorkMin, cfg.DoWorkMax)
+		slots[i] = &slot{t: t, n: i, cfg: cfg, db: d, proxies: proxies, dir: dir, bin: sc.workerBin}
 	}
 	// Whatever happens to the test, no worker outlives it.
 	t.Cleanup(func() {
@@ -751,10 +787,10 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 		counts[operatedAcrossFailover] = acrossFailovers(faults)
 	}
 	in := Input{Events: events, Results: results, Changes: changes, Faults: faults, Pauses: pauses, Targets: targets,
-		From: from, To: to, Recovery: recovery, Window: window, Resolution: d.resolution, VisualizeDir: visualize}
+		From: from, To: to, Recovery: recovery, Window: window, Resolution: d.resolution, CallLag: callLag, VisualizeDir: visualize}
 	rep := Check(in)
-	t.Logf("checked %d Runs (%v), %d acquisitions, %d saves, %d lease row changes, %d model operations, %d quiet windows; faults %v; %d violations",
-		rep.Runs, rep.Outcomes, rep.Acquisitions, rep.Saves, rep.Changes, rep.Ops, rep.Windows, counts, len(rep.Violations))
+	t.Logf("checked %d calls (%v; %v), %d acquisitions, %d saves, %d lease row changes, %d model operations, %d quiet windows; faults %v; %d violations",
+		rep.Runs, rep.Calls, rep.Outcomes, rep.Acquisitions, rep.Saves, rep.Changes, rep.Ops, rep.Windows, counts, len(rep.Violations))
 	if d.patroni != nil {
 		t.Logf("on the old primaries: %d waits for synchronous replication cancelled by their client, %d cut by the shutdown",
 			syncWait.cancelled, syncWait.terminated)
@@ -860,9 +896,27 @@ func inject(s *slot, kind string, frac float64, restart time.Duration) (_ Fault,
 	hit = true
 	switch kind {
 	case FaultPause:
+		f.Frozen = true
 		s.signal(syscall.SIGSTOP)
 		time.Sleep(time.Duration(frac * float64(s.cfg.Timeout)))
 		s.signal(syscall.SIGCONT)
+	case FaultRefuse:
+		if s.cfg.RefuseFile == "" {
+			return f, false, fmt.Errorf("worker %d refuses no connections: no server", s.n)
+		}
+		if err := os.WriteFile(s.cfg.RefuseFile, nil, 0o644); err != nil {
+			return f, false, err
+		}
+		for i := range 3 {
+			if i > 0 {
+				time.Sleep(150 * time.Millisecond)
+			}
+			for _, p := range s.proxies {
+				p.Cut()
+			}
+		}
+		time.Sleep(time.Until(time.UnixMicro(f.Start).Add(time.Duration(frac * float64(s.cfg.Timeout)))))
+		err = os.Remove(s.cfg.RefuseFile)
 	case FaultKill:
 		for i := range 3 {
 			if i > 0 {
@@ -899,6 +953,19 @@ func inject(s *slot, kind string, frac float64, restart time.Duration) (_ Fault,
 	}
 	f.End = Micros(time.Now())
 	return f, hit, err
+}
+
+// refusingAddr returns a loopback address where the kernel refuses every
+// connection: a socket bound to it, which does not listen, and which no
+// other socket can bind while it is open, until t ends.
+func refusingAddr(t *testing.T) string {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { syscall.Close(fd) })
+	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	sa, err := syscall.Getsockname(fd)
+	require.NoError(t, err)
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
 }
 
 // seed is GORMLEASE_HISTORY_SEED, or a new one.

@@ -11,17 +11,23 @@ import (
 	"time"
 )
 
-// The kinds of Event a worker logs, in the order one Run logs them.
+// The kinds of Event a worker logs, in the order one call logs them.
 const (
 	// KindRun: Run is called (Target).
 	KindRun = "run"
-	// KindWork: the work starts: the acquire succeeded (Gen, Token).
+	// KindDo: Do is called (Target).
+	KindDo = "do"
+	// KindRunWait: RunWait is called (Target).
+	KindRunWait = "runwait"
+	// KindWork: the work starts: the acquire succeeded (Gen, Token); Try
+	// counts the works of the call, from 1.
 	KindWork = "work"
 	// KindWorkEnd: the work returns.
 	KindWorkEnd = "workend"
 	// KindSave: the saver starts, inside the fenced commit (Gen, Token).
 	KindSave = "save"
-	// KindEnd: Run returned (Outcome, Err).
+	// KindEnd: the call returned (Outcome, Err; for Do, Shared, Loaded
+	// and Failed).
 	KindEnd = "end"
 )
 
@@ -34,6 +40,10 @@ const (
 	OutcomeLost    = "lost"    // ErrLeaseLost: nothing saved
 	OutcomeUnknown = "unknown" // ErrCommitUnknown: saved or not
 	OutcomeError   = "error"   // any other error: nothing saved
+	// Do's own: it returned another job's result (shared, nil), or a
+	// SharedJobError (ErrSharedJobFailed).
+	OutcomeShared       = "shared"
+	OutcomeSharedFailed = "shared job failed"
 )
 
 // Event is one line of a worker's log.
@@ -46,9 +56,18 @@ type Event struct {
 	Target string `json:"t,omitempty"`
 	Gen    int64  `json:"g,omitempty"`
 	Token  string `json:"tok,omitempty"`
+	// Try is a KindWork's: which work of its call it is, from 1.
+	Try int `json:"try,omitempty"`
 	// Outcome and Err are a KindEnd's.
 	Outcome string `json:"o,omitempty"`
 	Err     string `json:"e,omitempty"`
+	// Shared, Loaded and Failed are the KindEnd of a Do: the shared flag
+	// it returned, the generation whose result its load read (0: no
+	// load), and the generation of the SharedJobError it returned (0:
+	// none).
+	Shared bool  `json:"sh,omitempty"`
+	Loaded int64 `json:"lg,omitempty"`
+	Failed int64 `json:"fg,omitempty"`
 	// At is the wall time, in Unix microseconds, when the event happened
 	// (for KindRun and KindSave, just before the call or statement).
 	At int64 `json:"at"`

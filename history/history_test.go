@@ -60,7 +60,7 @@ func failovers(o outcome) int {
 	return n
 }
 
-var allFaults = []string{FaultPause, FaultKill, FaultCrash, FaultStall}
+var allFaults = []string{FaultPause, FaultKill, FaultCrash, FaultStall, FaultRefuse}
 
 func checkScenario(t *testing.T, s *testdb.Server, faults []string) {
 	o := runScenario(t, s, scenario{duration: duration(t, 30e9), workers: 4, targets: 3, faults: faults, seed: seed(t)})

@@ -194,6 +194,17 @@ func SaveResult(tx *gorm.DB, r Result) error {
 		s.nowMicros+")", r.Target, r.Gen, r.Token, r.Value).Error
 }
 
+// LoadResult is the workers' load, for Do: it reads, in tx, the result
+// of target's highest generation that saved, as a result table that each
+// save overwrites would hold it, and returns it with that generation.
+func LoadResult(tx *gorm.DB, target string) (value string, gen int64, err error) {
+	row := tx.Raw("SELECT generation, value FROM history_result WHERE target = ? ORDER BY generation DESC LIMIT 1", target).Row()
+	if err := row.Scan(&gen, &value); err != nil {
+		return "", 0, fmt.Errorf("history: load %q: %w", target, err)
+	}
+	return value, gen, nil
+}
+
 // ReadDB reads every saved result and every lease row change.
 func ReadDB(ctx context.Context, db *gorm.DB) ([]Result, []Change, error) {
 	s, err := schemaOf(db)

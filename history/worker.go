@@ -36,24 +36,35 @@ type WorkerConfig struct {
 	// DSN opens the database ("postgres://..." or "host=...",
 	// "mysql://..." or, for SQLite, "file:...").
 	DSN string
-	// Targets are the targets its Runs pick from, at random.
+	// Targets are the targets its calls pick from, at random.
 	Targets []string
-	// Goroutines is how many Run loops it runs at once.
-	Goroutines int
-	// Interval, Timeout and OpTimeout are the Runner's heartbeat interval,
+	// Goroutines is how many Run loops it runs at once; Doers and
+	// RunWaiters how many Do loops and RunWait loops, each with a Runner
+	// of its own, so that no two of its calls share a job (calls of Do on
+	// one Runner in one process do).
+	Goroutines, Doers, RunWaiters int
+	// Interval, Timeout and OpTimeout are the Runners' heartbeat interval,
 	// lease timeout and operation timeout.
 	Interval, Timeout, OpTimeout time.Duration
-	// WorkMin and WorkMax bound how long each work takes (at random).
-	WorkMin, WorkMax time.Duration
-	Seed             uint64
+	// WorkMin and WorkMax bound how long each work of Run and RunWait
+	// takes (at random); DoWorkMin and DoWorkMax each work of Do.
+	WorkMin, WorkMax     time.Duration
+	DoWorkMin, DoWorkMax time.Duration
+	Seed                 uint64
 	// BreakFence opens the database through a driver that takes the token
 	// check out of the fenced commit's statements (see breakFence): the
 	// mutation that the checker must catch. PostgreSQL and MySQL only.
 	BreakFence bool
+	// RefuseFile and RefuseAddr refuse the worker's new connections while
+	// the file RefuseFile exists: its dialer then connects to RefuseAddr
+	// instead of the server, a socket that is bound and does not listen,
+	// and the kernel refuses the connection (ECONNREFUSED), as it does for
+	// a server or a pooler that is down. PostgreSQL and MySQL only.
+	RefuseFile, RefuseAddr string
 }
 
-// RunWorker runs cfg's Run loops until stop is closed, then waits for the
-// Runs in flight and returns. Every Run and its steps are logged to
+// RunWorker runs cfg's loops until stop is closed, then waits for the
+// calls in flight and returns. Every call and its steps are logged to
 // cfg.Log.
 func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 	log, err := CreateLog(cfg.Log)
@@ -61,30 +72,64 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 		return err
 	}
 	defer log.Close()
-	open := Open
-	if cfg.BreakFence {
-		open = func(dsn string) (*gorm.DB, error) { return openBroken(dsn, gormConfig()) }
+	var db *gorm.DB
+	switch {
+	case cfg.BreakFence:
+		db, err = openBroken(cfg.DSN, gormConfig())
+	case cfg.RefuseFile != "":
+		db, err = openRefusing(cfg.DSN, refusingDialer(cfg.RefuseFile, cfg.RefuseAddr))
+	default:
+		db, err = Open(cfg.DSN)
 	}
-	db, err := open(cfg.DSN)
 	if err != nil {
 		return err
 	}
 	if sqlDB, err := db.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	runner, err := gormlease.NewRunner[string](db,
-		gormlease.WithHeartbeatInterval(cfg.Interval), gormlease.WithLeaseTimeout(cfg.Timeout),
-		gormlease.WithOperationTimeout(cfg.OpTimeout), gormlease.WithHolder(cfg.Name))
+	newRunner := func(role string) (*gormlease.Runner[string], error) {
+		return gormlease.NewRunner[string](db,
+			gormlease.WithHeartbeatInterval(cfg.Interval), gormlease.WithLeaseTimeout(cfg.Timeout),
+			gormlease.WithOperationTimeout(cfg.OpTimeout), gormlease.WithHolder(cfg.Name+role))
+	}
+	runner, err := newRunner("")
 	if err != nil {
 		return err
 	}
-	w := &worker{cfg: cfg, log: log, runner: runner}
+	// The calls of Do and RunWait end when stop is closed, as their waits
+	// might not.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-stop
+		cancel()
+	}()
+	w := &worker{cfg: cfg, log: log}
 	var wg sync.WaitGroup
-	errs := make(chan error, cfg.Goroutines)
-	for g := range cfg.Goroutines {
+	loops := cfg.Goroutines + cfg.Doers + cfg.RunWaiters
+	errs := make(chan error, loops)
+	for g := range loops {
 		rng := rand.New(rand.NewPCG(cfg.Seed, uint64(g)))
+		call := func(rng *rand.Rand) error {
+			logErr, _ := w.run(runner, rng, w.pick(rng))
+			return logErr
+		}
+		if g >= cfg.Goroutines {
+			role := fmt.Sprintf("/do%d", g)
+			if g >= cfg.Goroutines+cfg.Doers {
+				role = fmt.Sprintf("/runwait%d", g)
+			}
+			r, err := newRunner(role)
+			if err != nil {
+				return err
+			}
+			call = func(rng *rand.Rand) error { return w.do(ctx, r, rng) }
+			if g >= cfg.Goroutines+cfg.Doers {
+				call = func(rng *rand.Rand) error { return w.runWait(ctx, r, rng) }
+			}
+		}
 		wg.Go(func() {
-			if err := w.loop(rng, stop); err != nil {
+			if err := w.loop(rng, stop, call); err != nil {
 				errs <- err
 			}
 		})
@@ -95,24 +140,23 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 }
 
 type worker struct {
-	cfg    WorkerConfig
-	log    *Log
-	runner *gormlease.Runner[string]
-	runs   atomic.Int64
+	cfg  WorkerConfig
+	log  *Log
+	runs atomic.Int64
 }
 
-// loop runs Runs on random targets until stop is closed.
-func (w *worker) loop(rng *rand.Rand, stop <-chan struct{}) error {
+// loop makes calls until stop is closed.
+func (w *worker) loop(rng *rand.Rand, stop <-chan struct{}, call func(rng *rand.Rand) error) error {
 	for {
 		select {
 		case <-stop:
 			return nil
 		default:
 		}
-		if err := w.run(rng); err != nil {
+		if err := call(rng); err != nil {
 			return err
 		}
-		// A pause between Runs, so that the loops interleave.
+		// A pause between calls, so that the loops interleave.
 		select {
 		case <-stop:
 			return nil
@@ -121,49 +165,158 @@ func (w *worker) loop(rng *rand.Rand, stop <-chan struct{}) error {
 	}
 }
 
-// run makes one Run and logs it.
-func (w *worker) run(rng *rand.Rand) error {
-	id := w.runs.Add(1)
-	target := w.cfg.Targets[rng.IntN(len(w.cfg.Targets))]
-	ev := func(kind string) Event { return Event{Worker: w.cfg.Name, Run: id, Kind: kind, Target: target} }
-	if err := w.log.Write(stamp(ev(KindRun))); err != nil {
-		return err
+func (w *worker) pick(rng *rand.Rand) string { return w.cfg.Targets[rng.IntN(len(w.cfg.Targets))] }
+
+// call is one logged call of Run, RunWait or Do.
+type call struct {
+	w      *worker
+	id     int64
+	target string
+	tries  int
+	logErr error
+}
+
+// begin logs the call of kind on target, and returns it.
+func (w *worker) begin(kind, target string) (*call, error) {
+	c := &call{w: w, id: w.runs.Add(1), target: target}
+	return c, w.log.Write(stamp(c.ev(kind)))
+}
+
+func (c *call) ev(kind string) Event {
+	return Event{Worker: c.w.cfg.Name, Run: c.id, Kind: kind, Target: c.target}
+}
+
+// note logs e, keeping the first error.
+func (c *call) note(e Event) {
+	if err := c.w.log.Write(stamp(e)); err != nil && c.logErr == nil {
+		c.logErr = err
 	}
-	d := w.cfg.WorkMin + time.Duration(rng.Int64N(int64(w.cfg.WorkMax-w.cfg.WorkMin)+1))
-	var logErr error
-	note := func(e Event) {
-		if err := w.log.Write(stamp(e)); err != nil && logErr == nil {
-			logErr = err
+}
+
+// work is the call's work: it logs its start and end, and takes d, unless
+// fail, when not nil, returns an error, which it then returns at once.
+func (c *call) work(d time.Duration, fail func() error) func(ctx context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		l, _ := gormlease.LeaseFromContext(ctx)
+		c.tries++
+		e := c.ev(KindWork)
+		e.Gen, e.Token, e.Try = l.Generation, l.Token.String(), c.tries
+		c.note(e)
+		defer c.note(c.ev(KindWorkEnd))
+		if fail != nil {
+			if err := fail(); err != nil {
+				return "", err
+			}
+		}
+		select {
+		case <-time.After(d):
+			return fmt.Sprintf("%s/%d", c.w.cfg.Name, c.id), nil
+		case <-ctx.Done():
+			return "", context.Cause(ctx)
 		}
 	}
-	_, err := w.runner.Run(context.Background(), target,
-		func(ctx context.Context) (string, error) {
-			l, _ := gormlease.LeaseFromContext(ctx)
-			e := ev(KindWork)
-			e.Gen, e.Token = l.Generation, l.Token.String()
-			note(e)
-			defer note(ev(KindWorkEnd))
-			select {
-			case <-time.After(d):
-				return fmt.Sprintf("%s/%d", w.cfg.Name, id), nil
-			case <-ctx.Done():
-				return "", context.Cause(ctx)
-			}
-		},
-		func(tx *gorm.DB, value string) error {
-			l, _ := gormlease.LeaseFromContext(tx.Statement.Context)
-			e := ev(KindSave)
-			e.Gen, e.Token = l.Generation, l.Token.String()
-			note(e)
-			return SaveResult(tx, Result{Target: target, Gen: l.Generation, Token: l.Token.String(), Value: value})
-		})
-	end := ev(KindEnd)
-	end.Outcome = Outcome(err)
-	if err != nil {
-		end.Err = err.Error()
+}
+
+// save is the call's saver: it logs its start and saves the result row.
+func (c *call) save(tx *gorm.DB, value string) error {
+	l, _ := gormlease.LeaseFromContext(tx.Statement.Context)
+	e := c.ev(KindSave)
+	e.Gen, e.Token = l.Generation, l.Token.String()
+	c.note(e)
+	return SaveResult(tx, Result{Target: c.target, Gen: l.Generation, Token: l.Token.String(), Value: value})
+}
+
+// end logs the call's end, with its outcome, and returns the first error
+// of its log.
+func (c *call) end(e Event, err error) error {
+	e.Kind = KindEnd
+	if e.Outcome == "" {
+		e.Outcome = Outcome(err)
 	}
-	note(end)
-	return logErr
+	if err != nil {
+		e.Err = err.Error()
+	}
+	c.note(e)
+	return c.logErr
+}
+
+// workTime is how long a work takes, at random between lo and hi.
+func workTime(rng *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(rng.Int64N(int64(hi-lo)+1))
+}
+
+// run makes one Run on target and logs it. It returns the error of its
+// log, and Run's.
+func (w *worker) run(runner *gormlease.Runner[string], rng *rand.Rand, target string) (logErr, runErr error) {
+	c, err := w.begin(KindRun, target)
+	if err != nil {
+		return err, nil
+	}
+	_, runErr = runner.Run(context.Background(), target, c.work(workTime(rng, w.cfg.WorkMin, w.cfg.WorkMax), nil), c.save)
+	return c.end(c.ev(KindEnd), runErr), runErr
+}
+
+// runWait makes one RunWait and logs it. The first work of one call in
+// four calls Run on its own target, which its own lease holds, and
+// returns that Run's refusal (ErrLeaseHeld) wrapped, as a work that calls
+// Run on a held target does: an error of the work, which must end the
+// call rather than make it wait and run the work again.
+func (w *worker) runWait(ctx context.Context, runner *gormlease.Runner[string], rng *rand.Rand) error {
+	target := w.pick(rng)
+	c, err := w.begin(KindRunWait, target)
+	if err != nil {
+		return err
+	}
+	var fail func() error
+	if rng.IntN(4) == 0 {
+		fail = func() error {
+			if c.tries > 1 {
+				return nil
+			}
+			// Logged as a Run of its own, which the checker judges as any.
+			logErr, err := w.run(runner, rng, target)
+			if logErr != nil {
+				return logErr
+			}
+			if err == nil {
+				err = errors.New("the nested Run saved: the call's own lease was gone")
+			}
+			return fmt.Errorf("history: a nested Run: %w", err)
+		}
+	}
+	_, err = runner.RunWait(ctx, target, c.work(workTime(rng, w.cfg.WorkMin, w.cfg.WorkMax), fail), c.save)
+	return c.end(c.ev(KindEnd), err)
+}
+
+// do makes one Do and logs it. One work in eight fails, so that the
+// callers that waited for it get a SharedJobError.
+func (w *worker) do(ctx context.Context, runner *gormlease.Runner[string], rng *rand.Rand) error {
+	target := w.pick(rng)
+	c, err := w.begin(KindDo, target)
+	if err != nil {
+		return err
+	}
+	var fail func() error
+	if rng.IntN(8) == 0 {
+		fail = func() error { return errors.New("history: the work failed, on purpose") }
+	}
+	var loaded int64
+	load := func(tx *gorm.DB) (string, error) {
+		v, gen, err := LoadResult(tx, target)
+		loaded = gen
+		return v, err
+	}
+	_, shared, err := runner.Do(ctx, target, c.work(workTime(rng, w.cfg.DoWorkMin, w.cfg.DoWorkMax), fail), c.save, load)
+	end := c.ev(KindEnd)
+	end.Shared, end.Loaded = shared, loaded
+	var failed *gormlease.SharedJobError
+	switch {
+	case err == nil && shared:
+		end.Outcome = OutcomeShared
+	case errors.As(err, &failed):
+		end.Outcome, end.Failed = OutcomeSharedFailed, failed.Generation
+	}
+	return c.end(end, err)
 }
 
 func stamp(e Event) Event {
