@@ -1,7 +1,6 @@
 package history
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -45,9 +44,10 @@ const (
 	// it: another worker may take the lease over meanwhile.
 	FaultStall = "commit stall"
 	// FaultRefuse refuses a worker's new connections for 1.5 to 2.5 of its
-	// lease timeouts (see WorkerConfig.RefuseFile), and closes its open
+	// lease timeouts, and at least 1.5 s (see WorkerConfig.RefuseFile), and closes its open
 	// ones as the refusal begins, three times, 150 ms apart (its proxy's
 	// Cut), so that its next statements need new connections.
+	// It ends, if it can within 2 s more, when no lease is held.
 	FaultRefuse = "connection refusal"
 )
 
@@ -262,6 +262,11 @@ type scenario struct {
 	// RunWait loop.
 	runOnly  bool
 	maxDoers int
+	// doOnly makes each worker's loops those of Do only, 4 of them, puts
+	// worker 0 alone under a fault in each phase, with no operator (whose
+	// pauses stop the waves), and makes the quiet phases short: for the Do mutation, whose second jobs show in the
+	// calls that worker 0 begins while refused (see runOn).
+	doOnly bool
 	// workerBin, when set, is the test binary that the workers run, built
 	// otherwise than this one (see workerBinary).
 	workerBin string
@@ -403,6 +408,18 @@ type database struct {
 	clusterFault func(t *testing.T, rng *rand.Rand) (Fault, bool)
 	// migrate, when set, makes the history tables instead of Migrate.
 	migrate func(ctx context.Context, db *gorm.DB) error
+}
+
+// held reports whether a lease row of d is unreleased, or, when d cannot
+// be read, true.
+func (d *database) held() bool {
+	var n int64
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := d.db.WithContext(ctx).Raw("SELECT count(*) FROM job_lease WHERE released_at IS NULL").Scan(&n).Error; err != nil {
+		return true
+	}
+	return n > 0
 }
 
 // serverDatabase is a database of its own on server.
@@ -585,8 +602,18 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 			DoWorkMin: 100 * time.Millisecond, DoWorkMax: time.Duration(400+rng.IntN(600)) * time.Millisecond,
 			Seed: sc.seed + uint64(i), BreakFence: sc.breakFence,
 		}
-		if !sc.runOnly {
-			cfg.Doers, cfg.RunWaiters = 1+rng.IntN(cmp.Or(sc.maxDoers, 2)), rng.IntN(2)
+		switch {
+		case sc.doOnly:
+			// Worker 0, whose connections are refused, begins its calls at
+			// random times, and reads the row often (its watch reads it
+			// every heartbeat interval); the others make the waves, with
+			// gaps between them.
+			cfg.Goroutines, cfg.Doers, cfg.CallPause = 0, 2, 1500*time.Millisecond
+			if i == 0 {
+				cfg.Doers, cfg.CallPause, cfg.Interval, cfg.Timeout = 4, 3*time.Second, 50*time.Millisecond, 400*time.Millisecond
+			}
+		case !sc.runOnly:
+			cfg.Doers, cfg.RunWaiters = 1+rng.IntN(2), rng.IntN(2)
 		}
 		if len(d.addrs) > 0 && slices.Contains(sc.faults, FaultRefuse) {
 			cfg.RefuseFile, cfg.RefuseAddr = filepath.Join(dir, fmt.Sprintf("refuse-%d", i)), refuseAddr
@@ -680,6 +707,9 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 			break
 		}
 		perm, n := rng.Perm(len(slots)), 1+rng.IntN(2)
+		if sc.doOnly {
+			perm, n = []int{0}, 1 // see runOn's doOnly
+		}
 		if len(sc.faults) == 0 {
 			n = 0
 		}
@@ -710,7 +740,7 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 					}
 				})
 			}
-			if len(sc.faults) > 0 {
+			if len(sc.faults) > 0 && !sc.doOnly {
 				kind := allOperations[rng.IntN(len(allOperations))]
 				target := targets[rng.IntN(len(targets))]
 				delay := time.Duration(rng.IntN(1000)) * time.Millisecond
@@ -766,7 +796,11 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 			}
 		}()
 		// A quiet phase, long enough for a window after the recovery.
-		time.Sleep(recovery + window + time.Duration(rng.IntN(1000))*time.Millisecond)
+		quiet := recovery + window
+		if sc.doOnly {
+			quiet = time.Second
+		}
+		time.Sleep(quiet + time.Duration(rng.IntN(1000))*time.Millisecond)
 		unplanned()
 	}
 	time.Sleep(time.Until(end))
@@ -794,6 +828,11 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 	if d.patroni != nil {
 		t.Logf("on the old primaries: %d waits for synchronous replication cancelled by their client, %d cut by the shutdown",
 			syncWait.cancelled, syncWait.terminated)
+	}
+	if dir := os.Getenv("GORMLEASE_HISTORY_DIR"); dir != "" {
+		b, err := json.Marshal(faults)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(in.VisualizeDir, "faults.json"), b, 0o644))
 	}
 	byKind := map[string]int{}
 	for _, v := range rep.Violations {
@@ -915,7 +954,13 @@ func inject(s *slot, kind string, frac float64, restart time.Duration) (_ Fault,
 				p.Cut()
 			}
 		}
-		time.Sleep(time.Until(time.UnixMicro(f.Start).Add(time.Duration(frac * float64(s.cfg.Timeout)))))
+		time.Sleep(time.Until(time.UnixMicro(f.Start).Add(time.Duration(frac * float64(max(s.cfg.Timeout, time.Second))))))
+		// The refusal ends, if it can within 2 s, while no lease is held:
+		// then a call of Do that began refused, when its first read works,
+		// finds its target free, and the wave it began in may have saved.
+		for free := time.Now().Add(2 * time.Second); time.Now().Before(free) && s.db.held(); {
+			time.Sleep(5 * time.Millisecond)
+		}
 		err = os.Remove(s.cfg.RefuseFile)
 	case FaultKill:
 		for i := range 3 {

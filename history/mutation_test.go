@@ -59,7 +59,7 @@ const doMutationTag = "gormlease_mutation_do_first_read"
 func checkDoCaught(t *testing.T, s *testdb.Server) {
 	bin := workerBinary(t, doMutationTag)
 	o := runScenario(t, s, scenario{duration: duration(t, 25e9), workers: 4, targets: 1,
-		faults: []string{FaultRefuse}, seed: seed(t), maxDoers: 3, workerBin: bin})
+		faults: []string{FaultRefuse}, seed: seed(t), doOnly: true, workerBin: bin})
 	require.NotZero(t, o.faults[FaultRefuse], "no connection was refused")
 	kinds := map[string]int{}
 	for _, v := range o.rep.Violations {

@@ -50,7 +50,10 @@ type WorkerConfig struct {
 	// takes (at random); DoWorkMin and DoWorkMax each work of Do.
 	WorkMin, WorkMax     time.Duration
 	DoWorkMin, DoWorkMax time.Duration
-	Seed                 uint64
+	// CallPause is the longest pause of a loop between two calls (50 ms
+	// when 0); the shortest is 10 ms.
+	CallPause time.Duration
+	Seed      uint64
 	// BreakFence opens the database through a driver that takes the token
 	// check out of the fenced commit's statements (see breakFence): the
 	// mutation that the checker must catch. PostgreSQL and MySQL only.
@@ -160,7 +163,7 @@ func (w *worker) loop(rng *rand.Rand, stop <-chan struct{}, call func(rng *rand.
 		select {
 		case <-stop:
 			return nil
-		case <-time.After(10*time.Millisecond + time.Duration(rng.Int64N(int64(40*time.Millisecond)))):
+		case <-time.After(workTime(rng, 10*time.Millisecond, max(w.cfg.CallPause, 50*time.Millisecond))):
 		}
 	}
 }
