@@ -260,11 +260,10 @@ type scenario struct {
 	// runOnly leaves the Do and RunWait loops out: the workers make Runs
 	// only. Otherwise each has 1 to maxDoers Do loops (2 when 0) and 0 or 1
 	// RunWait loop.
-	runOnly  bool
-	maxDoers int
-	// doOnly makes each worker's loops those of Do only, 4 of them, puts
-	// worker 0 alone under a fault in each phase, with no operator (whose
-	// pauses stop the waves), and makes the quiet phases short: for the Do mutation, whose second jobs show in the
+	runOnly bool
+	// doOnly makes each worker's loops those of Do only, puts worker 0
+	// alone under a fault in each phase, with no operator (whose pauses
+	// stop the waves), and makes the quiet phases short: for the Do mutation, whose second jobs show in the
 	// calls that worker 0 begins while refused (see runOn).
 	doOnly bool
 	// workerBin, when set, is the test binary that the workers run, built
@@ -604,13 +603,22 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 		}
 		switch {
 		case sc.doOnly:
-			// Worker 0, whose connections are refused, begins its calls at
-			// random times, and reads the row often (its watch reads it
-			// every heartbeat interval); the others make the waves, with
-			// gaps between them.
-			cfg.Goroutines, cfg.Doers, cfg.CallPause = 0, 2, 1500*time.Millisecond
+			// Worker 0, whose connections are refused, gives up each
+			// call of Do after 1 to 3 s, so that it begins calls while
+			// refused, one of which is in progress when the refusal ends,
+			// and reads the row often (its watch reads it every heartbeat
+			// interval). The others make the waves: long ones, with long
+			// pauses between them, so that worker 0's calls begin in one,
+			// which saves during the refusal, and its first read that works
+			// (the refusal ends while no lease is held) finds the target
+			// free.
+			cfg.Goroutines, cfg.Doers, cfg.CallPause = 0, 1, 3*time.Second
+			cfg.DoWorkMin, cfg.DoWorkMax = time.Second, 2*time.Second
 			if i == 0 {
-				cfg.Doers, cfg.CallPause, cfg.Interval, cfg.Timeout = 4, 3*time.Second, 50*time.Millisecond, 400*time.Millisecond
+				cfg.Doers, cfg.CallPause, cfg.DoTimeout = 4, 0, 2*time.Second
+				// Short works, which end within the timeout.
+				cfg.DoWorkMin, cfg.DoWorkMax = 50*time.Millisecond, 200*time.Millisecond
+				cfg.Interval, cfg.Timeout = 50*time.Millisecond, 400*time.Millisecond
 			}
 		case !sc.runOnly:
 			cfg.Doers, cfg.RunWaiters = 1+rng.IntN(2), rng.IntN(2)
@@ -636,13 +644,15 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 	for _, s := range slots {
 		require.NoError(t, s.start())
 	}
+	var (
+		mu     sync.Mutex
+		faults []Fault
+		pauses []Pause
+	)
 
 	recovery := maxTimeout + time.Second
 	window := 2500 * time.Millisecond
 	var (
-		mu       sync.Mutex
-		faults   []Fault
-		pauses   []Pause
 		counts   = map[string]int{}
 		next     []string // the failovers to come, in turn
 		turns    int
@@ -703,7 +713,11 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 				phase += hold
 			}
 		}
-		if !time.Now().Add(phase + recovery + window).Before(end) {
+		tail := phase + recovery + window
+		if sc.doOnly {
+			tail = phase // no quiet window to leave room for
+		}
+		if !time.Now().Add(tail).Before(end) {
 			break
 		}
 		perm, n := rng.Perm(len(slots)), 1+rng.IntN(2)

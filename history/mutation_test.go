@@ -58,7 +58,7 @@ const doMutationTag = "gormlease_mutation_do_first_read"
 
 func checkDoCaught(t *testing.T, s *testdb.Server) {
 	bin := workerBinary(t, doMutationTag)
-	o := runScenario(t, s, scenario{duration: duration(t, 25e9), workers: 4, targets: 1,
+	o := runScenario(t, s, scenario{duration: duration(t, 30e9), workers: 4, targets: 1,
 		faults: []string{FaultRefuse}, seed: seed(t), doOnly: true, workerBin: bin})
 	require.NotZero(t, o.faults[FaultRefuse], "no connection was refused")
 	kinds := map[string]int{}

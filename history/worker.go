@@ -50,6 +50,10 @@ type WorkerConfig struct {
 	// takes (at random); DoWorkMin and DoWorkMax each work of Do.
 	WorkMin, WorkMax     time.Duration
 	DoWorkMin, DoWorkMax time.Duration
+	// DoTimeout, when not 0, is about how long each call of Do may take:
+	// its context's timeout is from half of it to one and a half, at
+	// random.
+	DoTimeout time.Duration
 	// CallPause is the longest pause of a loop between two calls (50 ms
 	// when 0); the shortest is 10 ms.
 	CallPause time.Duration
@@ -308,6 +312,11 @@ func (w *worker) do(ctx context.Context, runner *gormlease.Runner[string], rng *
 		v, gen, err := LoadResult(tx, target)
 		loaded = gen
 		return v, err
+	}
+	if w.cfg.DoTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, workTime(rng, w.cfg.DoTimeout/2, w.cfg.DoTimeout*3/2))
+		defer cancel()
 	}
 	_, shared, err := runner.Do(ctx, target, c.work(workTime(rng, w.cfg.DoWorkMin, w.cfg.DoWorkMax), fail), c.save, load)
 	end := c.ev(KindEnd)
