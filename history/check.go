@@ -14,9 +14,13 @@ type Fault struct {
 	Kind       string
 	Worker     string
 	Start, End int64
-	// Frozen says that the worker's process was stopped (SIGSTOP): its
-	// clock ran on, its code did not.
-	Frozen bool
+	// HeldUp says that the fault may have held up what the worker did,
+	// without failing it: its process stopped (SIGSTOP), what it sent
+	// withheld and then delivered (a commit stall), or, on a cluster, a
+	// failover (a statement may wait for a dying server). A call that the
+	// worker began in it may begin, or make its first read, only when it
+	// ends.
+	HeldUp bool
 }
 
 // Input is everything Check reads: the workers' logs, the database's
@@ -41,11 +45,11 @@ type Input struct {
 	// on SQLite, whose rows hold text with milliseconds; 0 elsewhere): a
 	// takeover within it of the holder's expiry is not early.
 	Resolution time.Duration
-	// CallLag bounds how long after a call of Do logged its start the
-	// library may take to begin it (the call's own goroutines start, and
-	// the library reads the clock): a save that began within it may have
-	// been made, as far as the call can tell, before the call began. A
-	// worker paused or killed within it is not judged so (see Check).
+	// CallLag bounds, unless a fault held the worker up (Fault.HeldUp),
+	// how long after a call of Do logged its start the library makes its
+	// first read of the row, and how long a read takes: a save made within
+	// it of the call's start may count, as far as the call can tell, as
+	// made before or after it (see checkDo).
 	CallLag time.Duration
 	// VisualizeDir, when set, is where the model check draws each target's
 	// history that is not linearizable.
@@ -262,7 +266,7 @@ func Check(in Input) Report {
 		}
 	}
 
-	checkDo(in, runs, byToken, saved, add)
+	checkDo(in, runs, saved, add)
 
 	// Liveness: in every quiet window, each target has a Run that saved.
 	windows := quietWindows(in)
@@ -340,16 +344,21 @@ func assemble(events []Event) []*run {
 // began: the call's answer is that save (ViolationDoRanAgain). The
 // generation counts as unsaved from its work's start (before the call
 // began) until its work ended (after the call began, by more than
-// in.CallLag): its save's transaction, and so the save, came after. A
-// call whose worker was frozen within in.CallLag of its start is not
-// judged so.
+// in.CallLag): its save's transaction, and so the save, came after. Do
+// promises it for a save made after its first read, or during first
+// reads that failed; its first read that works, within in.CallLag of the
+// call's start, unless a fault held its worker up then: a call that
+// began then is not judged so.
 //
 // A result shared by the call (nil, shared) is one that was saved after
-// the call began: not one whose Run had returned before
-// (ViolationDoStaleShare). And a SharedJobError names a generation that
+// the call began: not one whose call had returned more than in.CallLag
+// before (ViolationDoStaleShare). Do may take a save made before it began
+// by up to the latency of the read that found it, when its first reads
+// failed; in.CallLag bounds that latency unless a fault held the worker up
+// during the call, and a call during which one did is not judged so. And a SharedJobError names a generation that
 // saved nothing, for a call that did not run the work itself
 // (ViolationDoFalseFailure).
-func checkDo(in Input, runs []*run, byToken map[string]*run, saved map[string]map[int64]int,
+func checkDo(in Input, runs []*run, saved map[string]map[int64]int,
 	add func(kind, target, format string, args ...any),
 ) {
 	lag := in.CallLag.Microseconds()
@@ -366,7 +375,7 @@ func checkDo(in Input, runs []*run, byToken map[string]*run, saved map[string]ma
 		if c.call != KindDo || c.again {
 			continue
 		}
-		if c.token != "" && !frozen(in.Faults, c.worker, c.start, c.start+lag) {
+		if c.token != "" && !heldUp(in.Faults, c.worker, c.start, c.start+lag) {
 			for gen, x := range savedBy[c.target] {
 				if gen < c.gen && x.work < c.start && x.workEnd > c.start+lag {
 					add(ViolationDoRanAgain, c.target, "%s do %d, called at %s while generation %d (%s %s %d) worked from %s to %s and then saved, ran the work under generation %d at %s",
@@ -377,7 +386,8 @@ func checkDo(in Input, runs []*run, byToken map[string]*run, saved map[string]ma
 		}
 		switch c.outcome {
 		case OutcomeShared:
-			if x := savedBy[c.target][c.loaded]; x != nil && x.end != 0 && x.outcome == OutcomeOK && x.end < c.start {
+			if x := savedBy[c.target][c.loaded]; x != nil && x.end != 0 && x.outcome == OutcomeOK && x.end < c.start-lag &&
+				!heldUp(in.Faults, c.worker, c.start, c.end) {
 				add(ViolationDoStaleShare, c.target, "%s do %d, called at %s, shared generation %d's result, whose %s %d had returned at %s",
 					c.worker, c.id, micros(c.start), c.loaded, x.call, x.id, micros(x.end))
 			}
@@ -394,12 +404,13 @@ func checkDo(in Input, runs []*run, byToken map[string]*run, saved map[string]ma
 	}
 }
 
-// frozen reports whether the process of worker (named w<n>.<incarnation>,
-// whose faults name it n) was frozen at some time from from to to.
-func frozen(faults []Fault, worker string, from, to int64) bool {
+// heldUp reports whether a fault that holds up a worker's statements (see
+// Fault.HeldUp) was in effect on worker (named w<n>.<incarnation>, whose
+// faults name it n), or on the cluster, at some time from from to to.
+func heldUp(faults []Fault, worker string, from, to int64) bool {
 	n, _, _ := strings.Cut(strings.TrimPrefix(worker, "w"), ".")
 	for _, f := range faults {
-		if f.Frozen && f.Worker == n && f.Start <= to && from <= f.End {
+		if f.HeldUp && (f.Worker == n || f.Worker == "cluster") && f.Start <= to && from <= f.End {
 			return true
 		}
 	}

@@ -134,3 +134,73 @@ func TestCheck_PauseUncertainUntilConfirmed(t *testing.T) {
 	in.Pauses = []Pause{{Target: "t", Sent: 450, Committed: 480, Resumed: 650}}
 	assert.Equal(t, map[string]int{ViolationPausedStart: 1}, kinds(Check(in)))
 }
+
+// doClean is clean() with a's work's end logged, and a call of Do by c,
+// made while a's generation 1 worked, that shared its result.
+func doClean() Input {
+	in := clean()
+	in.CallLag = 10 * time.Microsecond
+	in.Events = append(in.Events,
+		Event{Worker: "a", Run: 1, Kind: KindWorkEnd, Target: "t", At: 290},
+		Event{Worker: "c", Run: 1, Kind: KindDo, Target: "t", At: 250},
+		Event{Worker: "c", Run: 1, Kind: KindEnd, Target: "t", Outcome: OutcomeShared, Shared: true, Loaded: 1, At: 420},
+	)
+	return in
+}
+
+// Each broken promise of Do, and a call that ran its work twice, put into
+// a clean history, is found, and named.
+func TestCheck_FindsDoViolations(t *testing.T) {
+	assert.Empty(t, Check(doClean()).Violations)
+	for name, tc := range map[string]struct {
+		break_ func(in *Input)
+		want   string
+	}{
+		"RanAgain": {func(in *Input) {
+			// b's call 2 is a Do, made while generation 1 worked, that ran
+			// generation 2 after generation 1 saved.
+			in.Events[6].Kind, in.Events[6].At = KindDo, 260
+		}, ViolationDoRanAgain},
+		"StaleShare": {func(in *Input) {
+			// c called Do after a's Run had returned, and shared its result.
+			in.Events[len(in.Events)-2].At = 420
+			in.Events[len(in.Events)-1].At = 450
+		}, ViolationDoStaleShare},
+		"FalseFailure": {func(in *Input) {
+			e := &in.Events[len(in.Events)-1]
+			e.Outcome, e.Shared, e.Loaded, e.Failed = OutcomeSharedFailed, true, 0, 1
+		}, ViolationDoFalseFailure},
+		"WorkedTwice": {func(in *Input) {
+			// b's call 2 is a RunWait whose work ran twice, under generation
+			// 2 and then 3, which saved.
+			in.Events[6].Kind = KindRunWait
+			in.Events = append(in.Events, Event{Worker: "b", Run: 2, Kind: KindWork, Target: "t", Gen: 3, Token: "C", Try: 2, At: 620})
+			in.Results[1] = Result{Target: "t", Gen: 3, Token: "C", At: 710}
+			in.Changes = append(in.Changes, Change{Target: "t", OldGen: 2, NewGen: 3, OldToken: "B", NewToken: "C",
+				OldUpdated: 590, NewUpdated: 615, OldReleased: 612, OldTimeoutMS: 1, NewTimeoutMS: 1, At: 615})
+		}, ViolationWorkedTwice},
+	} {
+		t.Run(name, func(t *testing.T) {
+			in := doClean()
+			tc.break_(&in)
+			got := kinds(Check(in))
+			assert.Equal(t, map[string]int{tc.want: 1}, got)
+		})
+	}
+}
+
+// A Do whose worker was held up (paused, or its statements stalled) just
+// after it logged its call may begin later: it is not judged by the time
+// of its log line.
+func TestCheck_DoHeldUpIsNotJudgedByItsLogLine(t *testing.T) {
+	in := doClean()
+	in.Events[6].Kind, in.Events[6].At, in.Events[6].Worker = KindDo, 260, "w1.0"
+	for i := 7; i < 10; i++ {
+		in.Events[i].Worker = "w1.0"
+	}
+	assert.Equal(t, map[string]int{ViolationDoRanAgain: 1}, kinds(Check(in)))
+	in.Faults = []Fault{{Kind: "pause", Worker: "1", Start: 255, End: 265, HeldUp: true}}
+	assert.Empty(t, Check(in).Violations)
+	in.Faults[0].Worker = "2"
+	assert.Equal(t, map[string]int{ViolationDoRanAgain: 1}, kinds(Check(in)), "another worker's pause")
+}

@@ -674,7 +674,7 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 			return
 		}
 		d.patroni.Heal(t)
-		f := Fault{Kind: FailoverUnplanned, Worker: "cluster", Start: healed, End: Micros(time.Now())}
+		f := Fault{Kind: FailoverUnplanned, Worker: "cluster", Start: healed, End: Micros(time.Now()), HeldUp: true}
 		now := d.patroni.Leader()
 		t.Logf("%s: the leader was %s, and is %s after the heal", f.Kind, memberName(leader), memberName(now))
 		leader, healed = now, f.End
@@ -910,7 +910,7 @@ func failover(t *testing.T, c *testdb.Patroni, kind string, hold time.Duration) 
 	require.NotNil(t, old, "no Patroni leader to fail over")
 	before := countSyncWaits(old.Log())
 	start := time.Now()
-	f := Fault{Kind: kind, Worker: "cluster", Start: Micros(start)}
+	f := Fault{Kind: kind, Worker: "cluster", Start: Micros(start), HeldUp: true}
 	switch kind {
 	case FailoverPostmaster:
 		old.KillPostmaster(t)
@@ -949,7 +949,7 @@ func inject(s *slot, kind string, frac float64, restart time.Duration) (_ Fault,
 	hit = true
 	switch kind {
 	case FaultPause:
-		f.Frozen = true
+		f.HeldUp = true
 		s.signal(syscall.SIGSTOP)
 		time.Sleep(time.Duration(frac * float64(s.cfg.Timeout)))
 		s.signal(syscall.SIGCONT)
@@ -1001,7 +1001,7 @@ func inject(s *slot, kind string, frac float64, restart time.Duration) (_ Fault,
 			p.Disarm()
 		}
 		if chosen < len(s.proxies) {
-			f.Start = Micros(time.Now())
+			f.Start, f.HeldUp = Micros(time.Now()), true
 			time.Sleep(s.cfg.Timeout + time.Second)
 		} else {
 			hit = false
