@@ -262,8 +262,9 @@ type scenario struct {
 	// RunWait loop.
 	runOnly bool
 	// doOnly makes each worker's loops those of Do only, puts worker 0
-	// alone under a fault in each phase, with no operator (whose pauses
-	// stop the waves), and makes the quiet phases short: for the Do mutation, whose second jobs show in the
+	// alone under a fault in each phase, a refusal that ends as another
+	// worker's wave ends (see liftAfterWave), with no operator (whose
+	// pauses stop the waves), and makes the quiet phases short: for the Do mutation, whose second jobs show in the
 	// calls that worker 0 begins while refused (see runOn).
 	doOnly bool
 	// workerBin, when set, is the test binary that the workers run, built
@@ -282,6 +283,9 @@ type slot struct {
 	dir     string
 	// bin, when set, is the binary the worker runs (see scenario.workerBin).
 	bin string
+	// lift, when set, ends a refusal of the worker's connections (see
+	// scenario.doOnly).
+	lift func() error
 
 	mu          sync.Mutex
 	incarnation int
@@ -407,6 +411,37 @@ type database struct {
 	clusterFault func(t *testing.T, rng *rand.Rand) (Fault, bool)
 	// migrate, when set, makes the history tables instead of Migrate.
 	migrate func(ctx context.Context, db *gorm.DB) error
+}
+
+// await waits, up to bound, until d.held() is held.
+func (d *database) await(held bool, bound time.Duration) {
+	for end := time.Now().Add(bound); time.Now().Before(end) && d.held() != held; {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// liftAfterWave ends the refusal of slots[0]'s connections when another
+// worker's wave has just ended: it waits, up to 5 s each, until a lease is
+// held and then until none is, refuses the other workers' connections,
+// lifts slots[0]'s refusal and, 300 ms later, theirs. The calls of Do of
+// slots[0] that began refused while that wave ran read the row free then,
+// with no other worker to begin the next wave.
+func liftAfterWave(d *database, slots []*slot) error {
+	d.await(true, 5*time.Second)
+	d.await(false, 5*time.Second)
+	var errs []error
+	for _, s := range slots[1:] {
+		errs = append(errs, os.WriteFile(s.cfg.RefuseFile, nil, 0o644))
+		for _, p := range s.proxies {
+			p.Cut()
+		}
+	}
+	errs = append(errs, os.Remove(slots[0].cfg.RefuseFile))
+	time.Sleep(300 * time.Millisecond)
+	for _, s := range slots[1:] {
+		errs = append(errs, os.Remove(s.cfg.RefuseFile))
+	}
+	return errors.Join(errs...)
 }
 
 // held reports whether a lease row of d is unreleased, or, when d cannot
@@ -603,19 +638,18 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 		}
 		switch {
 		case sc.doOnly:
-			// Worker 0, whose connections are refused, gives up each
-			// call of Do after 1 to 3 s, so that it begins calls while
-			// refused, one of which is in progress when the refusal ends,
-			// and reads the row often (its watch reads it every heartbeat
-			// interval). The others make the waves: long ones, with long
-			// pauses between them, so that worker 0's calls begin in one,
-			// which saves during the refusal, and its first read that works
-			// (the refusal ends while no lease is held) finds the target
-			// free.
+			// Worker 0, whose connections are refused, has 8 Do loops and
+			// gives up each call after 1 to 3 s, so that its calls begin
+			// while it is refused, several of them in progress when the
+			// refusal ends, and reads the row often (its watch reads it
+			// every heartbeat interval). The others make the waves: one
+			// loop each, with long works and long pauses, so that worker
+			// 0's calls begin in a wave that saves during the refusal,
+			// which ends as that wave ends (see liftAfterWave).
 			cfg.Goroutines, cfg.Doers, cfg.CallPause = 0, 1, 3*time.Second
-			cfg.DoWorkMin, cfg.DoWorkMax = time.Second, 2*time.Second
+			cfg.DoWorkMin, cfg.DoWorkMax = 2*time.Second, 3*time.Second
 			if i == 0 {
-				cfg.Doers, cfg.CallPause, cfg.DoTimeout = 4, 0, 2*time.Second
+				cfg.Doers, cfg.CallPause, cfg.DoTimeout = 8, 0, 2*time.Second
 				// Short works, which end within the timeout.
 				cfg.DoWorkMin, cfg.DoWorkMax = 50*time.Millisecond, 200*time.Millisecond
 				cfg.Interval, cfg.Timeout = 50*time.Millisecond, 400*time.Millisecond
@@ -649,6 +683,9 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 		faults []Fault
 		pauses []Pause
 	)
+	if sc.doOnly {
+		slots[0].lift = func() error { return liftAfterWave(d, slots) }
+	}
 
 	recovery := maxTimeout + time.Second
 	window := 2500 * time.Millisecond
@@ -969,12 +1006,14 @@ func inject(s *slot, kind string, frac float64, restart time.Duration) (_ Fault,
 			}
 		}
 		time.Sleep(time.Until(time.UnixMicro(f.Start).Add(time.Duration(frac * float64(max(s.cfg.Timeout, time.Second))))))
+		if s.lift != nil {
+			err = s.lift()
+			break
+		}
 		// The refusal ends, if it can within 2 s, while no lease is held:
 		// then a call of Do that began refused, when its first read works,
 		// finds its target free, and the wave it began in may have saved.
-		for free := time.Now().Add(2 * time.Second); time.Now().Before(free) && s.db.held(); {
-			time.Sleep(5 * time.Millisecond)
-		}
+		s.db.await(false, 2*time.Second)
 		err = os.Remove(s.cfg.RefuseFile)
 	case FaultKill:
 		for i := range 3 {
