@@ -198,7 +198,9 @@ func galeraDatabase(t *testing.T, c *testdb.Galera, s galeraSettings) (*database
 		down[i].Store(true)
 		defer down[i].Store(false)
 		time.Sleep(2*time.Second + time.Duration(rng.IntN(1000))*time.Millisecond)
-		f := Fault{Kind: FaultNodeCrash, Worker: "cluster", Start: Micros(time.Now())}
+		// Held up: the survivors hold commits, and reads that wait for the
+		// cluster (wsrep_sync_wait), until they have dropped the node.
+		f := Fault{Kind: FaultNodeCrash, Worker: "cluster", Start: Micros(time.Now()), HeldUp: true}
 		n.Kill(t)
 		// It starts again once the others have dropped it, as after a
 		// restart by a supervisor: a node that comes back while the others
@@ -282,7 +284,7 @@ func migrateGalera(ctx context.Context, db *gorm.DB) error {
 func TestHistory_MutatedFenceIsCaught_Galera(t *testing.T) {
 	t.Parallel()
 	c := testdb.SharedGalera(t)
-	sc := scenario{duration: duration(t, 30e9), workers: 4, targets: 2, faults: []string{FaultStall}, seed: seed(t), breakFence: true}
+	sc := scenario{duration: duration(t, 30e9), workers: 4, targets: 2, faults: []string{FaultStall}, seed: seed(t), breakFence: true, runOnly: true}
 	s := galeraSettingsFor(t, sc.seed)
 	s.writers = WritersOne
 	d, _ := galeraDatabase(t, c, s)
