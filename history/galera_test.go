@@ -145,7 +145,7 @@ func galeraDatabase(t *testing.T, c *testdb.Galera, s galeraSettings) (*database
 	// its incarnations connect to, unless a node crash is under way there:
 	// then to the next node, as a load balancer sends new connections
 	// away from a node that is down. (A worker that cannot reach its
-	// database at startup exits: see RunWorker.)
+	// database at startup tries again for up to 30 s: see RunWorker.)
 	var (
 		mu   sync.Mutex
 		home = map[*testdb.Proxy]int{}

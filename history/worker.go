@@ -94,10 +94,23 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 	if sqlDB, err := db.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	newRunner := func(role string) (*gormlease.Runner[string], error) {
-		return gormlease.NewRunner[string](db,
-			gormlease.WithHeartbeatInterval(cfg.Interval), gormlease.WithLeaseTimeout(cfg.Timeout),
-			gormlease.WithOperationTimeout(cfg.OpTimeout), gormlease.WithHolder(cfg.Name+role))
+	// NewRunner reads the server's settings: while the worker's
+	// connections are refused, or its node is down, it is tried again, as
+	// an application would at its start, for up to 30 s.
+	newRunner := func(role string) (r *gormlease.Runner[string], err error) {
+		for end := time.Now().Add(30 * time.Second); ; {
+			r, err = gormlease.NewRunner[string](db,
+				gormlease.WithHeartbeatInterval(cfg.Interval), gormlease.WithLeaseTimeout(cfg.Timeout),
+				gormlease.WithOperationTimeout(cfg.OpTimeout), gormlease.WithHolder(cfg.Name+role))
+			if err == nil || errors.Is(err, gormlease.ErrInvalidArgument) || time.Now().After(end) {
+				return r, err
+			}
+			select {
+			case <-stop:
+				return nil, err
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
 	}
 	runner, err := newRunner("")
 	if err != nil {
