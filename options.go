@@ -231,10 +231,11 @@ func WithReuseFor(d time.Duration) Option {
 // logger is not told of the lease's own statements, which gorm's logger
 // writes only at logger.Info and never as slow nor as errors: a statement
 // that took more than half the heartbeat interval, at Warn, and one that
-// failed, at Debug. NewRunner also logs at Warn each server setting that
-// weakens a guarantee without making a step fail (on a Galera node,
-// innodb_flush_log_at_trx_commit other than 1: see docs/scaling.md). The
-// default, like a nil logger, logs nothing.
+// failed, at Debug. NewRunner (and so NewElector) also logs at Warn, once
+// for each pool it is given (db, and WithHeartbeatDB's), each server
+// setting that weakens a guarantee without making a step fail (on a Galera
+// node, innodb_flush_log_at_trx_commit other than 1: see docs/scaling.md).
+// The default, like a nil logger, logs nothing.
 func WithLogger(logger *slog.Logger) Option {
 	return option(func(c *config) { c.logger = logger })
 }

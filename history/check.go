@@ -17,9 +17,13 @@ type Fault struct {
 	// HeldUp says that the fault may have held up what the worker did,
 	// without failing it: its process stopped (SIGSTOP), what it sent
 	// withheld and then delivered (a commit stall), or, on a cluster, a
-	// failover (a statement may wait for a dying server). A call that the
-	// worker began in it may begin, or make its first read, only when it
-	// ends.
+	// failover (a statement may wait for a dying server) or a Galera
+	// node's crash (the others hold commits until they drop it). A call
+	// that the worker began in it may begin, or make its first read, only
+	// when it ends. Check does not judge a call of Do by
+	// ViolationDoRanAgain when such a fault overlaps the call's first
+	// Input.CallLag (from its start), nor by ViolationDoStaleShare when
+	// one overlaps any of the call (from its start to its end).
 	HeldUp bool
 }
 
@@ -111,8 +115,8 @@ type Report struct {
 	// Calls counts the calls by what was called, and Outcomes by outcome.
 	Calls    map[string]int
 	Outcomes map[string]int
-	// Errors is the first error message of each Run outcome that is an
-	// error.
+	// Errors is the first error message of each call's outcome that is
+	// an error.
 	Errors map[string]string
 }
 
@@ -348,16 +352,22 @@ func assemble(events []Event) []*run {
 // promises it for a save made after its first read, or during first
 // reads that failed; its first read that works, within in.CallLag of the
 // call's start, unless a fault held its worker up then: a call that
-// began then is not judged so.
+// began then is not judged so. This is looser than Do's contract, which
+// holds for any save between the call's start and its acquisition: a
+// wave whose work began after the call is not checked.
 //
 // A result shared by the call (nil, shared) is one that was saved after
 // the call began: not one whose call had returned more than in.CallLag
 // before (ViolationDoStaleShare). Do may take a save made before it began
 // by up to the latency of the read that found it, when its first reads
-// failed; in.CallLag bounds that latency unless a fault held the worker up
-// during the call, and a call during which one did is not judged so. And a SharedJobError names a generation that
-// saved nothing, for a call that did not run the work itself
-// (ViolationDoFalseFailure).
+// failed; in.CallLag bounds that latency unless a fault held the worker
+// up during the call, and a call during which one did is not judged so.
+// Only results whose call returned nil are checked (not the save of a
+// worker that crashed, nor one whose commit's outcome was unknown), and
+// by that call's return, which comes after its save.
+//
+// And a SharedJobError names a generation that saved nothing, for a call
+// that did not run the work itself (ViolationDoFalseFailure).
 func checkDo(in Input, runs []*run, saved map[string]map[int64]int,
 	add func(kind, target, format string, args ...any),
 ) {

@@ -39,7 +39,9 @@
 // operator acts during each failover, and sends each call again until it
 // lands, as a careful operator's script does: a Pause whose answer was lost
 // may have landed, so the pause counts as certain only from an answer of
-// nil, and as over from the first Resume sent.
+// nil, and as over from the first Resume sent. On a Galera cluster of three
+// nodes (galera_test.go), it crashes a node in every other fault phase,
+// and reads the records on every node.
 //
 // The checker must catch two mutations (mutation_test.go): a fenced commit
 // without its token check (mutate.go), and, with the root package's build

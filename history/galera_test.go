@@ -27,8 +27,8 @@ const FaultNodeCrash = "node crash"
 
 // The ways the workers of a Galera scenario reach the cluster.
 const (
-	// WritersSpread connects worker i to node i mod 3: every node takes
-	// writes at once, and the fenced commits of one target meet in
+	// WritersSpread connects worker i to node 1 + (i mod 3): every node
+	// takes writes at once, and the fenced commits of one target meet in
 	// certification.
 	WritersSpread = "spread"
 	// WritersOne connects every worker to node 1, as a proxy that sends
@@ -80,8 +80,9 @@ func galeraSettingsFor(t *testing.T, seed uint64) galeraSettings {
 // On the Galera cluster of three nodes (testdb.Galera), the workers
 // spread over the nodes or all on one (galeraSettings): the faults of the
 // other scenarios, and a node's crash in every other fault phase, the
-// first among them. The checker judges the Runs by node 1's records, once
-// every node is back and has the same records.
+// first among them. Once every node is back, the checker requires each
+// node to hold as many saved results and lease row changes as node 1,
+// then judges the calls by node 1's records.
 func TestHistory_Galera(t *testing.T) {
 	t.Parallel()
 	started := time.Now()
@@ -103,8 +104,9 @@ var (
 
 // galeraDatabase is a database of its own on the Galera cluster c, under
 // settings s, and the count of the node crashes its fault phases inject.
-// The records are read on every node, with causal reads, and must be the
-// same on each.
+// The records are read on every node, with causal reads; each node must
+// hold as many saved results and lease row changes as node 1, and the
+// calls are judged by node 1's.
 func galeraDatabase(t *testing.T, c *testdb.Galera, s galeraSettings) (*database, *atomic.Int64) {
 	// The process's scenarios on the cluster run one at a time: two node
 	// crashes at once would leave the cluster without a majority, and each

@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # scripts/history.sh: the history checker's long run (history/, see
-# docs/reliability.md). Worker processes run Run loops on PostgreSQL,
-# MariaDB, SQLite, the Patroni cluster (which fails over) and a Galera
-# cluster of three nodes (one of which crashes and rejoins) while faults
-# are injected; the checker then verifies every log and the database's
-# records. The workers call Run, Do and RunWait; their connections are
-# refused at times, among the other faults (not on SQLite nor Galera). Then
-# the mutations, which the checker must catch: the fence broken (on
-# PostgreSQL, MariaDB, the Patroni cluster and the Galera cluster), and
-# Do's first-read rule dropped (the workers built with -tags
-# gormlease_mutation_do_first_read; on PostgreSQL and MariaDB).
+# docs/reliability.md). Worker processes call Run, Do and RunWait on
+# PostgreSQL, MariaDB, SQLite, the Patroni cluster (which fails over) and a
+# Galera cluster of three nodes (one of which crashes and rejoins) while
+# faults are injected, among them refused connections (not on SQLite,
+# which has no server); the checker then verifies every log and the
+# database's records. Then the mutations, which the checker must catch:
+# the fence broken (on PostgreSQL, MariaDB, the Patroni cluster and the
+# Galera cluster), and Do's first-read rule dropped (the workers built
+# with -tags gormlease_mutation_do_first_read; on PostgreSQL and MariaDB).
 #
 #   scripts/history.sh [DURATION]     each run's length (default 5m), every database at once
 #

@@ -166,11 +166,12 @@ const FlushWarning = "gormlease: innodb_flush_log_at_trx_commit is not 1 on this
 // SettingsWarnings warns, on a Galera node, when innodb_flush_log_at_trx_commit
 // is not 1: InnoDB then writes or flushes its redo log about once a second
 // rather than at each commit, and the cluster keeps a commit only in the
-// nodes' memory until then. A node that crashes alone gets it back from the
-// others when it rejoins; when every node crashes within that second (a power
-// cut, a host running them all, a coordinated restart gone wrong), the
-// commit is gone: a saved result that Run reported, or a release, and the
-// lease row goes back to an older generation, whose work then runs again.
+// nodes' memory (0) or their operating systems' caches (2) until then. A
+// node that crashes alone gets it back from the others when it rejoins;
+// when every node crashes within that second (a power cut, a host running
+// them all, a coordinated restart gone wrong), the commit is gone: a saved
+// result that Run reported, or a release, and the lease row goes back to an
+// older generation, whose work then runs again.
 func (b *Backend) SettingsWarnings(ctx context.Context, db *gorm.DB) []backend.SettingsWarning {
 	if !b.On(ctx, db) {
 		return nil
