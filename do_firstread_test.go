@@ -110,3 +110,55 @@ func TestDo_SharedFailureSaysWhose(t *testing.T) {
 		assert.Contains(t, r.err.Error(), "generation 2, after generation 1")
 	})
 }
+
+// A Do whose first reads time out, because its pool has no connection to
+// give (the application's other queries took them all), loads the result
+// of the job that saved meanwhile once a connection is free, rather than
+// run the work a second time: as with refused connections, on every
+// database, SQLite included.
+func TestDo_FirstReadsTimedOutSharesTheJobThatSavedMeanwhile(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		target := newTarget(t)
+		holder := newRunner(t, db)
+		working, finish := make(chan struct{}), make(chan struct{})
+		held := make(chan error, 1)
+		go func() {
+			_, err := holder.Run(context.Background(), target, func(context.Context) (string, error) {
+				close(working)
+				<-finish
+				return "the holder's", nil
+			}, gormlease.SaveJSON[string])
+			held <- err
+		}()
+		<-working
+
+		busy := s.Open(t, nil)
+		sqlDB, err := busy.DB()
+		require.NoError(t, err)
+		sqlDB.SetMaxOpenConns(1)
+		late := newRunner(t, busy, fast(100*time.Millisecond, 2*time.Second)...)
+		conn, err := sqlDB.Conn(context.Background()) // the pool's only connection, taken
+		require.NoError(t, err)
+		var runs atomic.Int32
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		res := goDo(t, ctx, late, target, func(context.Context) (string, error) {
+			runs.Add(1)
+			return "a second result", nil
+		})
+		// The Do watches the row only after its first read failed: it
+		// waited for a connection past its operation timeout.
+		waitFor(t, 10*time.Second, "the Do watching "+target, func() bool { return waiters(t, target).Waits > 0 })
+
+		close(finish)
+		require.NoError(t, <-held)
+		require.NoError(t, conn.Close())
+
+		r := <-res
+		require.NoError(t, r.err)
+		assert.Equal(t, "the holder's", r.value)
+		assert.True(t, r.shared, "shared")
+		assert.Zero(t, runs.Load(), "the Do ran the work after the job it began under saved")
+	})
+}
