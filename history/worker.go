@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	mysqldriver "github.com/go-sql-driver/mysql"
@@ -84,7 +85,20 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 	case cfg.BreakFence:
 		db, err = openBroken(cfg.DSN, gormConfig())
 	case cfg.RefuseFile != "":
-		db, err = openRefusing(cfg.DSN, refusingDialer(cfg.RefuseFile, cfg.RefuseAddr))
+		// gorm.Open pings the server: a worker that starts while its
+		// connections are refused (a fault phase began before it was up)
+		// opens when they are not, or ends without a call at stop.
+		for {
+			db, err = openRefusing(cfg.DSN, refusingDialer(cfg.RefuseFile, cfg.RefuseAddr))
+			if err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+				break
+			}
+			select {
+			case <-stop:
+				return nil
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
 	default:
 		db, err = Open(cfg.DSN)
 	}
@@ -95,14 +109,15 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 		defer sqlDB.Close()
 	}
 	// NewRunner reads the server's settings: while the worker's
-	// connections are refused, or its node is down, it is tried again, as
-	// an application would at its start, for up to 30 s.
+	// connections are refused, it is tried again, as an application would
+	// at its start, until stop; while its node is down, for up to 30 s.
 	newRunner := func(role string) (r *gormlease.Runner[string], err error) {
 		for end := time.Now().Add(30 * time.Second); ; {
 			r, err = gormlease.NewRunner[string](db,
 				gormlease.WithHeartbeatInterval(cfg.Interval), gormlease.WithLeaseTimeout(cfg.Timeout),
 				gormlease.WithOperationTimeout(cfg.OpTimeout), gormlease.WithHolder(cfg.Name+role))
-			if err == nil || errors.Is(err, gormlease.ErrInvalidArgument) || time.Now().After(end) {
+			refused := errors.Is(err, syscall.ECONNREFUSED) // for as long as the fault lasts
+			if err == nil || errors.Is(err, gormlease.ErrInvalidArgument) || !refused && time.Now().After(end) {
 				return r, err
 			}
 			select {
@@ -112,8 +127,22 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 			}
 		}
 	}
+	// A worker whose Runners could not be made before stop was closed (its
+	// connections refused all along) ends having made no call, without an
+	// error: the scenario is over.
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
 	runner, err := newRunner("")
 	if err != nil {
+		if stopped() {
+			return nil
+		}
 		return err
 	}
 	// The calls of Do and RunWait end when stop is closed, as their waits
@@ -141,6 +170,9 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 			}
 			r, err := newRunner(role)
 			if err != nil {
+				if stopped() {
+					break // the loops started end at stop: waited for below
+				}
 				return err
 			}
 			call = func(rng *rand.Rand) error { return w.do(ctx, r, rng) }
