@@ -80,67 +80,46 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 		return err
 	}
 	defer log.Close()
+	// A worker starts as an application would, in the middle of the
+	// faults: opening the pool (gorm.Open pings the server) and making its
+	// Runners (NewRunner reads the server's settings) are tried again
+	// while they fail (see starting).
 	var db *gorm.DB
-	switch {
-	case cfg.BreakFence:
-		db, err = openBroken(cfg.DSN, gormConfig())
-	case cfg.RefuseFile != "":
-		// gorm.Open pings the server: a worker that starts while its
-		// connections are refused (a fault phase began before it was up)
-		// opens when they are not, or ends without a call at stop.
-		for {
+	err = starting(stop, func() (err error) {
+		switch {
+		case cfg.BreakFence:
+			db, err = openBroken(cfg.DSN, gormConfig())
+		case cfg.RefuseFile != "":
 			db, err = openRefusing(cfg.DSN, refusingDialer(cfg.RefuseFile, cfg.RefuseAddr))
-			if err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
-				break
-			}
-			select {
-			case <-stop:
-				return nil
-			case <-time.After(100 * time.Millisecond):
-			}
+		default:
+			db, err = Open(cfg.DSN)
 		}
-	default:
-		db, err = Open(cfg.DSN)
-	}
+		return err
+	})
 	if err != nil {
+		if errors.Is(err, errStopped) {
+			return nil // no call made: the scenario is over
+		}
 		return err
 	}
 	if sqlDB, err := db.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	// NewRunner reads the server's settings: while the worker's
-	// connections are refused, it is tried again, as an application would
-	// at its start, until stop; while its node is down, for up to 30 s.
 	newRunner := func(role string) (r *gormlease.Runner[string], err error) {
-		for end := time.Now().Add(30 * time.Second); ; {
+		err = starting(stop, func() (err error) {
 			r, err = gormlease.NewRunner[string](db,
 				gormlease.WithHeartbeatInterval(cfg.Interval), gormlease.WithLeaseTimeout(cfg.Timeout),
 				gormlease.WithOperationTimeout(cfg.OpTimeout), gormlease.WithHolder(cfg.Name+role))
-			refused := errors.Is(err, syscall.ECONNREFUSED) // for as long as the fault lasts
-			if err == nil || errors.Is(err, gormlease.ErrInvalidArgument) || !refused && time.Now().After(end) {
-				return r, err
-			}
-			select {
-			case <-stop:
-				return nil, err
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
+			return err
+		})
+		return r, err
 	}
 	// A worker whose Runners could not be made before stop was closed (its
 	// connections refused all along) ends having made no call, without an
 	// error: the scenario is over.
-	stopped := func() bool {
-		select {
-		case <-stop:
-			return true
-		default:
-			return false
-		}
-	}
 	runner, err := newRunner("")
 	if err != nil {
-		if stopped() {
+		if errors.Is(err, errStopped) {
 			return nil
 		}
 		return err
@@ -170,7 +149,7 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 			}
 			r, err := newRunner(role)
 			if err != nil {
-				if stopped() {
+				if errors.Is(err, errStopped) {
 					break // the loops started end at stop: waited for below
 				}
 				return err
@@ -189,6 +168,30 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// errStopped is starting's error when stop was closed before its start
+// worked.
+var errStopped = errors.New("history: stopped while starting")
+
+// starting calls start until it returns nil, every 100 ms: for as long as
+// its error is a refused connection (a refusal fault lasts as long as it
+// lasts), for up to 30 s on any other error but an invalid argument (a
+// connection killed as it was made, a node that is down), and until stop
+// is closed, when it returns errStopped.
+func starting(stop <-chan struct{}, start func() error) error {
+	for end := time.Now().Add(30 * time.Second); ; {
+		err := start()
+		refused := errors.Is(err, syscall.ECONNREFUSED)
+		if err == nil || errors.Is(err, gormlease.ErrInvalidArgument) || !refused && time.Now().After(end) {
+			return err
+		}
+		select {
+		case <-stop:
+			return errStopped
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 type worker struct {
