@@ -207,7 +207,7 @@ func Check(in Input) Report {
 		case r == nil || r.target != res.Target || r.gen != res.Gen:
 			add(ViolationForeignSave, res.Target, "generation %d saved with token %s (value %s)", res.Gen, res.Token, res.Value)
 		case r.end != 0 && r.outcome != OutcomeOK && r.outcome != OutcomeUnknown:
-			add(ViolationPhantomSave, res.Target, "generation %d (%s run %d) saved, but Run returned %s", res.Gen, r.worker, r.id, r.outcome)
+			add(ViolationPhantomSave, res.Target, "generation %d (%s %s %d) saved, but it returned %s: %s", res.Gen, r.worker, r.call, r.id, r.outcome, r.err)
 		}
 	}
 	// No lost result: a Run that returned nil has its row.
