@@ -103,8 +103,9 @@ const endedWithoutSaving = "ended without saving a result"
 //     acquire: a job that saved while the call waited, or while its reads
 //     could not reach the database, is shared, never run a second time
 //     (but for a job whose fenced commit began and ended within the
-//     call's first read of the row, which the call cannot tell from one
-//     that saved before B);
+//     round trip of the call's first read of the row, which the call
+//     cannot tell from one that saved before B; a wait for a free
+//     connection of gorm's plain *sql.DB pool comes before that read);
 //   - a result it shares (shared true) was saved after B, or within
 //     WithReuseFor, or, by up to the latency of the read that found it,
 //     just before B, or by the generation it waited for, which may have
@@ -128,7 +129,10 @@ const endedWithoutSaving = "ended without saving a result"
 // error wrapping ctx.Err(), and, while the job waits for another holder's
 // lease, a *HeldError (ErrLeaseHeld) that describes that lease as the job
 // last read it; the last caller to leave waits for the shared job to
-// stop, so no goroutine outlives the calls. When a read of the row the job
+// stop, so no goroutine outlives the calls, and returns the job's result
+// when the job had saved by then, or its ErrCommitUnknown when it may
+// have. Another caller's ctx.Err() says only that it stopped waiting: the
+// job goes on for the rest, and may still save. When a read of the row the job
 // waits on fails in a way that waiting cannot cure (the application closed
 // the pool), Do returns that error, at the first such read: within a
 // heartbeat interval. A read that fails because the database cannot be
@@ -165,7 +169,17 @@ func (r *Runner[T]) Do(ctx context.Context, targetID string,
 		select {
 		case <-f.done:
 		case <-ctx.Done():
-			r.local.leave(targetID, f)
+			if r.local.leave(targetID, f) {
+				// The call was the job's last caller: the job, cancelled,
+				// has stopped. When it had saved, or may have, by then
+				// (its commit was under way), that is the call's outcome.
+				switch {
+				case f.err == nil:
+					return f.value, !first || !f.ran, nil
+				case f.ran && errors.Is(f.err, ErrCommitUnknown):
+					return zero, false, f.err
+				}
+			}
 			if held := f.held.Load(); held != nil {
 				return zero, false, wrapf(&stoppedWaitingError{cause: ctx.Err(), held: held.err}, "do %q", targetID)
 			}
@@ -213,8 +227,7 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 	// The first read is judged as the first read of the call only when it
 	// is: a call that began again after its process's job was stopped or
 	// left its commit unknown has waited since it began (see savedSince).
-	sent := time.Now()
-	st, err := r.readState(ctx, targetID)
+	st, sent, err := r.readState(ctx, targetID)
 	if again {
 		sent = time.Time{}
 	}
@@ -338,8 +351,8 @@ func (r *Runner[T]) do(ctx context.Context, targetID string,
 // moment its fenced commit locked the row, which the row records
 // (saved_at), on the database's clock: savedSince compares durations only.
 //
-// On the call's own first read, sent when the read was sent (the database
-// took its ages later), a save counts only when it was surely after begin:
+// On the call's own first read, sent when the read was sent on its
+// connection (see readState; the database took its ages later), a save counts only when it was surely after begin:
 // a call that follows a job's end runs the work again, as it must. On any
 // later read (sent zero), when the call has waited or its first reads
 // failed, a save counts when it may have been after begin: the database
@@ -587,11 +600,12 @@ func (lc *localCalls[T]) join(ctx context.Context, targetID string,
 }
 
 // leave leaves f. The last caller to leave a job still in progress cancels
-// it and waits for it to stop.
-func (lc *localCalls[T]) leave(targetID string, f *flight[T]) {
+// it and waits for it to stop; last reports that it was, so that f's
+// outcome is set.
+func (lc *localCalls[T]) leave(targetID string, f *flight[T]) (last bool) {
 	lc.mu.Lock()
 	f.callers--
-	last := f.callers == 0
+	last = f.callers == 0
 	if last && lc.flights[targetID] == f {
 		delete(lc.flights, targetID) // a later call starts a new job
 	}
@@ -600,6 +614,7 @@ func (lc *localCalls[T]) leave(targetID string, f *flight[T]) {
 		f.cancel()
 		<-f.done
 	}
+	return last
 }
 
 // forget removes f, which has ended, so that a later call starts anew.

@@ -162,3 +162,63 @@ func TestDo_FirstReadsTimedOutSharesTheJobThatSavedMeanwhile(t *testing.T) {
 		assert.Zero(t, runs.Load(), "the Do ran the work after the job it began under saved")
 	})
 }
+
+// A Do whose first read waits for a connection of its pool (the
+// application's other queries hold them all) while the job it began under
+// saves and releases, and then gets one within its operation timeout,
+// loads that job's result: the read counts from the moment it was sent on
+// its connection, not from the moment it began to wait for one, so the
+// save is seen as made after the call began. On every database.
+func TestDo_FirstReadAfterAWaitForAConnectionSharesTheJobThatSavedMeanwhile(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		target := newTarget(t)
+		holder := newRunner(t, db)
+		working, finish := make(chan struct{}), make(chan struct{})
+		held := make(chan error, 1)
+		go func() {
+			_, err := holder.Run(context.Background(), target, func(context.Context) (string, error) {
+				close(working)
+				<-finish
+				return "the holder's", nil
+			}, gormlease.SaveJSON[string])
+			held <- err
+		}()
+		<-working
+
+		busy := s.Open(t, nil)
+		sqlDB, err := busy.DB()
+		require.NoError(t, err)
+		sqlDB.SetMaxOpenConns(1)
+		late := newRunner(t, busy, append(fast(100*time.Millisecond, 2*time.Second),
+			gormlease.WithOperationTimeout(time.Minute))...)
+		conn, err := sqlDB.Conn(context.Background()) // the pool's only connection, taken
+		require.NoError(t, err)
+		var runs atomic.Int32
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		began := time.Now()
+		res := goDo(t, ctx, late, target, func(context.Context) (string, error) {
+			runs.Add(1)
+			return "a second result", nil
+		})
+		// The Do's first read waits for the connection the test holds.
+		waitFor(t, 10*time.Second, "the Do's first read waiting for a connection", func() bool {
+			return sqlDB.Stats().WaitCount > 0
+		})
+		// The job saves a second after the Do began: far more than the
+		// read's round trip, within which a save cannot be told from one
+		// made before the call (see Do), and far less than the wait for
+		// the connection, by which the read was judged before.
+		time.Sleep(time.Until(began.Add(time.Second)))
+		close(finish)
+		require.NoError(t, <-held)
+		require.NoError(t, conn.Close())
+
+		r := <-res
+		require.NoError(t, r.err)
+		assert.Equal(t, "the holder's", r.value)
+		assert.True(t, r.shared, "shared")
+		assert.Zero(t, runs.Load(), "the Do ran the work after the job it began under saved")
+	})
+}

@@ -160,3 +160,54 @@ func rowLocked(t *testing.T, db *gorm.DB, target string) bool {
 	require.NoError(t, err)
 	return locked
 }
+
+// Fault: the only caller of a Do gives up (its ctx ends) while the job's
+// COMMIT, which took effect, has had no answer yet. The job, cancelled,
+// settles its commit as Run does; the call returns what it did: the result
+// it saved, or ErrCommitUnknown when the database could not tell in time,
+// never the caller's context error alone, which would report a save as
+// not made.
+func TestFault_DoGivenUpDuringItsCommitReportsTheSave(t *testing.T) {
+	t.Parallel()
+	eachServerDB(t, func(t *testing.T, s *testdb.Server, direct *gorm.DB) {
+		proxy := testdb.NewProxy(t, s.Addr)
+		r := newRunner(t, s.OpenVia(t, proxy.Addr()), gormlease.WithOperationTimeout(5*time.Second))
+		// The proxy trips on "commit": the target must not contain it.
+		target := "cu-" + uuid.NewString()
+		tripped := make(chan (<-chan struct{}), 1)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		type outcome struct {
+			v   string
+			err error
+		}
+		done := make(chan outcome, 1)
+		go func() {
+			v, _, err := r.Do(ctx, target, func(context.Context) (string, error) {
+				return "result", nil
+			}, func(tx *gorm.DB, v string) error {
+				tripped <- proxy.BlackholeOn("commit", true)
+				return gormlease.SaveJSON(tx, v)
+			}, loadJSON(target))
+			done <- outcome{v, err}
+		}()
+		recv(t, <-tripped, 10*time.Second, "the COMMIT to trip the proxy")
+		waitCommitted(direct, target)
+		cancel()
+		proxy.Cut()
+		proxy.Restore()
+
+		var got outcome
+		select {
+		case got = <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("Do did not return")
+		}
+		if got.err != nil {
+			require.ErrorIs(t, got.err, gormlease.ErrCommitUnknown, "the save reported as not made")
+			return
+		}
+		assert.Equal(t, "result", got.v)
+		assert.EqualValues(t, 1, countRows(t, direct, &gormlease.JobResult{}, target))
+	})
+}

@@ -833,12 +833,6 @@ func (r *Repository) readSaved(ctx context.Context, l Lease) (saved backend.Save
 	return r.backend.ReadSaved(ctx, r.db, l.row().TargetID)
 }
 
-// state reads targetID's row as a waiter (RunWait, Do, Elector.Lead)
-// needs it: the step by which they look at the lease they wait for.
-func (r *Repository) state(ctx context.Context, targetID string) (backend.State, error) {
-	return r.backend.State(ctx, r.db, targetID)
-}
-
 // Tables returns the names of the tables the Repository works on: the
 // lease table and the result table (see WithTableNames).
 func (r *Repository) Tables() (lease, result string) { return r.tables.lease, r.tables.result }

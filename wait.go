@@ -2,6 +2,7 @@ package gormlease
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"time"
 
@@ -27,13 +28,28 @@ func (r *Runner[T]) watch(targetID string, initial *backend.State) *wait.Watch {
 func (r *Runner[T]) wake(lease Lease) { wait.Wake(r.repo.waitKey, lease.row().TargetID) }
 
 // readState reads targetID's row as a waiter needs it, within the
-// operation timeout, as the watch's reads are.
-func (r *Runner[T]) readState(ctx context.Context, targetID string) (backend.State, error) {
+// operation timeout, as the watch's reads are. sent is when the statement
+// was sent: on gorm's plain *sql.DB pool, after the read took its
+// connection, so that neither a wait for a free connection nor a new
+// connection's dial (nor database/sql's attempts on other connections after
+// one that broke) comes between sent and the database's answer; on any
+// other pool, before the read began.
+func (r *Runner[T]) readState(ctx context.Context, targetID string) (st backend.State, sent time.Time, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
 	defer cancel()
-	st, err := r.repo.state(ctx, targetID)
+	db := r.repo.db
+	if pool, ok := db.Statement.ConnPool.(*sql.DB); ok {
+		conn, err := pool.Conn(ctx)
+		if err != nil {
+			return backend.State{}, time.Now(), err
+		}
+		defer conn.Close()
+		db = backend.Session(ctx, db, conn)
+	}
+	sent = time.Now()
+	st, err = r.repo.backend.State(ctx, db, targetID)
 	st.Read = time.Now()
-	return st, err
+	return st, sent, err
 }
 
 // maxFailureLength is how much of a failed job's error its lease row keeps,

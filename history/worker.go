@@ -9,6 +9,7 @@ import (
 	stdlog "log"
 	"math/rand/v2"
 	"os"
+	"os/signal"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -435,6 +436,12 @@ func WorkerMain() int {
 	}
 	// The driver's own log of the connections the faults break.
 	_ = mysqldriver.SetLogger(stdlog.New(io.Discard, "", 0))
+	// A worker that a pause fault stopped gets SIGHUP (then SIGCONT) from
+	// the kernel when a process of its process group exits (another
+	// worker's crash) and leaves the group orphaned, as it is under a
+	// runner without job control: it is to go on, as a paused application
+	// would, not die of it.
+	signal.Ignore(syscall.SIGHUP)
 	stop := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
