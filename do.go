@@ -16,38 +16,24 @@ import (
 	"github.com/gormlease/gormlease/observe"
 )
 
-// ErrSharedJobFailed is matched, with errors.Is, by the error that
-// Runner.Do returns to a caller that waited for another caller's job when
-// that job ended without saving a result: its work or saver failed or
-// panicked, it was cancelled, or it lost its lease. The error is a
-// *SharedJobError.
+// ErrSharedJobFailed is matched by the *SharedJobError that Runner.Do
+// returns when the job it waited for ended without saving: its work or
+// saver failed or panicked, it was cancelled, or it lost its lease.
 var ErrSharedJobFailed = errors.New("gormlease: shared job failed")
 
 // SharedJobError is the error that Runner.Do returns to a caller that
-// waited for another caller's job when that job ended without saving. The
-// waiters do not run the work again themselves: a job that just failed
-// would most likely fail again, and every waiter retrying at once would
-// multiply the load on whatever made it fail. Call Do again to run it anew.
-//
-// A waiter gets the same SharedJobError whether the job ran in its own
-// process or in another: the job's message as text, and an error that
-// unwraps to ErrSharedJobFailed, never to the job's own error, which only
-// the caller that ran the job gets.
+// waited for another caller's job when that job ended without saving (the
+// waiters do not run the work: call Do again for that). It is the same
+// wherever the job ran, and unwraps to ErrSharedJobFailed, never to the
+// job's own error.
 type SharedJobError struct {
 	// TargetID is the target of the job.
 	TargetID string
-	// Generation is the generation whose failure Message tells, or 0 when
-	// it is not known. It is the generation the caller waited for, or a
-	// later one when that one ended and a later one failed too before the
-	// caller read the row again: the row keeps only the last failure.
+	// Generation is the generation whose failure Message tells, or 0.
 	Generation int64
-	// WaitedFor is the generation the caller waited for, when it is not
-	// Generation; 0 otherwise.
+	// WaitedFor is the generation waited for, when not Generation; else 0.
 	WaitedFor int64
-	// Message is the job's error message as its lease row keeps it: at
-	// most 255 bytes of it. It may come from another process, possibly
-	// another user's request, and says what went wrong; the job's own
-	// error, with its types, stays with the caller that ran it.
+	// Message is the job's error message, as the lease row keeps it.
 	Message string
 }
 
@@ -70,77 +56,31 @@ func (e *SharedJobError) Unwrap() error { return ErrSharedJobFailed }
 // left no failure: it was released by Repository.Release, or by force.
 const endedWithoutSaving = "ended without saving a result"
 
-// Do runs work once for everyone who asks for targetID at the same time, across
-// goroutines, processes and machines (a distributed singleflight).
+// Do runs work once for everyone who asks for targetID at the same time,
+// across goroutines, processes and machines (a distributed singleflight).
+// When no one holds the target and no result was saved since the call
+// began, Do runs work and save as Run does and returns (result, false, nil),
+// or Run's error. When another holder's lease is live, Do waits for that
+// job, holding no connection: when it saved, Do calls load in a transaction
+// and returns (loaded, true, nil); when it ended without saving, Do returns
+// a *SharedJobError and does not run the work. When the holder dies, or an
+// operator stops the job, one waiting caller takes over and runs the work.
+// While the target is paused, Do waits. With WithReuseFor(d), a result
+// saved less than d ago is returned at once, through load, as shared.
 //
-//   - When no one holds the target and no result was saved since the call
-//     began, Do runs work and save as Run does and returns
-//     (result, false, nil), or Run's error (a *WorkError when work or save
-//     failed, even if that error wraps a refusal of a lease of its own).
-//   - When another holder's lease is live, Do waits for that job to end,
-//     holding no connection, until ctx is done. When the job saved its
-//     result, Do calls load in a transaction on the database (never on a
-//     read replica) after the job's commit, and returns (loaded, true,
-//     nil): every caller gets the same answer. When the job ended without
-//     saving, Do returns a *SharedJobError, which matches
-//     ErrSharedJobFailed, and does not run the work itself.
-//   - When the holder dies or freezes and its lease expires, one of the
-//     waiting callers takes the target over and runs the work; the others
-//     wait for its result. A holder that was only late, and saves before
-//     the takeover, is not overtaken: the waiters load what it saved.
-//   - With WithReuseFor(d), a result saved less than d ago is returned at
-//     once, through load, as shared.
-//   - While the target is paused (Repository.Pause), Do waits, holding no
-//     connection, until it is resumed; a caller whose ctx ends meanwhile
-//     gets an error wrapping ctx.Err() and a *PausedError (ErrPaused).
-//   - When an operator stops the job (Repository.RequestStop), its waiters
-//     do not get a SharedJobError: the job was given up, not failed, and
-//     one of them takes over and runs the work.
+// The calls of one Runner for one target in one process share one job or
+// wait, with the first caller's work, save and context values (not its
+// cancellation). A caller whose ctx ends stops waiting, with an error
+// wrapping ctx.Err() and the *HeldError or *PausedError it waits on, if any;
+// the job goes on for the others, and may still save. The last caller to
+// leave cancels the job and waits for it to stop, and gets its result if it
+// saved by then, or its ErrCommitUnknown if it may have. Do refuses a Runner
+// with WithSlots or WithMinHold (ErrInvalidArgument).
 //
-// What Do promises, and the history checker (module history/) verifies
-// under faults, for a call that began at time B:
-//   - it runs the work only when no result was saved between B and its
-//     acquire: a job that saved while the call waited, or while its reads
-//     could not reach the database, is shared, never run a second time
-//     (but for a job whose fenced commit began and ended within the
-//     round trip of the call's first read of the row, which the call
-//     cannot tell from one that saved before B; a wait for a free
-//     connection of gorm's plain *sql.DB pool comes before that read);
-//   - a result it shares (shared true) was saved after B, or within
-//     WithReuseFor, or, by up to the latency of the read that found it,
-//     just before B, or by the generation it waited for, which may have
-//     saved before B while it kept its lease (a Runner with WithMinHold,
-//     or Repository.CommitIfOwner);
-//   - it returns ErrSharedJobFailed only when it did not run the work and
-//     a generation it waited for ended without saving.
-//
-// A save counts from the moment the fenced commit's statement that records
-// it ran (began, on MySQL), as the row records it on the database's clock
-// (to a millisecond on SQLite). A call that joins a job of its process
-// (below) shares that job's B, and keeps it when that job was stopped or
-// left its commit unknown and the call waits on.
-//
-// Calls of Do for the same target on the same Runner in one process share
-// one job, or one wait and one load: only the first caller's work and save
-// are used, and the first caller is the one that gets shared false when
-// the job ran here. The shared job runs on a context that keeps the first
-// caller's values but not its cancellation; it is cancelled when every
-// caller has gone. A caller whose ctx is done returns at once with an
-// error wrapping ctx.Err(), and, while the job waits for another holder's
-// lease, a *HeldError (ErrLeaseHeld) that describes that lease as the job
-// last read it; the last caller to leave waits for the shared job to
-// stop, so no goroutine outlives the calls, and returns the job's result
-// when the job had saved by then, or its ErrCommitUnknown when it may
-// have. Another caller's ctx.Err() says only that it stopped waiting: the
-// job goes on for the rest, and may still save. When a read of the row the job
-// waits on fails in a way that waiting cannot cure (the application closed
-// the pool), Do returns that error, at the first such read: within a
-// heartbeat interval. A read that fails because the database cannot be
-// reached right now, the first one included, is tried again, each within
-// the operation timeout, while ctx lasts.
-//
-// load reads the saved result with tx; its context carries nothing of the
-// lease. Do refuses a Runner with WithMinHold (ErrInvalidArgument). With SaveJSON as save, a one-line load reads it back:
+// docs/reliability.md, section "Do, RunWait and the Elector: what they
+// promise", says which results a call may share and when it runs the work;
+// docs/design.md, section "Waiting and sharing results", how it waits. The
+// context of load's tx carries no lease. With SaveJSON as save, load can be:
 //
 //	func(tx *gorm.DB) (T, error) { v, _, err := gormlease.LoadJSON[T](tx.Statement.Context, tx, targetID); return v, err }
 func (r *Runner[T]) Do(ctx context.Context, targetID string,
@@ -411,35 +351,16 @@ func (r *Runner[T]) load(ctx context.Context, targetID string, load func(*gorm.D
 	return v, nil
 }
 
-// RunWait is Run, except that while another holder's lease is live it waits until
-// that lease is released or expires, then tries again; ctx bounds the whole wait.
-// While the target is paused (Repository.Pause) it waits likewise, until the
-// target is resumed; when ctx ends meanwhile, its error wraps a *PausedError
-// (ErrPaused).
-// With WithSlots(n), it waits while all n slots are held, until one of them
-// is released or expires; up to n calls of the process go to the database
-// at once. It does not wait on ErrSlotCountConflict, which it returns.
-//
-// A work that fails ends the call with Run's *WorkError, even when its
-// error wraps a refusal of a lease of its own (it called Run on another
-// target): only RunWait's own acquire being refused makes it wait.
-//
-// Each call runs its own work, under a lease of its own: N calls for one
-// target run their work one at a time, each saving under its own
-// generation, in no promised order. Calls of RunWait for the same target
-// on the same Runner in one process take turns in the process, and only
-// the one whose turn it is waits on the database, holding no connection
-// while it waits. Across processes it is not first come, first served:
-// after a release, the next call of the releasing process usually
-// acquires before a waiter elsewhere has heard of the release. When ctx
-// is done while it waits on the database, RunWait returns an error that
-// wraps both ctx.Err() and a *HeldError (ErrLeaseHeld): the lease it waited
-// for, as its last read of the row found it (with slots, as its last
-// refused acquire found the slot that frees first). When ctx is done while
-// it waits for its turn in the process, the error wraps ctx.Err() alone.
-// When a read of the row it waits on fails in a way that waiting cannot
-// cure (the application closed the pool), RunWait returns that error, at
-// the first such read: within a heartbeat interval.
+// RunWait is Run, except that while another holder's lease is live, or the
+// target is paused, it waits, holding no connection, until the lease ends or
+// the target is resumed, then tries again; ctx bounds the whole wait. With
+// WithSlots(n) it waits while all n slots are held. A work's failure, and
+// ErrSlotCountConflict, end the call at once. Each call runs its own work,
+// under a lease of its own: N calls for a target run one at a time, in no
+// promised order (across processes, not first come, first served). When ctx
+// ends while it waits, its error wraps ctx.Err() and, once it has read the
+// lease, the *HeldError or *PausedError that it waited on. docs/design.md,
+// section "Waiting and sharing results", tells how it waits.
 func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 	work func(ctx context.Context) (T, error), save func(tx *gorm.DB, result T) error,
 ) (T, error) {

@@ -13,11 +13,9 @@ import (
 	"github.com/gormlease/gormlease/internal/backend"
 )
 
-// Elector elects one leader for a named role ("scheduler") among the
-// processes that campaign for it: the holder of the role's lease, which is
-// the lease row of target name. The lease's generation is the leader's
-// fencing term. An Elector is safe for concurrent use; the calls of Lead
-// on one Elector queue in the process, as RunWait's do.
+// Elector elects one leader for a named role among the processes that
+// campaign for it: the holder of the lease of target name, whose generation
+// is the leader's fencing term. It is safe for concurrent use.
 type Elector struct {
 	name   string
 	runner *Runner[struct{}]
@@ -25,13 +23,10 @@ type Elector struct {
 	term atomic.Pointer[context.Context]
 }
 
-// NewElector returns an Elector for one named role. Its lease is the lease
-// row of target name, in the tables of WithTableNames; the other options
-// are NewRunner's (interval, timeout, holder, logger, observer, …), with
-// which it leads: a leader that dies or freezes is replaced within the
-// lease timeout plus a heartbeat interval. WithSlots above 1 is refused
-// (ErrInvalidArgument). It writes nothing; the tables
-// must exist (AutoMigrate).
+// NewElector returns an Elector for the role name. It takes NewRunner's
+// options, with which it leads: a leader that dies or freezes is replaced
+// within the lease timeout plus a heartbeat interval. It refuses WithSlots
+// above 1, and writes nothing; the tables must exist (AutoMigrate).
 func NewElector(db *gorm.DB, name string, opts ...Option) (*Elector, error) {
 	if err := checkTargetID(name); err != nil {
 		return nil, wrapf(err, "elector")
@@ -46,36 +41,18 @@ func NewElector(db *gorm.DB, name string, opts ...Option) (*Elector, error) {
 	return &Elector{name: name, runner: r}, nil
 }
 
-// Lead campaigns for the role and then leads for one term:
-//   - It waits, holding no connection, until it holds the role's lease
-//     (woken as RunWait is: at once by a resignation in this process, by
-//     notification on PostgreSQL, by poll, and when the lease expires).
-//   - It then calls lead with a context that carries the lease
-//     (LeaseFromContext: the generation is the fencing term) and is
-//     cancelled when the term ends: with a cause wrapping ErrLeaseLost when
-//     leadership is lost or can no longer be trusted, ErrStopRequested when
-//     an operator asked the leader to stop (Repository.RequestStop), and
-//     ErrMaxHoldExceeded when WithMaxHold has passed. lead should then
-//     return at once.
-//   - It releases the lease when lead returns, so that a standby leads
-//     (with WithMinHold, at the end of the hold, or at once after a stop
-//     request).
-//
-// It returns lead's error, as lead returned it (an error of lead's that
-// wraps ErrLeaseHeld, from a lease of its own, is not a refusal of the
-// role: Lead does not campaign again on it); an error wrapping
-// ErrLeaseLost, ErrStopRequested or ErrMaxHoldExceeded when the term ended
-// so, whatever lead returned; or an error
-// wrapping ctx's when ctx ended before a term began, which also wraps a
-// *HeldError saying who led when ctx ended while another holder's lease
-// was live (as RunWait's does). A campaign whose acquire fails because the
-// database is out of reach campaigns again, with backoff, until ctx ends;
-// it is logged at Warn. Any other error of a campaign, which waiting cannot
-// cure (a closed pool, a missing table), Lead returns at once. Writes made
-// during the term are fenced with
-// Repository().CommitIfOwner and the lease from LeaseFromContext: a
-// deposed leader's are refused. A panic in lead is returned as a
-// *PanicError.
+// Lead campaigns for the role, waiting as RunWait does, and then leads for
+// one term: it calls lead with a context that carries the lease
+// (LeaseFromContext; its generation is the fencing term) and is cancelled
+// when ctx is or the term ends (ErrLeaseLost, ErrStopRequested,
+// ErrMaxHoldExceeded). lead should then return at once; Lead then releases
+// the lease, so that a standby leads. It returns lead's error as lead
+// returned it, or an error wrapping the cause of the term's end, or, when
+// ctx ends before a term, one wrapping ctx's error and the *HeldError or
+// *PausedError it waited on. A campaign that fails because the database is
+// out of reach or busy campaigns again, until ctx ends. A panic in lead is
+// a *PanicError. Fence the term's writes with Repository().CommitIfOwner
+// and that lease. docs/design.md, section "Electing a leader", tells more.
 func (e *Elector) Lead(ctx context.Context, lead func(ctx context.Context) error) error {
 	if lead == nil {
 		return invalidf("lead function is nil")

@@ -12,38 +12,24 @@ import (
 // Sentinel errors. Match them with errors.Is: the errors that gormlease
 // returns wrap them with the target ID and the step that failed.
 var (
-	// ErrLeaseHeld is returned by Repository.Acquire and Runner.Run when
-	// another holder's lease on the target is live: it was acquired or
-	// renewed within the lease timeout and has not been released. Run returns
-	// it at once, without waiting for the holder and without running the work.
-	// The error is then a *HeldError, which says who holds the lease, at
-	// which generation and for how long. They also return ErrLeaseHeld,
-	// without a HeldError, when the acquire met a concurrent change of the
-	// target's row (a serialization failure or deadlock) at every attempt:
-	// another session was taking, renewing or releasing the lease.
+	// ErrLeaseHeld is returned by Runner.Run and Repository.Acquire, at once,
+	// when another holder's lease on the target is live: as a *HeldError, or
+	// alone when the acquire lost a race for the row, or kept meeting
+	// concurrent changes of it (WithStatementAttempts). A *PausedError
+	// matches it too.
 	ErrLeaseHeld = errors.New("gormlease: lease held by another holder")
 
-	// ErrLeaseLost is returned by Repository.Heartbeat, Hold, CommitIfOwner,
-	// CommitAndRelease, Release and ReleaseFailed when the lease row no
-	// longer carries the caller's token: it was taken over, or already
-	// released. Runner.Run returns it, and reports it
-	// as the context.Cause of the work's context, when a heartbeat finds the
-	// lease taken or when the lease could not be confirmed in time (see the
-	// package documentation on self-fencing). Nothing is saved then.
+	// ErrLeaseLost is returned by the Repository's steps on a Lease when its
+	// row no longer carries its token (taken over, or released), and by
+	// Runner.Run then: as the cause of the work's context too when a
+	// heartbeat finds it so, or the lease could not be confirmed in time.
+	// Nothing is saved then.
 	ErrLeaseLost = errors.New("gormlease: lease lost")
 
-	// ErrCommitUnknown is returned by Repository.CommitIfOwner and
-	// CommitAndRelease when the fenced commit's COMMIT was sent but its
-	// outcome is not known to be durable, in three cases: the connection
-	// failed (or the server ended it) while COMMIT was in flight, so that no
-	// answer came; the server committed locally but cut short its wait for
-	// the synchronous standbys (on PostgreSQL with synchronous replication,
-	// when another party cancelled the wait), so that a failover may lose
-	// the commit; or the caller's context ended while COMMIT was in flight.
-	// The database may or may not have saved the result. Runner.Run first
-	// settles the question itself (see Run) and returns ErrCommitUnknown
-	// only when it cannot; then look at what was saved (LoadJSON, for
-	// instance) before running the work again.
+	// ErrCommitUnknown is returned by the fenced commit (CommitIfOwner) when
+	// its COMMIT is not known to be durable: no answer came, or a PostgreSQL
+	// server cut short its wait for its synchronous standbys. Run returns it
+	// only when it cannot settle that itself: check what was saved.
 	ErrCommitUnknown = errors.New("gormlease: commit outcome unknown")
 
 	// ErrNoLiveLease is returned by Repository.ForceRelease when the
@@ -58,61 +44,38 @@ var (
 	// ErrLeaseHeld's.
 	ErrNotHeld = ErrNoLiveLease
 
-	// ErrMaxHoldExceeded is returned by Runner.Run, and reported as the
-	// context.Cause of the work's context, when the work was still running
-	// when the Runner's WithMaxHold ran out. Nothing is saved then, and the
-	// lease is released once the work returns (with WithMinHold, held to the
-	// hold's end first). It does not match
-	// ErrLeaseLost: the lease was not taken from the Runner, which gave it up.
+	// ErrMaxHoldExceeded is returned by Runner.Run, as the cause of the
+	// work's context too, when the work outlasted WithMaxHold. Nothing is
+	// saved. It does not match ErrLeaseLost: the Runner gave the lease up.
 	ErrMaxHoldExceeded = errors.New("gormlease: max hold exceeded")
 
-	// ErrSlotCountConflict is returned by Repository.AcquireSlot, and by
-	// Run and RunWait of a Runner with WithSlots(n), when a slot of the
-	// target is held under another count than n: the count is recorded in
-	// the target's slot rows, and the holders that live under it keep it
-	// until none is left. The work does not run, and nothing is written.
+	// ErrSlotCountConflict is returned by the acquires of slots (WithSlots,
+	// Repository.AcquireSlot) when a slot of the target is held under
+	// another count. Nothing runs, and nothing is written.
 	ErrSlotCountConflict = errors.New("gormlease: slots held under another count")
 
-	// ErrPaused: the target is paused (Repository.Pause). Run, Acquire,
-	// AcquireFrom and AcquireSlot return an error wrapping it, a
-	// *PausedError, at once, without running the work; RunWait, Do and
-	// Elector.Lead wait instead, until Resume or the end of their context.
-	// An error that wraps it also matches ErrLeaseHeld, so code written for
-	// "someone else is on it" still does the right thing.
+	// ErrPaused: the target is paused (Repository.Pause). Run and the
+	// Repository's acquires return a *PausedError at once; RunWait, Do and
+	// Elector.Lead wait until Resume or the end of their context.
 	ErrPaused = errors.New("gormlease: target paused")
 
-	// ErrStopRequested: an operator asked the holder to stop
-	// (Repository.RequestStop). Runner.Run returns an error wrapping it,
-	// with the request's reason, and reports it as the context.Cause of the
-	// work's context; nothing is saved, and the lease is released. It does
-	// not match ErrLeaseLost: the lease was given up, not taken.
+	// ErrStopRequested: an operator asked the holder to stop (RequestStop).
+	// Runner.Run returns it, with the reason, as the cause of the work's
+	// context too; nothing is saved. It does not match ErrLeaseLost.
 	ErrStopRequested = errors.New("gormlease: stop requested")
 
-	// ErrInvalidArgument is wrapped by every error about bad input: an empty,
-	// oversized or unstorable target ID, a nil function or database, or an
-	// option value that is out of range or contradicts another. Nothing is
-	// written to the database when it is returned.
+	// ErrInvalidArgument is wrapped by every error about bad input: a bad
+	// target ID, a nil function or database, an option out of range or at
+	// odds with another. Nothing was written then.
 	ErrInvalidArgument = errors.New("gormlease: invalid argument")
 )
 
-// HeldError is the error of an acquire refused by a live lease. errors.Is(err, ErrLeaseHeld)
-// is true; errors.As gives the lease as the refusing statement saw it.
-//
-// Repository.Acquire, AcquireFrom and AcquireSlot, and Runner.Run, return
-// it; RunWait, Do and Elector.Lead return it, wrapped with the context's
-// error, when their context ends while they wait, describing the lease as
-// they last read it. With WithSlots(n) it describes the slot that frees
-// first. The statements that refuse the acquire read it on the database,
-// without a round trip of their own (see Repository.Acquire). An acquire
-// refused without seeing the lease that refused it returns an error that
-// wraps ErrLeaseHeld but is not a HeldError: one that lost a race for the
-// row to another acquire that took it while its statement ran, one that
-// kept meeting concurrent changes of the row (see ErrLeaseHeld), and an
-// AcquireFrom whose generation ended and whose row is free at a later one.
-//
-// An HTTP handler can answer 409 Conflict with a Retry-After of ExpiresIn,
-// rounded up to a second: the lease may end sooner (its holder releases
-// it) or later (its holder renews it).
+// HeldError is the error of an acquire refused by a live lease: it matches
+// ErrLeaseHeld, and describes the lease (with WithSlots, the slot that frees
+// first) as the refusing statement saw it. RunWait, Do and Elector.Lead wrap
+// it with their context's error when that ends while they wait. An HTTP
+// handler can answer 409 Conflict with a Retry-After of ExpiresIn, rounded
+// up: the lease may end sooner (released) or later (renewed).
 type HeldError struct {
 	Target     string        // the target asked for
 	Holder     string        // the live lease's holder (WithHolder)
@@ -143,11 +106,9 @@ func newHeldError(targetID string, h *backend.Held) *HeldError {
 }
 
 // PausedError is the error of an acquire refused because its target is
-// paused (Repository.Pause): errors.Is(err, ErrPaused) and
-// errors.Is(err, ErrLeaseHeld) are both true. Repository.Acquire,
-// AcquireFrom and AcquireSlot, and Runner.Run, return it; RunWait, Do and
-// Elector.Lead return it, wrapped with the context's error, when their
-// context ends while they wait for the target to be resumed.
+// paused (Repository.Pause): it matches ErrPaused and ErrLeaseHeld. Run and
+// the Repository's acquires return it; RunWait, Do and Elector.Lead wrap it
+// with their context's error when that ends while they wait for Resume.
 type PausedError struct {
 	Target string // the target asked for
 	Reason string // the reason that Pause recorded
@@ -245,23 +206,15 @@ func (e *commitUnknownError) Error() string {
 
 func (e *commitUnknownError) Unwrap() []error { return []error{ErrCommitUnknown, e.cause} }
 
-// PanicError is returned by Runner.Run, RunWait and Do when the work or the
-// saver panics, and by Do when its load panics. They recover the panic,
-// release the lease they hold (a saver's transaction is rolled back first;
-// with WithMinHold the lease stays held to the hold's end) and return a
-// *PanicError; they do not re-panic. Use errors.As to get at the value and
-// the stack. When the panic value is an error, errors.Is and errors.As see
-// through to it, but not to gormlease's outcomes in it (see Unwrap).
+// PanicError is returned by Runner.Run, RunWait and Do when the work, the
+// saver or Do's load panics: they recover, release the lease as after any
+// failure, and do not re-panic. Unwrap gives a panic value that is an error.
 type PanicError struct {
-	// Step names the function that panicked, and is one of:
-	//   - "work": the work function of Run, RunWait or Do;
-	//   - "save": the saver, inside the fenced commit;
-	//   - "load": the load function of Do, which reads a shared result.
+	// Step names the function that panicked: "work", "save" or "load".
 	Step string
 	// Value is the value passed to panic.
 	Value any
-	// Stack is the stack of the panicking goroutine, as runtime/debug.Stack
-	// printed it.
+	// Stack is the panicking goroutine's stack, from runtime/debug.Stack.
 	Stack []byte
 }
 
@@ -270,10 +223,8 @@ func (e *PanicError) Error() string {
 	return fmt.Sprintf("gormlease: %s panicked: %v", e.Step, e.Value)
 }
 
-// Unwrap returns the panic value when it is an error, and nil otherwise;
-// gormlease's outcomes in it are hidden from errors.Is and errors.As, as in
-// a WorkError's: a panic with a refusal that the work met is not the
-// call's refusal.
+// Unwrap returns the panic value when it is an error, and nil otherwise,
+// with gormlease's outcomes in it hidden, as in a WorkError.
 func (e *PanicError) Unwrap() error {
 	err, _ := e.Value.(error)
 	return hideOutcomes(err)

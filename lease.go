@@ -8,22 +8,18 @@ import (
 	"github.com/gormlease/gormlease/internal/backend"
 )
 
-// Lease is a lease that the caller holds: what Repository.Acquire returns and
-// every later step takes. Its Token is what proves ownership; keep the Lease
-// to the goroutine that acquired it.
+// Lease is a lease that the caller holds: what Repository.Acquire returns
+// and every later step takes. Its Token proves ownership; keep the Lease to
+// the goroutine that acquired it.
 type Lease struct {
 	// TargetID names the leased target.
 	TargetID string
 	// Token was minted for this acquisition; no other acquisition has it.
 	Token uuid.UUID
-	// Generation is the fencing number of this acquisition: greater than that
-	// of every earlier acquisition of the same target (of the same slot, for
-	// a slot). Use it, for instance, as the idempotency key of the external
-	// call the work makes.
+	// Generation is the fencing number: greater than that of every earlier
+	// acquisition of the target (or slot). Use it as an idempotency key.
 	Generation int64
-	// Slot is the slot that the lease holds, from 1, when TargetID is a
-	// semaphore (WithSlots, Repository.AcquireSlot); 0 for an ordinary
-	// lease. Each slot is a lease of its own, in a row of its own.
+	// Slot is the slot held, from 1, on a semaphore (WithSlots); else 0.
 	Slot int
 }
 
@@ -77,9 +73,7 @@ func leaseFrom(ctx context.Context) (leaseValue, bool) {
 
 // LeaseFromContext returns the lease that the work runs under, from the
 // context that Runner.Run passes to work, or from the context of the
-// transaction that the saver gets (of Run, CommitIfOwner or
-// CommitAndRelease). Use its Generation as an idempotency key for the
-// external call.
+// transaction that a saver gets (of Run or CommitIfOwner).
 func LeaseFromContext(ctx context.Context) (Lease, bool) {
 	v, ok := leaseFrom(ctx)
 	return v.lease, ok

@@ -14,20 +14,11 @@ import (
 	"github.com/gormlease/gormlease/internal/wait"
 )
 
-// Repository runs the steps of the lease protocol, one method a step, each
-// one or two statements on the database (their SQL is the backend's, in
-// internal/backend): use it directly to drive the steps yourself. A Runner
-// takes its leases through a Repository of its own (Runner.Repository), with
-// the same statements, and with steps that the exported methods do not
-// offer: acquires that bound each attempt, Do's takeover of an expired
-// generation only while it is unreleased, heartbeats batched across the
-// Runner's leases, a waiter's read and watch of the row, the read that
-// settles a COMMIT that got no answer, and Do's load of a saved result. A
-// Repository is safe for concurrent use and holds no connection between
-// calls. One that NewRepository returns runs no goroutine and needs no
-// closing; a Runner's runs the heartbeat goroutine of its Runs while they
-// hold leases (with WithHeartbeatDB, a second Repository on that pool
-// does; see internal/heartbeat).
+// Repository runs the steps of the lease protocol, one method a step, for a
+// caller that drives them itself; a Runner runs the same steps, and a few
+// more (docs/design.md, section Layers), through one of its own. It is safe
+// for concurrent use and holds no connection between calls; one that
+// NewRepository returns runs no goroutine and needs no closing.
 type Repository struct {
 	db      *gorm.DB
 	backend backend.Backend
@@ -42,14 +33,10 @@ type Repository struct {
 	waitKey wait.Key
 }
 
-// NewRepository returns a Repository on db, which must be a *gorm.DB from
-// gorm.Open on a supported database, not inside a transaction. It writes
-// nothing to the database; create the tables with AutoMigrate. On SQLite it
-// reads the connection's busy timeout, and refuses one under a second, which
-// would make concurrent steps fail with "database is locked": set it in the
-// DSN, before any other PRAGMA, as _pragma=busy_timeout(10000).
-// It takes WithTableNames, WithHolder and WithStatementAttempts, the
-// RepositoryOptions; the other options only a Runner uses.
+// NewRepository returns a Repository on db, a *gorm.DB from gorm.Open on a
+// supported database, not inside a transaction. It writes nothing; create
+// the tables with AutoMigrate. On SQLite it refuses a busy timeout under a
+// second (docs/sqlite.md). It takes the RepositoryOptions.
 func NewRepository(db *gorm.DB, opts ...RepositoryOption) (*Repository, error) {
 	cfg, err := newConfig(options(opts))
 	if err != nil {
@@ -93,64 +80,16 @@ func newRepository(db *gorm.DB, cfg config) (*Repository, error) {
 	return r, nil
 }
 
-// Acquire takes the lease on targetID when no one holds it: there is no
-// row for the target, the row was released, or its last heartbeat is older
-// than the lease timeout that its holder recorded in it, on the database's
-// clock (for a row that records none, written before the column existed,
-// timeout is used). It records timeout in the row, for whoever looks at the
-// new lease next, mints a fresh token and returns the new Lease. When
-// another holder's lease is live it returns a *HeldError, which matches
-// ErrLeaseHeld and says who holds the lease, at which generation, and how
-// long it lives without another heartbeat, at once and without writing.
-//
-// Its statements, by database and outcome:
-//   - PostgreSQL: one statement whatever the outcome, a data-modifying CTE
-//     on one snapshot of the row: an UPDATE that takes a free row over in
-//     place, an INSERT that runs only where there is no row (a target never
-//     acquired, or pruned), and the row as read, which answers the live
-//     lease that refused it. For a target whose row the Repository has seen
-//     (it remembers the last few thousand), the same statement without the
-//     INSERT, which is cheaper to run; and for one whose last acquire took
-//     it, the UPDATE alone, followed by that statement only when it took
-//     nothing (a refusal of a target taken last time is two). When another
-//     statement changed the row while it ran (a concurrent takeover, a
-//     Prune), it is sent again, a few times at most.
-//   - MariaDB (10.5 or later): one statement whatever the outcome, an
-//     INSERT of the target's row whose ON DUPLICATE KEY UPDATE takes a free
-//     row over, in one row update, and changes nothing in a live or paused
-//     one, and whose RETURNING answers the row: the lease taken, or the
-//     live lease (or the pause) that refused it. A Repository asks the
-//     server what it is once, with a statement of its own, at its first
-//     acquire. An AcquireFrom a generation above 0 runs MySQL's statements.
-//   - MySQL: a free row is taken by one UPDATE, which, when it refuses,
-//     reports whether the row is live. A target without a row takes a
-//     second statement, an INSERT; a refusal too, a read of the live lease
-//     (MySQL has no RETURNING, and answers a string only in rows).
-//   - On both, a target whose last acquire the Repository saw refused is
-//     read first, without a lock: while its lease is live, that read is the
-//     refusal, one statement, and a takeover is the read and the acquire.
-//     InnoDB locks the row before the acquire's statement checks it, so
-//     while the holder's fenced commit runs, an acquire that is refused
-//     waits for that commit to end.
-//   - SQLite: one statement takes the lease, or refuses; a refusal then
-//     reads the live lease, a second statement but no round trip over a
-//     network, since the database is in the process.
-//
-// When the connection fails before the answer comes back, Acquire releases,
-// by its new token, the lease that the statement may have taken, so that
-// the target is not left held until the timeout. While the database cannot
-// be reached (a failover, a switchover, a restart: no connection, or none to
-// a server that accepts writes), it tries again, under a new token each
-// time, and then returns the last error. It is bounded as a Run with the
-// default settings is, whatever ctx: it sends no attempt later than
-// DefaultOperationTimeout after its call, and stops when ctx ends. Under a
-// context without a deadline, its attempts also end within
-// DefaultOperationTimeout of its call, so that it does not wait for ever
-// on a database that does not answer; under a deadline, a statement that
-// gets no answer lasts until the deadline. The release of a lease that its
-// last attempt may have taken takes at most as long again. Any other
-// error, which waiting cannot cure (a closed pool, a missing table, bad
-// SQL, a permission), it returns at once.
+// Acquire takes the lease on targetID when no one holds it: there is no row
+// for the target, the row was released, or its last heartbeat is older than
+// the lease timeout that its holder recorded, on the database's clock. It
+// records timeout in the row and returns the new Lease. When another
+// holder's lease is live, or the target is paused, it returns a *HeldError
+// or a *PausedError at once, without writing. While the database cannot be
+// reached it tries again, sending no attempt later than
+// DefaultOperationTimeout after its call, whatever ctx; an attempt whose
+// answer was lost releases what it may have taken. docs/design.md, sections
+// Lifecycle and Databases, gives its statements on each database.
 func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.Duration) (Lease, error) {
 	return r.acquire(ctx, targetID, timeout, backend.AnyGeneration)
 }
@@ -420,25 +359,14 @@ func (r *Repository) acquireFailed(ctx context.Context, targetID string, err err
 const slotAttempts = 10
 
 // AcquireSlot takes one of the n slots of targetID, a semaphore (see
-// WithSlots): a lease of its own on a row of its own, whose Lease.Slot says
-// which. It is one statement when the target's slot rows exist and record
-// n: it takes one of the free slots (released, or expired by the timeout
-// its holder recorded) at random, and when all n are held it writes
-// nothing, and AcquireSlot reads the rows once to tell why and returns an
-// error wrapping a *HeldError (ErrLeaseHeld) that describes the slot whose
-// lease has the least life left, the one that frees first unless renewed;
-// that read is all it takes. The first acquire of a target, or one after
-// its count changed or Prune deleted some of its rows, first makes the
-// rows, in one transaction. When a slot is held under another count, it
-// returns an error wrapping ErrSlotCountConflict, writing nothing. Every
-// later step (Heartbeat, CommitIfOwner, Release, ...) takes the Lease as
-// any other. n must be between 1 and MaxSlots (1 is a semaphore of one
-// slot, in a slot row: not the target's own lease, which Acquire takes),
-// and targetID at most 255 bytes with the slot's key: len(targetID) + 1 +
-// the digits of n. While the database cannot be reached it does as
-// Acquire does, within the same bound: it tries again, under a new token
-// each time, and takes as its own a slot that an attempt whose answer was
-// lost took. It returns an error that waiting cannot cure at once.
+// WithSlots): a lease of its own, on a row of its own, whose Lease.Slot says
+// which. It takes a free slot at random; when all n are held it writes
+// nothing and returns an error wrapping the *HeldError of the slot that
+// frees first, and when a slot is held under another count, one wrapping
+// ErrSlotCountConflict. n is from 1 to MaxSlots, and targetID at most 255
+// bytes with the slot's key (len(targetID) + 1 + the digits of n). While
+// the database cannot be reached it tries again as Acquire does, taking as
+// its own a slot that an attempt whose answer was lost took.
 func (r *Repository) AcquireSlot(ctx context.Context, targetID string, n int, timeout time.Duration) (Lease, error) {
 	ctx, cancel, until := withAcquireBound(ctx)
 	defer cancel()
@@ -610,12 +538,11 @@ func slotConflict(n, held int) error {
 		ErrSlotCountConflict, held, n)
 }
 
-// Heartbeat renews l: one statement stamps the row with the database's time
-// where both the target and the token match. When no row matches, the lease
-// was taken over or released, and Heartbeat returns an error wrapping
-// ErrLeaseLost: stop the work. A serialization failure or deadlock is
-// retried a few times; when it persists and the row still holds l,
-// Heartbeat returns an error that wraps it: l was not renewed, nor lost.
+// Heartbeat renews l, stamping its row with the database's time. When the
+// row no longer carries l's token (taken over, or released), it returns an
+// error wrapping ErrLeaseLost: stop the work. When concurrent changes of the
+// row kept failing it (WithStatementAttempts) while the row still holds l,
+// the error says so: l was not renewed, nor lost.
 func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 	if err := l.check(); err != nil {
 		return err
@@ -687,33 +614,20 @@ func (r *Repository) heartbeatMany(ctx context.Context, leases []backend.Lease) 
 	return lost, nil
 }
 
-// CommitIfOwner runs fn in a transaction that first locks the lease row,
-// with a locking read through a model of the lease row (gorm's
-// clause.Locking{Strength: "UPDATE"}: SELECT ... FOR UPDATE on PostgreSQL and
-// MySQL; on SQLite the transaction holds the database's write lock from its
-// start), and checks that the row still carries l's token, unreleased. When
-// it does not, fn is not called, nothing is written, and CommitIfOwner
-// returns an error wrapping ErrLeaseLost. While the transaction runs, an
-// acquire that would take the lease over waits for it to end. After fn, the
-// row records l's generation as the saved one, in the same transaction.
-// The transaction runs at READ COMMITTED (serializable on SQLite). fn must
-// use tx, and not keep it after it returns; when fn returns an error the
-// transaction is rolled back and the error returned. fn may nest
-// transactions on tx, which run as savepoints, but tx refuses to be
-// committed or rolled back by fn: the fenced commit ends it. The context of
-// tx carries l (see LeaseFromContext), so SaveJSON works as fn.
-//
-// While the database cannot be reached (a failover, a restart), the
-// transaction's beginning and the lock are tried again, until ctx ends:
-// fn has not run then. An error that waiting cannot cure (a closed pool, a
-// missing table) is returned at once. When ctx ends before COMMIT (fn ran
-// past it), the transaction is rolled back: nothing is saved, and the error
-// wraps ctx's cause (context.Cause). When the connection fails while COMMIT
-// is in flight,
-// CommitIfOwner returns an error wrapping ErrCommitUnknown: fn's writes may
-// or may not be saved. On a MariaDB Galera cluster the whole commit, fn
-// included, may run again after a certification failure while the lease is
-// still l's (see docs/scaling.md); only the last run's writes are saved.
+// CommitIfOwner runs fn in a transaction that first locks l's row and
+// checks that it still carries l's token, unreleased: when it does not, fn
+// is not called, nothing is written, and the error wraps ErrLeaseLost. On
+// one server, a takeover waits for the transaction to end. After fn, the
+// row records l's generation as saved, in the same transaction (READ
+// COMMITTED; serializable on SQLite). fn must use tx, not keep it, and not
+// commit or roll it back (it may nest transactions on it); an error of fn
+// rolls the transaction back and comes back in a *WorkError. tx's context
+// carries l, so SaveJSON works as fn. While the database cannot be
+// reached, the lock is tried again until ctx ends. When ctx ends before
+// COMMIT, nothing is saved and the error wraps its cause; when COMMIT gets
+// no answer, the error wraps ErrCommitUnknown. On Galera, fn may run again
+// after a certification failure; only the last run's writes are saved
+// (docs/scaling.md).
 func (r *Repository) CommitIfOwner(ctx context.Context, l Lease, fn func(tx *gorm.DB) error) error {
 	return r.commit(ctx, l, fn, false)
 }
@@ -728,13 +642,11 @@ func (r *Repository) CommitAndRelease(ctx context.Context, l Lease, fn func(tx *
 	return r.commit(ctx, l, fn, true)
 }
 
-// Release gives up l: the row is marked released, where both the target and
-// the token match, so the target can be acquired at once. It never touches a
-// lease that another holder acquired later: when l is no longer the caller's
-// (taken over, or already released) nothing changes and Release returns an
-// error wrapping ErrLeaseLost. Call it on a context that survives the
-// caller's cancellation, such as context.WithoutCancel with a timeout.
-// Serialization failures are handled as by Heartbeat.
+// Release gives up l, so the target can be acquired at once. When l is no
+// longer the caller's (taken over, or already released) nothing changes and
+// Release returns an error wrapping ErrLeaseLost. Call it on a context that
+// survives the caller's cancellation, such as context.WithoutCancel with a
+// timeout.
 func (r *Repository) Release(ctx context.Context, l Lease) error {
 	return r.release(ctx, l, backend.Release)
 }
@@ -767,16 +679,11 @@ func (r *Repository) release(ctx context.Context, l Lease, op backend.Own, args 
 }
 
 // Hold keeps l held, without renewing it, until d from now on the
-// database's clock: the row records now as its last heartbeat and d as the
-// lease's timeout, so that an acquire before then is refused and one after
-// takes the target, as after any expiry. It is ShedLock's lockAtLeastFor:
-// a job that ended early keeps its target for the rest of its minimum hold
-// (see WithMinHold). Waiters (RunWait, Do) see the lease live until then.
-// The row records the hold (JobLease.HoldGeneration), so that List reads
-// it as a minimum hold (LeaseInfo.MinHold) while it lasts and as released,
-// not expired, once it has passed.
-// d must be greater than zero. When l is no longer the caller's, Hold
-// changes nothing and returns an error wrapping ErrLeaseLost.
+// database's clock: acquires are refused until then, as ShedLock's
+// lockAtLeastFor does for a job that ended early (see WithMinHold). Once
+// passed, the hold reads as released, not expired. d must be greater than
+// zero. When l is no longer the caller's, Hold changes nothing and returns
+// an error wrapping ErrLeaseLost.
 func (r *Repository) Hold(ctx context.Context, l Lease, d time.Duration) error {
 	if err := l.check(); err != nil {
 		return err

@@ -14,9 +14,8 @@ var ErrNoResult = errors.New("gormlease: no result saved")
 
 // SaveJSON is a ready-made saver for Runner.Run: it stores result as JSON in
 // the job_result row of the lease's target, with the lease's generation,
-// replacing what an earlier generation saved. It takes the lease
-// from the context of tx, which Run and CommitIfOwner set; outside them it
-// returns an error. Pass it to Run as gormlease.SaveJSON[T].
+// replacing what an earlier one saved. It takes the lease from tx's context,
+// as Run and CommitIfOwner set it; elsewhere it returns an error.
 func SaveJSON[T any](tx *gorm.DB, result T) error {
 	if tx == nil {
 		return invalidf("tx is nil")
@@ -69,15 +68,10 @@ func jsonNUL(data []byte) int {
 	return -1
 }
 
-// LoadJSON reads the result that SaveJSON stored for targetID and decodes it
-// into a T. It also returns the row, for its generation and time. When
-// nothing was saved it returns an error wrapping ErrNoResult. Its one
-// option is WithTableNames, for a result table of another name. It reads
-// through db as any gorm read, so a read/write splitting plugin may send it
-// to a replica that has not seen the latest save yet; with
-// gorm.io/plugin/dbresolver, pass db.Clauses(dbresolver.Write) to read the
-// primary. (Runner.Do calls its load in a transaction, which such plugins
-// send to the primary.)
+// LoadJSON reads the result that SaveJSON stored for targetID, and its row;
+// when there is none, its error wraps ErrNoResult. It reads through db as
+// any gorm read, which a read/write splitting plugin may send to a lagging
+// replica (docs/design.md, section Read replicas).
 func LoadJSON[T any](ctx context.Context, db *gorm.DB, targetID string, opts ...TableOption) (T, JobResult, error) {
 	var value T
 	if db == nil {

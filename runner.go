@@ -16,9 +16,9 @@ import (
 )
 
 // Runner runs work once per target at a time, under a heartbeat lease, and
-// saves its result of type T only while the lease is still its own. A Runner
-// is safe for concurrent use; it holds no goroutine or connection between
-// Runs, and needs no closing.
+// saves its result of type T only while the lease is still its own. It is
+// safe for concurrent use, holds no goroutine or connection between Runs,
+// and needs no closing.
 type Runner[T any] struct {
 	repo   *Repository
 	beater *Repository // the heartbeats' Repository: repo, or on WithHeartbeatDB's db
@@ -28,11 +28,10 @@ type Runner[T any] struct {
 	report any           // the Report of the heartbeats' settings, made once (see startHeartbeat)
 }
 
-// NewRunner returns a Runner on db, which must be a *gorm.DB from gorm.Open
-// on a supported database, not inside a transaction. It validates the options
-// together and returns an error wrapping ErrInvalidArgument that names the
-// option at fault. It writes nothing to the database (on SQLite it checks the
-// busy timeout, as NewRepository does); create the tables with AutoMigrate.
+// NewRunner returns a Runner on db, a *gorm.DB from gorm.Open on a supported
+// database, not inside a transaction. It returns an error wrapping
+// ErrInvalidArgument that names the option at fault, and writes nothing;
+// create the tables with AutoMigrate.
 func NewRunner[T any](db *gorm.DB, opts ...Option) (*Runner[T], error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -65,87 +64,33 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 // Run runs work for targetID under a lease, then saves its result with save,
 // once, if the lease is still the caller's.
 //
-//  1. Acquire: when another holder's lease on targetID is live, Run returns a
-//     *HeldError (which matches ErrLeaseHeld, and says who holds the lease
-//     and for how long) at once and does not call work.
-//  2. Work: work runs on the calling goroutine with a context that carries
-//     the lease (LeaseFromContext) and is cancelled when the caller's context
-//     is, when the lease is lost (context.Cause then reports an error
-//     wrapping ErrLeaseLost), or when WithMaxHold has passed
-//     (ErrMaxHoldExceeded). Meanwhile a heartbeat renews the lease every
-//     interval. No database connection is held while work runs. When an
-//     operator asks the holder to stop (Repository.RequestStop), the next
-//     heartbeat finds the request and the context is cancelled with a
-//     cause wrapping ErrStopRequested, which Run returns, with the
-//     request's reason: nothing is saved, and the lease is released at
-//     once (a minimum hold is not kept).
-//  3. Save: when work returns a nil error and the lease was never lost, save
-//     runs inside the fenced commit, in the same transaction that releases
-//     the lease (see Repository.CommitAndRelease; while a WithMinHold hold
-//     lasts, Repository.CommitIfOwner, and the lease stays held to the
-//     hold's end). When the lease turns out to
-//     have been taken over, nothing is saved and Run returns ErrLeaseLost.
-//  4. Release: on every other outcome the lease is released on a context
-//     that survives the caller's cancellation, bounded by the operation
-//     timeout; with WithMinHold it is held to the hold's end instead, unless
-//     an operator asked the holder to stop.
+// When another holder's lease on targetID is live, or the target is paused,
+// Run returns a *HeldError (ErrLeaseHeld) or a *PausedError at once, without
+// calling work. Otherwise work runs on the calling goroutine, holding no
+// connection, while a heartbeat renews the lease. Its context carries the
+// lease (LeaseFromContext) and is cancelled with ctx, or with a cause that
+// Run returns, saving nothing: the lease lost (ErrLeaseLost), WithMaxHold
+// passed (ErrMaxHoldExceeded), or an operator's stop (ErrStopRequested).
+// When work succeeds, save runs in the fenced commit, as CommitIfOwner runs
+// its fn, and the same transaction releases the lease; a lease taken over
+// meanwhile saves nothing (ErrLeaseLost). Otherwise the lease is released
+// on a context that survives ctx's cancellation; with WithMinHold it is held
+// to the hold's end instead, unless an operator asked the holder to stop.
 //
 // Run returns only after work has returned, the heartbeat has stopped, and
-// the result was committed or discarded. It returns work's result and nil
-// only when save committed. That result is the value work returned, not
-// what save stored: save gets a copy of it. To get back what the database
-// assigns during the save (an auto-increment ID, column defaults), make T a
-// pointer type and let save write through it, as tx.Create(result) does:
-// Run returns that same pointer, filled in. An error that work or save
-// returns is returned as a *WorkError: errors.Is matches the function's own
-// errors through it, but not gormlease's, so that a work's failure is never
-// taken for Run's own refusal (see WorkError). When the work's context had
-// ended (the caller's ctx, a lost lease, WithMaxHold, a stop request), Run
-// returns that cause instead of the work's error. A panic in work or save is
-// recovered and returned as a *PanicError, and the lease is released (as
-// step 4 says). When the lease is lost, Run returns ErrLeaseLost even if
-// work returned a result.
+// the result was committed or discarded; when work or save calls
+// runtime.Goexit, Run does not return, but still releases the lease. It
+// returns work's result, and nil, only when save committed; save gets a copy
+// (make T a pointer type to get back what the save assigns). An error of
+// work or save comes back as a *WorkError (or, when the work's context had
+// ended, as its cause), a panic as a *PanicError.
 //
-// While the database cannot be reached (a failover, a switchover, a
-// restart), Run does not fail at once (see WithReconnectWindow). The acquire
-// is tried again, each attempt within the operation timeout, until the
-// reconnect window has passed; with WithSlots too. An error that waiting
-// cannot cure (a closed pool, a missing table, bad SQL, a permission) Run
-// returns at once, from every step. A fenced commit whose transaction ended
-// before its COMMIT saved nothing: the server ended it (a shutdown, a
-// broken connection), or save ran past the operation timeout, which bounds
-// each fenced commit with save inside it (save's context,
-// tx.Statement.Context, ends then; its statements fail from then on, and
-// its transaction is rolled back). Run cannot tell a slow save from a
-// statement that waited on a server that went away, so in each of these
-// cases it commits again, with save, each commit within a new operation
-// timeout, while the lease is still its own, until the reconnect window
-// has passed since the first commit failed (the time that save ran before
-// the failure does not count), and at most 4 commits in all. When the
-// last one ran past the timeout too, Run returns an error that wraps
-// context.DeadlineExceeded and names WithOperationTimeout. When the
-// connection fails while COMMIT is in flight, Run settles whether the
-// commit took effect, by reading the lease row under a lock, in a read that
-// the database confirms as it confirms commits (on PostgreSQL, by its
-// synchronous standbys): it returns the result and nil when the commit took
-// effect; when it did not and the lease is still the Run's, it commits
-// again; otherwise it returns an error saying that nothing was saved, or an
-// error wrapping ErrCommitUnknown when it cannot tell within the reconnect
-// window.
-//
-// Run never saves twice: at most one call of save has its writes
-// committed. save may be called again when its transaction ended without
-// committing while the lease was still the caller's: after the database
-// went away during the commit, or save ran past the operation timeout, as
-// above, or, on a MariaDB Galera cluster, when the fenced commit failed
-// certification against another node's write on the lease row (the
-// holder's own heartbeat, sent through another node). Each call but the
-// last then ran in a transaction that was rolled back, so effects of the
-// saver outside the transaction may happen more than once.
-//
-// When work or save calls runtime.Goexit, as t.FailNow does in a test, Run
-// does not return, since the goroutine ends; it still stops the heartbeat
-// and releases the lease first (a saver's transaction is rolled back).
+// While the database cannot be reached, Run tries its acquire and its fenced
+// commit again within WithReconnectWindow. save may be called again after a
+// call whose transaction was rolled back (at most one call's writes are
+// committed), so keep its effects inside tx. When Run cannot tell whether its
+// COMMIT took effect, its error wraps ErrCommitUnknown. docs/design.md,
+// sections Lifecycle and Failure model, tells each step and each recovery.
 func (r *Runner[T]) Run(ctx context.Context, targetID string,
 	work func(ctx context.Context) (T, error),
 	save func(tx *gorm.DB, result T) error,

@@ -28,19 +28,12 @@ type tableNames struct {
 
 var defaultTables = tableNames{lease: defaultLeaseTable, result: defaultResultTable}
 
-// WithTableNames names the two tables: lease holds the lease rows (by
-// default "job_lease") and result the rows of SaveJSON and LoadJSON
-// ("job_result"). Each is a lower-case SQL identifier of letters,
-// digits and underscores, optionally qualified by a schema (PostgreSQL) or
-// database (MySQL) the same way: "app_lease" or "jobs.lease". Pass the
-// same option to AutoMigrate, NewRunner or NewRepository, and LoadJSON: it
-// is a TableOption, which each of them takes.
-//
-// gorm's NamingStrategy, a TablePrefix included, does not apply to these
-// tables: their names are the defaults unless this option says otherwise,
-// so that changing a gorm setting never moves the leases to another table
-// while the old one is still in use. To prefix them, say so here:
-// WithTableNames("app_job_lease", "app_job_result").
+// WithTableNames names the two tables: lease holds the lease rows
+// ("job_lease" by default) and result the rows of SaveJSON ("job_result").
+// Each is a lower-case SQL identifier, optionally qualified by a schema or
+// database: "app_lease", "jobs.lease". Give the same names to every part
+// that takes it. gorm's NamingStrategy (its TablePrefix too) does not apply
+// to these tables: docs/design.md, section Table names, says why.
 func WithTableNames(lease, result string) TableOption {
 	return tableOption(func(c *config) { c.tables = tableNames{lease: lease, result: result} })
 }

@@ -7,25 +7,13 @@ import (
 )
 
 // WorkError is the error of a call whose own lease was acquired and whose
-// work or saver then returned an error: Run, RunWait and Do return it when
-// work did (unless the work's context had ended first: they return its
-// cause then), and they and Repository.CommitIfOwner and CommitAndRelease
-// when the saver did. A panic is a *PanicError instead. Its presence means
-// the work ran; a refusal (ErrLeaseHeld, ErrPaused) never comes as one.
-//
-// errors.Is and errors.As see through it to Err and to what Err wraps,
-// except gormlease's outcomes: the sentinels of refusals and of leases'
-// ends (ErrLeaseHeld, ErrPaused, ErrLeaseLost, ErrStopRequested, ...) and
-// the error types *HeldError, *PausedError, *SharedJobError and
-// *PanicError. Those always describe the call that returned them, never a
-// lease that the work met inside. ErrInvalidArgument stays visible: bad
-// input (a result that SaveJSON cannot store, say) is bad input wherever
-// it was found. A work that calls
-// Run on another target, is refused, and returns that refusal makes its
-// own call return a *WorkError that matches neither ErrLeaseHeld nor
-// *HeldError, so that a caller (RunWait, Do, an error switch) does not take
-// the work's failure for its own refusal. The work's error, as it was
-// returned, is Err.
+// work or saver then returned an error (Run, RunWait, Do, and CommitIfOwner
+// for its fn): the work ran. errors.Is and errors.As see through it to Err,
+// except to gormlease's outcomes (ErrLeaseHeld, ErrLeaseLost, ..., and
+// *HeldError, *PausedError, *SharedJobError, *PanicError), which always
+// describe the call that returned them: a work that calls Run on another
+// target and returns its refusal makes its own call fail, not look refused.
+// ErrInvalidArgument stays visible.
 type WorkError struct {
 	// Step is "work" when the work function failed, "save" when the saver did.
 	Step string
@@ -46,8 +34,7 @@ func (e *WorkError) Error() string {
 }
 
 // Unwrap returns Err, with gormlease's outcomes in its chain hidden from
-// errors.Is and errors.As (see WorkError), whether the chain wraps them or
-// an error's own Is or As method names them.
+// errors.Is and errors.As (see WorkError).
 func (e *WorkError) Unwrap() error { return hideOutcomes(e.Err) }
 
 // hideOutcomes returns err as a metError, or nil for nil.
