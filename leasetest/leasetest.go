@@ -129,7 +129,7 @@ func TakeOver(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Tabl
 		// generation; a change since the read (a release, a takeover)
 		// makes it try again.
 		token := uuid.New()
-		seized, err := seam(t, db, repo, "TakeOver").SeizeLease(ctx, db,
+		seized, err := kit(t, db, repo, "TakeOver").SeizeLease(ctx, db,
 			backend.Lease{TargetID: targetID, Token: row.LeaseToken, Generation: row.Generation},
 			backend.AcquireArgs{Token: token, Holder: Holder, Timeout: HoldTimeout})
 		if err != nil {
@@ -167,7 +167,7 @@ func Expire(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableO
 	}
 	// The last heartbeat, moved back past the recorded timeout, on the
 	// database's own time as the row holds it.
-	moved, err := seam(t, db, repo, "Expire").Backdate(ctx, db,
+	moved, err := kit(t, db, repo, "Expire").Backdate(ctx, db,
 		backend.Lease{TargetID: targetID, Token: info.LeaseToken}, timeout+time.Second)
 	if err != nil {
 		t.Fatalf("leasetest.Expire(%q): %v", targetID, err)
@@ -245,15 +245,15 @@ func describe(ctx context.Context, repo *gormlease.Repository, targetID string) 
 	return fmt.Sprintf("%s by %q, generation %d, expires in %v", r.State, r.Holder, r.Generation, r.ExpiresIn.Round(time.Millisecond))
 }
 
-// seam returns the backend of db, for repo's tables: the lease-row
-// statements that the Repository's steps do not make (see
-// backend.Backend.SeizeLease).
-func seam(t testing.TB, db *gorm.DB, repo *gormlease.Repository, what string) backend.Backend {
+// kit returns the test kit's statements on db, for repo's tables: what
+// other processes, or the passing of time, do to a lease row, which the
+// Repository's steps never do (see backend.TestKit).
+func kit(t testing.TB, db *gorm.DB, repo *gormlease.Repository, what string) backend.TestKit {
 	t.Helper()
 	lease, result := repo.Tables()
-	b, ok := choose.For(db.Dialector.Name(), backend.Tables{Lease: lease, Result: result})
+	k, ok := choose.TestKitFor(db.Dialector.Name(), backend.Tables{Lease: lease, Result: result})
 	if !ok {
 		t.Fatalf("leasetest.%s: unsupported database %q", what, db.Dialector.Name())
 	}
-	return b
+	return k
 }

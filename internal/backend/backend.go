@@ -1,7 +1,9 @@
 // Package backend is the seam between gormlease's lease steps and one
 // database's SQL. Each supported database implements Backend, in a package
 // of its own below this one (postgres, mysql, sqlite; galera wraps mysql),
-// and nothing else in gormlease writes SQL about the lease rows.
+// and nothing else in gormlease writes SQL about the lease rows. Each also
+// implements TestKit, the statements of the test kit (package leasetest)
+// alone, which Backend does not carry.
 //
 // The layers, from the top:
 //
@@ -34,7 +36,7 @@ import (
 // an outcome, not an error. What a backend can do beyond the common steps
 // is declared by Capabilities; the steps never find it out by a type
 // assertion, and call a method that a capability governs only when the
-// backend declares it.
+// backend declares it. What the test kit alone does to a row is TestKit's.
 type Backend interface {
 	// Name is the gorm dialector's name: "postgres", "mysql" or "sqlite".
 	Name() string
@@ -165,21 +167,6 @@ type Backend interface {
 	// unless q.KeepResults, and raises the generation floor above them. It
 	// returns the targets deleted and whether more rows may follow.
 	PruneBatch(ctx context.Context, db *gorm.DB, q PruneQuery) (deleted []string, more bool, err error)
-
-	// SeizeLease and Backdate are the test kit's (package leasetest): what
-	// another process, or the passing of time, does to a lease, on any
-	// lease, live or not, that the kit reads with List.
-	//
-	// SeizeLease gives l's lease, live or not, to a new holder as a
-	// takeover would: a.Token, the next generation, a.Holder, the
-	// database's time, a.Timeout recorded, the release and the failure
-	// cleared. It changes nothing, and reports false, when the row no
-	// longer carries l's token and generation.
-	SeizeLease(ctx context.Context, db *gorm.DB, l Lease, a AcquireArgs) (seized bool, err error)
-	// Backdate moves the last heartbeat of l's own row (its token,
-	// unreleased) back by d, on the row's own time. It changes nothing,
-	// and reports false, when the row does not hold l.
-	Backdate(ctx context.Context, db *gorm.DB, l Lease, d time.Duration) (moved bool, err error)
 
 	// Pause marks the rows of keys (a target's, and its slots') paused,
 	// with reason, in one transaction, creating the first key's row,

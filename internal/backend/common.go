@@ -57,9 +57,6 @@ type Dialect struct {
 	// InsertIgnore begins, and IgnoreSuffix ends, an INSERT that skips the
 	// rows whose key exists.
 	InsertIgnore, IgnoreSuffix string
-	// Earlier is an SQL expression for col, a timestamp column, moved back
-	// by its one argument, a number of microseconds.
-	Earlier func(col string) string
 }
 
 // Common is the part of a Backend that is the same SQL on every database,
@@ -211,24 +208,6 @@ func (c *Common) ForceRelease(ctx context.Context, db *gorm.DB, keys []string, t
 		return rows.Err()
 	}, c.d.TxOptions)
 	return ended, err
-}
-
-// SeizeLease gives l's lease to a.Holder under a.Token, whether or not it
-// is live, in one statement on the row that still carries l's token and
-// generation.
-func (c *Common) SeizeLease(ctx context.Context, db *gorm.DB, l Lease, a AcquireArgs) (bool, error) {
-	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+c.tables.Lease+" SET lease_token = ?, generation = generation + 1,"+
-		" holder = ?, updated_at = "+c.d.Now+", released_at = NULL, failure = NULL, timeout_ms = ?"+
-		" WHERE target_id = ? AND lease_token = ? AND generation = ?"),
-		a.Token.String(), a.Holder, TimeoutMillis(a.Timeout), l.TargetID, l.Token.String(), l.Generation)
-	return n == 1, err
-}
-
-// Backdate moves the last heartbeat of l's own row back by d.
-func (c *Common) Backdate(ctx context.Context, db *gorm.DB, l Lease, d time.Duration) (bool, error) {
-	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+c.tables.Lease+" SET updated_at = "+c.d.Earlier("updated_at")+ownWhere),
-		d.Microseconds(), l.TargetID, l.Token.String())
-	return n == 1, err
 }
 
 // RetryCommit never retries: on one server, a fenced commit that failed

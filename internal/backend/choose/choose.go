@@ -1,5 +1,5 @@
 // Package choose picks the backend of a gorm dialector: the one place that
-// knows every backend, for gormlease and its test kit.
+// knows every backend, for gormlease (For) and its test kit (TestKitFor).
 package choose
 
 import (
@@ -15,6 +15,27 @@ import (
 // gormlease does not support. MySQL runs wrapped for Galera, which it is
 // only where the server is a Galera node.
 func For(name string, t backend.Tables) (backend.Backend, bool) {
+	b, ok := pick(name, t)
+	return b, ok
+}
+
+// TestKitFor returns the test kit's statements of the backend that For
+// returns, for the test kit (package leasetest) alone.
+func TestKitFor(name string, t backend.Tables) (backend.TestKit, bool) {
+	b, ok := pick(name, t)
+	return b, ok
+}
+
+// withKit is what every backend implements: the steps' statements and the
+// test kit's.
+type withKit interface {
+	backend.Backend
+	backend.TestKit
+}
+
+// pick returns the backend for the dialector named name, nil and false
+// for a database that gormlease does not support.
+func pick(name string, t backend.Tables) (withKit, bool) {
 	switch name {
 	case "postgres":
 		return postgres.New(t), true

@@ -22,6 +22,7 @@ import (
 // Backend is MySQL or MariaDB, with its statements written for its tables.
 type Backend struct {
 	backend.Common
+	backend.Kit
 	lease                                       string
 	leaseDDL, resultDDL, takeOverSQL, insertSQL string
 	floorDDL, floorRow, stateSQL, slotSQL       string
@@ -35,36 +36,37 @@ type Backend struct {
 
 // New returns the MySQL backend for tables t.
 func New(t backend.Tables) *Backend {
+	d := backend.Dialect{
+		Name: "mysql",
+		// UTC_TIMESTAMP(6): NOW() and CURRENT_TIMESTAMP follow the
+		// session time zone. Like them it is read once, when the
+		// statement starts, not when its transaction began. A statement
+		// that waited for a row lock so stamps a time earlier than its
+		// write, but never earlier than the client sent it, which is
+		// the time self-fencing counts from.
+		Now:    "UTC_TIMESTAMP(6)",
+		Rebind: func(query string) string { return query },
+		SecondsSince: func(col string) string {
+			return "(TIMESTAMPDIFF(MICROSECOND, " + col + ", UTC_TIMESTAMP(6)) / 1e6)"
+		},
+		RowLock:   " FOR UPDATE SKIP LOCKED",
+		FloorLock: " FOR UPDATE",
+		RaiseFloor: "INSERT INTO " + t.Floor() + " (id, generation) VALUES (1, ?)" +
+			" ON DUPLICATE KEY UPDATE generation = GREATEST(generation, VALUES(generation))",
+		// READ COMMITTED, as on PostgreSQL. InnoDB's locking read sees
+		// the latest row at any level, but READ COMMITTED takes no gap
+		// locks, so the saver's writes block fewer other transactions.
+		TxOptions: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
+		Lock:      " FOR UPDATE",
+		// SetSlots at REPEATABLE READ: its locking reads of rows that
+		// do not exist yet take gap locks, which a Pause's insert of the
+		// target's row waits for (see backend.Dialect.LockTarget).
+		SlotsTx:      &sql.TxOptions{Isolation: sql.LevelRepeatableRead},
+		InsertIgnore: "INSERT IGNORE INTO",
+	}
 	return &Backend{
-		Common: backend.NewCommon(backend.Dialect{
-			Name: "mysql",
-			// UTC_TIMESTAMP(6): NOW() and CURRENT_TIMESTAMP follow the
-			// session time zone. Like them it is read once, when the
-			// statement starts, not when its transaction began. A statement
-			// that waited for a row lock so stamps a time earlier than its
-			// write, but never earlier than the client sent it, which is
-			// the time self-fencing counts from.
-			Now:    "UTC_TIMESTAMP(6)",
-			Rebind: func(query string) string { return query },
-			SecondsSince: func(col string) string {
-				return "(TIMESTAMPDIFF(MICROSECOND, " + col + ", UTC_TIMESTAMP(6)) / 1e6)"
-			},
-			RowLock:   " FOR UPDATE SKIP LOCKED",
-			FloorLock: " FOR UPDATE",
-			RaiseFloor: "INSERT INTO " + t.Floor() + " (id, generation) VALUES (1, ?)" +
-				" ON DUPLICATE KEY UPDATE generation = GREATEST(generation, VALUES(generation))",
-			// READ COMMITTED, as on PostgreSQL. InnoDB's locking read sees
-			// the latest row at any level, but READ COMMITTED takes no gap
-			// locks, so the saver's writes block fewer other transactions.
-			TxOptions: &sql.TxOptions{Isolation: sql.LevelReadCommitted},
-			Lock:      " FOR UPDATE",
-			// SetSlots at REPEATABLE READ: its locking reads of rows that
-			// do not exist yet take gap locks, which a Pause's insert of the
-			// target's row waits for (see backend.Dialect.LockTarget).
-			SlotsTx:      &sql.TxOptions{Isolation: sql.LevelRepeatableRead},
-			InsertIgnore: "INSERT IGNORE INTO",
-			Earlier:      func(col string) string { return "(" + col + " - INTERVAL ? MICROSECOND)" },
-		}, t),
+		Common:      backend.NewCommon(d, t),
+		Kit:         backend.NewKit(d, t, func(col string) string { return "(" + col + " - INTERVAL ? MICROSECOND)" }),
 		lease:       t.Lease,
 		leaseDDL:    t.Expand(leaseTable),
 		resultDDL:   t.Expand(resultTable),

@@ -30,6 +30,7 @@ const Channel = "gormlease"
 // Backend is PostgreSQL, with its statements written for its tables.
 type Backend struct {
 	backend.Common
+	backend.Kit
 	lease                   string
 	schemaSQL, heartbeatSQL string
 	heartbeatParts          [3]string // heartbeatSQL before $1, between $1 and $2, and after $2
@@ -84,6 +85,9 @@ WHERE target_id = $1 AND generation = $2 AND (released_at IS NULL OR paused_at I
 	d := dialect(t)
 	d.PrefixRange = b.bytewiseOrder
 	b.Common = backend.NewCommon(d, t)
+	b.Kit = backend.NewKit(d, t, func(col string) string {
+		return "(" + col + " - CAST(? AS bigint) * interval '1 microsecond')"
+	})
 	b.saveReleaseSQL = b.OwnSQL(backend.SaveRelease)
 	b.beginSaveReleaseSQL = beginSQL + "; " + b.saveReleaseSQL
 	head, rest, _ = strings.Cut(b.saveReleaseSQL, "$1")
@@ -123,9 +127,6 @@ func dialect(t backend.Tables) backend.Dialect {
 		SlotsTx:      &sql.TxOptions{Isolation: sql.LevelReadCommitted},
 		InsertIgnore: "INSERT INTO",
 		IgnoreSuffix: " ON CONFLICT (target_id) DO NOTHING",
-		Earlier: func(col string) string {
-			return "(" + col + " - CAST(? AS bigint) * interval '1 microsecond')"
-		},
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 // Backend is SQLite, with its statements written for its tables.
 type Backend struct {
 	backend.Common
+	backend.Kit
 	lease                                         string
 	schemaSQL, acquireSQL, heartbeatSQL, stateSQL string
 	slotSQL, heldSQL                              string
@@ -37,32 +38,37 @@ type Backend struct {
 // with milliseconds.
 const now = `strftime('%Y-%m-%d %H:%M:%f', 'now')`
 
+// earlierText is col, a timestamp column, moved back by its one argument,
+// a number of microseconds, in the text that now writes: the test kit's
+// (backend.Kit).
+func earlierText(col string) string {
+	return "strftime('%Y-%m-%d %H:%M:%f', julianday(" + col + ") - ? / 86400000000.0)"
+}
+
 // New returns the SQLite backend for tables t.
 func New(t backend.Tables) *Backend {
+	d := backend.Dialect{
+		Name:   "sqlite",
+		Now:    now,
+		Rebind: func(query string) string { return query },
+		SecondsSince: func(col string) string {
+			return "((julianday('now') - julianday(" + col + ")) * 86400.0)"
+		},
+		RaiseFloor: "INSERT INTO " + t.Floor() + " (id, generation) VALUES (1, ?)" +
+			" ON CONFLICT (id) DO UPDATE SET generation = max(generation, excluded.generation)",
+		// Serializable, which the ncruces driver always begins with
+		// BEGIN IMMEDIATE, whatever the DSN's _txlock: the transaction
+		// takes the write lock before its first statement. (The driver
+		// refuses READ COMMITTED; SQLite transactions are serializable
+		// anyway.)
+		TxOptions:    &sql.TxOptions{Isolation: sql.LevelSerializable},
+		SlotsTx:      &sql.TxOptions{Isolation: sql.LevelSerializable},
+		InsertIgnore: "INSERT INTO",
+		IgnoreSuffix: " ON CONFLICT (target_id) DO NOTHING",
+	}
 	return &Backend{
-		Common: backend.NewCommon(backend.Dialect{
-			Name:   "sqlite",
-			Now:    now,
-			Rebind: func(query string) string { return query },
-			SecondsSince: func(col string) string {
-				return "((julianday('now') - julianday(" + col + ")) * 86400.0)"
-			},
-			RaiseFloor: "INSERT INTO " + t.Floor() + " (id, generation) VALUES (1, ?)" +
-				" ON CONFLICT (id) DO UPDATE SET generation = max(generation, excluded.generation)",
-			// Serializable, which the ncruces driver always begins with
-			// BEGIN IMMEDIATE, whatever the DSN's _txlock: the transaction
-			// takes the write lock before its first statement. (The driver
-			// refuses READ COMMITTED; SQLite transactions are serializable
-			// anyway.)
-			TxOptions:    &sql.TxOptions{Isolation: sql.LevelSerializable},
-			SlotsTx:      &sql.TxOptions{Isolation: sql.LevelSerializable},
-			InsertIgnore: "INSERT INTO",
-			IgnoreSuffix: " ON CONFLICT (target_id) DO NOTHING",
-			// In the text that now writes.
-			Earlier: func(col string) string {
-				return "strftime('%Y-%m-%d %H:%M:%f', julianday(" + col + ") - ? / 86400000000.0)"
-			},
-		}, t),
+		Common:       backend.NewCommon(d, t),
+		Kit:          backend.NewKit(d, t, earlierText),
 		lease:        t.Lease,
 		schemaSQL:    t.Expand(schema),
 		acquireSQL:   t.Expand(acquireSQL),
