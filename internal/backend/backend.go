@@ -38,12 +38,8 @@ import (
 // assertion, and call a method that a capability governs only when the
 // backend declares it. What the test kit alone does to a row is TestKit's.
 type Backend interface {
-	// Name is the gorm dialector's name: "postgres", "mysql" or "sqlite".
-	Name() string
 	// Capabilities declares what the backend can do beyond the common steps.
 	Capabilities() Capabilities
-	// Tables are the tables the backend's statements are written for.
-	Tables() Tables
 
 	// CheckSettings returns a *SettingsError that says what to change when
 	// db's settings would make the steps fail later, before any step runs.

@@ -18,8 +18,6 @@ import (
 // Dialect is what differs between the databases in the statements that
 // Common writes once for all of them.
 type Dialect struct {
-	// Name is the gorm dialector's name.
-	Name string
 	// Now is an SQL expression for the database's current time, read when
 	// the statement runs (not when its transaction began).
 	Now string
@@ -96,12 +94,6 @@ func NewCommon(d Dialect, t Tables) Common {
 	c.get = d.Rebind("SELECT " + RowColumns + " FROM " + t.Lease + " WHERE target_id = ?")
 	return c
 }
-
-// Name is the dialect's name.
-func (c *Common) Name() string { return c.d.Name }
-
-// Tables are the tables of c's statements.
-func (c *Common) Tables() Tables { return c.tables }
 
 // Now is the dialect's expression for the current time.
 func (c *Common) Now() string { return c.d.Now }

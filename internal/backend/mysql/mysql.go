@@ -37,7 +37,6 @@ type Backend struct {
 // New returns the MySQL backend for tables t.
 func New(t backend.Tables) *Backend {
 	d := backend.Dialect{
-		Name: "mysql",
 		// UTC_TIMESTAMP(6): NOW() and CURRENT_TIMESTAMP follow the
 		// session time zone. Like them it is read once, when the
 		// statement starts, not when its transaction began. A statement

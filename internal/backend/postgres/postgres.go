@@ -99,7 +99,6 @@ WHERE target_id = $1 AND generation = $2 AND (released_at IS NULL OR paused_at I
 // dialect is what PostgreSQL's SQL writes differently, for tables t.
 func dialect(t backend.Tables) backend.Dialect {
 	return backend.Dialect{
-		Name: "postgres",
 		// clock_timestamp(): now() is frozen at the start of the
 		// transaction, so after waiting on a row lock it would stamp the
 		// lease older than it is.

@@ -48,7 +48,6 @@ func earlierText(col string) string {
 // New returns the SQLite backend for tables t.
 func New(t backend.Tables) *Backend {
 	d := backend.Dialect{
-		Name:   "sqlite",
 		Now:    now,
 		Rebind: func(query string) string { return query },
 		SecondsSince: func(col string) string {
