@@ -38,12 +38,6 @@ var (
 	// opposite: an acquire found a live lease.)
 	ErrNoLiveLease = errors.New("gormlease: no live lease")
 
-	// ErrNotHeld is ErrNoLiveLease under its former name.
-	//
-	// Deprecated: use ErrNoLiveLease, whose name cannot be read as
-	// ErrLeaseHeld's.
-	ErrNotHeld = ErrNoLiveLease
-
 	// ErrMaxHoldExceeded is returned by Runner.Run, as the cause of the
 	// work's context too, when the work outlasted WithMaxHold. Nothing is
 	// saved. It does not match ErrLeaseLost: the Runner gave the lease up.
