@@ -25,7 +25,7 @@ var nestedRefusals = []struct {
 	prepare func(t *testing.T, db *gorm.DB, other string)
 	is      error
 }{
-	{"Held", func(t *testing.T, db *gorm.DB, other string) { leasetest.Hold(t, db, other) }, gormlease.ErrLeaseHeld},
+	{"Held", func(t *testing.T, db *gorm.DB, other string) { leasetest.Occupy(t, db, other) }, gormlease.ErrLeaseHeld},
 	{"Paused", func(t *testing.T, db *gorm.DB, other string) {
 		repo, err := gormlease.NewRepository(db)
 		require.NoError(t, err)

@@ -31,7 +31,7 @@ func refusedInside(t *testing.T, db *gorm.DB, sched gocron.Scheduler) <-chan job
 	runner, err := gormlease.NewRunner[struct{}](db, fast()...)
 	require.NoError(t, err)
 	held, paused := newKey(t), newKey(t)
-	leasetest.Hold(t, db, held)
+	leasetest.Occupy(t, db, held)
 	require.NoError(t, newRepository(t, db).Pause(context.Background(), paused, "maintenance"))
 	errs := make(chan jobError, 100)
 	for _, other := range []string{held, paused} {

@@ -23,7 +23,7 @@ func TestHelpers_ClosedPoolFailsAtOnce(t *testing.T) {
 		require.NoError(t, sqlDB.Close())
 		target := newTarget(t)
 		for name, helper := range map[string]func(tb testing.TB){
-			"Hold":     func(tb testing.TB) { leasetest.Hold(tb, db, target) },
+			"Occupy":   func(tb testing.TB) { leasetest.Occupy(tb, db, target) },
 			"TakeOver": func(tb testing.TB) { leasetest.TakeOver(tb, db, target) },
 			"Expire":   func(tb testing.TB) { leasetest.Expire(tb, db, target) },
 			"State":    func(tb testing.TB) { leasetest.State(tb, db, target) },

@@ -74,14 +74,14 @@ func refreshReport(ctx context.Context, r *gormlease.Runner[string], user string
 
 // Another process holds the target: the code under test is refused, and
 // does not run the work.
-func ExampleHold() {
+func ExampleOccupy() {
 	db, _, closeDB := openDB()
 	defer closeDB()
 	t := &exampleT{}
 	defer t.done()
 	runner, _ := gormlease.NewRunner[string](db)
 
-	leasetest.Hold(t, db, "report:user-1")
+	leasetest.Occupy(t, db, "report:user-1")
 	_, err := refreshReport(context.Background(), runner, "user-1")
 	fmt.Println("held:", errors.Is(err, gormlease.ErrLeaseHeld))
 	// Output: held: true
@@ -122,7 +122,7 @@ func ExampleExpire() {
 		gormlease.WithHeartbeatInterval(100*time.Millisecond), gormlease.WithLeaseTimeout(2*time.Second))
 
 	target := "report:user-3"
-	leasetest.Hold(t, db, target) // a holder that will never finish
+	leasetest.Occupy(t, db, target) // a holder that will never finish
 	done := make(chan string)
 	go func() {
 		v, shared, err := runner.Do(context.Background(), target,
@@ -148,7 +148,7 @@ func ExampleState() {
 	defer closeDB()
 	t := &exampleT{}
 	defer t.done()
-	l, release := leasetest.Hold(t, db, "report:user-4")
+	l, release := leasetest.Occupy(t, db, "report:user-4")
 	info, _ := leasetest.State(t, db, "report:user-4")
 	fmt.Println(info.State, info.Holder, info.Generation == l.Generation)
 	release()

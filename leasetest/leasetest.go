@@ -1,6 +1,6 @@
 // Package leasetest helps test code that uses gormlease, in the spirit of
-// net/http/httptest: it holds, takes over and expires leases the way other
-// processes would, and reads a target's state, so that a test can check what
+// net/http/httptest: it occupies targets, takes leases over and expires
+// them the way other processes would, and reads a target's state, so that a test can check what
 // its own code does when a lease is held, taken over or lost, without
 // writing SQL against the lease table's columns.
 //
@@ -36,10 +36,10 @@ import (
 // Holder is the holder name that the leases of this package carry.
 const Holder = "leasetest"
 
-// HoldTimeout is the lease timeout that Hold and TakeOver record: long
+// OccupyTimeout is the lease timeout that Occupy and TakeOver record: long
 // enough that the lease stays live for any test, until it is released or
 // expired with Expire.
-const HoldTimeout = time.Hour
+const OccupyTimeout = time.Hour
 
 // opTimeout bounds each database call of a helper.
 const opTimeout = 30 * time.Second
@@ -78,29 +78,30 @@ func releaseAtCleanup(t testing.TB, repo *gormlease.Repository, l gormlease.Leas
 	return release
 }
 
-// Hold takes targetID's lease as another process would, so that the code
-// under test sees ErrLeaseHeld (Run) or waits (RunWait, Do). It is released
-// at the test's cleanup, unless released earlier with the returned func.
-// The lease is never renewed: it stays live for HoldTimeout. Hold fails the
-// test when the target is held already.
-func Hold(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableOption) (gormlease.Lease, func()) {
+// Occupy takes targetID's lease as another process would, a stranger to
+// the code under test, so that the code sees ErrLeaseHeld (Run) or waits
+// (RunWait, Do). It is released at the test's cleanup, unless
+// released earlier with the returned func. The lease is never renewed: it
+// stays live for OccupyTimeout. Occupy fails the test when the target is
+// held already.
+func Occupy(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableOption) (gormlease.Lease, func()) {
 	t.Helper()
-	repo := repository(t, db, "Hold", opts)
+	repo := repository(t, db, "Occupy", opts)
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	l, err := repo.Acquire(ctx, targetID, HoldTimeout)
+	l, err := repo.Acquire(ctx, targetID, OccupyTimeout)
 	switch {
 	case errors.Is(err, gormlease.ErrLeaseHeld):
-		t.Fatalf("leasetest.Hold(%q): the target is held already: %s", targetID, describe(ctx, repo, targetID))
+		t.Fatalf("leasetest.Occupy(%q): the target is held already: %s", targetID, describe(ctx, repo, targetID))
 	case err != nil:
-		t.Fatalf("leasetest.Hold(%q): %v", targetID, err)
+		t.Fatalf("leasetest.Occupy(%q): %v", targetID, err)
 	}
-	return l, releaseAtCleanup(t, repo, l, "Hold")
+	return l, releaseAtCleanup(t, repo, l, "Occupy")
 }
 
 // TakeOver takes targetID's lease over as a new holder would after a
 // takeover, whatever its age: new token, generation + 1, live for
-// HoldTimeout. The current holder's next heartbeat finds its lease lost
+// OccupyTimeout. The current holder's next heartbeat finds its lease lost
 // (its work is cancelled with ErrLeaseLost) and its save is refused. The
 // new lease is released at the test's cleanup. A target that has no lease
 // row, or a released or expired one, is simply acquired.
@@ -110,7 +111,7 @@ func TakeOver(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Tabl
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	for {
-		l, err := repo.Acquire(ctx, targetID, HoldTimeout)
+		l, err := repo.Acquire(ctx, targetID, OccupyTimeout)
 		if err == nil {
 			releaseAtCleanup(t, repo, l, "TakeOver")
 			return l
@@ -131,7 +132,7 @@ func TakeOver(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Tabl
 		token := uuid.New()
 		seized, err := kit(t, db, repo, "TakeOver").SeizeLease(ctx, db,
 			backend.Lease{TargetID: targetID, Token: row.LeaseToken, Generation: row.Generation},
-			backend.AcquireArgs{Token: token, Holder: Holder, Timeout: HoldTimeout})
+			backend.AcquireArgs{Token: token, Holder: Holder, Timeout: OccupyTimeout})
 		if err != nil {
 			t.Fatalf("leasetest.TakeOver(%q): %v", targetID, err)
 		}
@@ -147,7 +148,7 @@ func TakeOver(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Tabl
 // if its holder had stopped heartbeating a lease timeout ago, so that the
 // next Run takes it over. A holder that is still running renews the lease at
 // its next heartbeat, as it would after a pause; Expire is for a holder that
-// is gone, or frozen (Hold's, for one). It fails the test when the target
+// is gone, or frozen (Occupy's, for one). It fails the test when the target
 // has no lease, or a released one.
 func Expire(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableOption) {
 	t.Helper()
@@ -163,7 +164,7 @@ func Expire(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableO
 	}
 	timeout := info.Timeout
 	if timeout <= 0 {
-		timeout = HoldTimeout
+		timeout = OccupyTimeout
 	}
 	// The last heartbeat, moved back past the recorded timeout, on the
 	// database's own time as the row holds it.

@@ -54,12 +54,12 @@ func recv[V any](t *testing.T, ch <-chan V, what string) V {
 	}
 }
 
-// Hold makes Run see ErrLeaseHeld without running its work, until it is
+// Occupy makes Run see ErrLeaseHeld without running its work, until it is
 // released; State reports the held lease.
-func TestHold_RunSeesLeaseHeld(t *testing.T) {
+func TestOccupy_RunSeesLeaseHeld(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		target := newTarget(t)
-		held, release := leasetest.Hold(t, db, target)
+		held, release := leasetest.Occupy(t, db, target)
 		info, ok := leasetest.State(t, db, target)
 		require.True(t, ok)
 		assert.Equal(t, gormlease.StateLive, info.State)
@@ -125,12 +125,12 @@ func TestTakeOver_FreeTarget(t *testing.T) {
 	})
 }
 
-// Do waits for a lease that Hold took, holding no connection; after
+// Do waits for a lease that Occupy took, holding no connection; after
 // Expire, it takes the lease over and runs the work once.
-func TestDo_WaitsForHoldAndTakesOverAfterExpire(t *testing.T) {
+func TestDo_WaitsForAnOccupantAndTakesOverAfterExpire(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		target := newTarget(t)
-		held, _ := leasetest.Hold(t, db, target)
+		held, _ := leasetest.Occupy(t, db, target)
 		r := newRunner(t, db)
 		var ran atomic.Int32
 		type result struct {
@@ -174,7 +174,7 @@ func TestDo_WaitsForHoldAndTakesOverAfterExpire(t *testing.T) {
 func TestExpire_NextRunTakesOver(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		target := newTarget(t)
-		held, _ := leasetest.Hold(t, db, target)
+		held, _ := leasetest.Occupy(t, db, target)
 		leasetest.Expire(t, db, target)
 		info := leasetest.WaitFor(t, db, target, gormlease.StateExpired, time.Second)
 		assert.Equal(t, held.Generation, info.Generation)
@@ -194,7 +194,7 @@ func TestHelpers_OtherTables(t *testing.T) {
 		tables := gormlease.WithTableNames("leasetest_lease", "leasetest_result")
 		require.NoError(t, gormlease.AutoMigrate(context.Background(), db, tables))
 		target := newTarget(t)
-		leasetest.Hold(t, db, target, tables)
+		leasetest.Occupy(t, db, target, tables)
 		_, ok := leasetest.State(t, db, target)
 		assert.False(t, ok, "the default table has the row")
 		info, ok := leasetest.State(t, db, target, tables)
@@ -244,8 +244,8 @@ func fails(t *testing.T, fn func(tb testing.TB)) string {
 func TestHelpers_FailClearly(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		target := newTarget(t)
-		leasetest.Hold(t, db, target)
-		msg := fails(t, func(tb testing.TB) { leasetest.Hold(tb, db, target) })
+		leasetest.Occupy(t, db, target)
+		msg := fails(t, func(tb testing.TB) { leasetest.Occupy(tb, db, target) })
 		assert.Contains(t, msg, "held already")
 		assert.Contains(t, msg, leasetest.Holder)
 

@@ -102,7 +102,7 @@ var nestedRefusals = []struct {
 	name    string
 	prepare func(t *testing.T, db *gorm.DB, other string)
 }{
-	{"Held", func(t *testing.T, db *gorm.DB, other string) { leasetest.Hold(t, db, other) }},
+	{"Held", func(t *testing.T, db *gorm.DB, other string) { leasetest.Occupy(t, db, other) }},
 	{"Paused", func(t *testing.T, db *gorm.DB, other string) {
 		repo, err := gormlease.NewRepository(db)
 		require.NoError(t, err)

@@ -110,7 +110,7 @@ func TestRiverSnoozeOnHeld_JobRefusedInsideFails(t *testing.T) {
 	ctx := context.Background()
 	runner := newRunner[struct{}](t, db)
 	ownHeld := nestedArgs{Name: "OwnTargetHeld", Target: newTarget(t)}
-	leasetest.Hold(t, db, ownHeld.Target)
+	leasetest.Occupy(t, db, ownHeld.Target)
 	jobs := append(nestedJobs(t, db), ownHeld)
 	runs := map[string]*atomic.Int32{}
 	for _, job := range jobs {

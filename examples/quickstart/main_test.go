@@ -43,7 +43,7 @@ func TestQuickstart(t *testing.T) {
 			sqlDB, err := db.DB()
 			require.NoError(t, err)
 			t.Cleanup(func() { sqlDB.Close() })
-			_, release := leasetest.Hold(t, db, "report:"+user)
+			_, release := leasetest.Occupy(t, db, "report:"+user)
 			assert.Equal(t, "the report of "+user+" is being made elsewhere\n", say())
 			release()
 			var reports int64
