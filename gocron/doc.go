@@ -1,7 +1,7 @@
 // Package gormleasegocron runs the jobs of github.com/go-co-op/gocron/v2
 // schedulers once across processes, on gormlease's heartbeat leases: a
-// Locker for each run of a job, and an Elector for a leader that runs them
-// all.
+// Locker for each run of a job, and a DistributedElector for a leader that
+// runs them all.
 //
 // # Locker: each run under its job's lease
 //
@@ -12,10 +12,10 @@
 // gormlease.ErrLeaseHeld when the lease is held elsewhere, and gocron then
 // skips the run. Give every job a name of its own (gocron.WithName): the
 // name is the target. A job's own error never reaches the Locker, nor the
-// Elector: one that wraps gormlease.ErrLeaseHeld (the job called Run on
-// another target, held or paused, and returned that refusal) is the job's
-// failure, which gocron reports to AfterJobRunsWithError; its lease is
-// released as after any run (under WithMinHold, held to the hold's end),
+// DistributedElector: one that wraps gormlease.ErrLeaseHeld (the job called
+// Run on another target, held or paused, and returned that refusal) is the
+// job's failure, which gocron reports to AfterJobRunsWithError; its lease
+// is released as after any run (under WithMinHold, held to the hold's end),
 // and the next tick runs it again.
 //
 // The timers of the pods' schedulers fire a little apart, and a fast job
@@ -38,28 +38,29 @@
 // returns an error wrapping gormlease.ErrLeaseLost), but the job does not.
 // Nor can its writes be fenced, since the job does not see the lease. Two
 // ways are fenced:
-//   - The Elector: its Term gives the leader a context that carries the
-//     lease (gormlease.LeaseFromContext) and is cancelled with
+//   - The DistributedElector: its Term gives the leader a context that
+//     carries the lease (gormlease.LeaseFromContext) and is cancelled with
 //     gormlease.ErrLeaseLost when leadership is lost; a job passes it to
-//     its calls, and saves with Repository().CommitIfOwner, which refuses
-//     a deposed leader's writes.
+//     its calls, and saves with Repository().CommitIfOwner, which refuses a
+//     deposed leader's writes.
 //   - A job that calls gormlease.Runner.Run (or RunWait) itself, without a
 //     Locker: Run cancels its work on loss and saves only while the lease
 //     is the caller's.
 //
-// # Elector: one leader runs the jobs
+// # DistributedElector: one leader runs the jobs
 //
 // A Scheduler made WithDistributedElector(elector) asks IsLeader before
-// each run, and runs it only when IsLeader returns nil. NewElector's
-// Elector campaigns for the role's lease in the background, with
-// gormlease.Elector.Lead in a loop, until its context ends or Close is
-// called: when the leader's process dies or freezes, a standby leads
-// within the lease timeout plus a heartbeat interval. IsLeader returns nil
-// only while the Elector leads and still trusts its lease. A run that
-// started just before leadership was lost goes on, unless it watches Term's
-// context. A campaign retries while the database cannot be reached; an
-// error that waiting cannot cure (a closed pool, a missing table) ends it,
-// and IsLeader then returns that error, wrapped with ErrNotLeader.
+// each run, and runs it only when IsLeader returns nil. The
+// DistributedElector that NewDistributedElector returns campaigns for the
+// role's lease in the background, with gormlease.Elector.Lead in a loop,
+// until its context ends or Close is called: when the leader's process dies or
+// freezes, a standby leads within the lease timeout plus a heartbeat
+// interval. IsLeader returns nil only while the DistributedElector leads
+// and still trusts its lease. A run that started just before leadership was
+// lost goes on, unless it watches Term's context. A campaign retries while
+// the database cannot be reached; an error that waiting cannot cure (a
+// closed pool, a missing table) ends it, and IsLeader then returns that
+// error, wrapped with ErrNotLeader.
 //
 // # Pause and stop
 //
@@ -69,10 +70,10 @@
 //   - A paused job's ticks are skipped: Lock is refused at once with a
 //     *gormlease.PausedError, which gocron counts as a skipped run (its
 //     AfterLockError listener gets it), and which nothing logs above Debug.
-//   - No Elector leads a paused role: the campaigns wait, holding no
-//     connection, until Resume, and a leader in office when the role is
-//     paused steps down within half the lease timeout, its Term's context
-//     cancelled with a cause wrapping gormlease.ErrPaused.
+//   - No DistributedElector leads a paused role: the campaigns wait,
+//     holding no connection, until Resume, and a leader in office when the
+//     role is paused steps down within half the lease timeout, its Term's
+//     context cancelled with a cause wrapping gormlease.ErrPaused.
 //
 // Repository.RequestStop asks the holder to stop: a Lock's lease is given up
 // at its next heartbeat (Unlock then returns an error wrapping

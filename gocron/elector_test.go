@@ -15,16 +15,16 @@ import (
 	"github.com/gormlease/gormlease/leasetest"
 )
 
-func newElector(t *testing.T, ctx context.Context, db *gorm.DB, role, holder string) *gormleasegocron.Elector {
+func newElector(t *testing.T, ctx context.Context, db *gorm.DB, role, holder string) *gormleasegocron.DistributedElector {
 	t.Helper()
-	e, err := gormleasegocron.NewElector(ctx, db, role, append(fast(), gormlease.WithHolder(holder))...)
+	e, err := gormleasegocron.NewDistributedElector(ctx, db, role, append(fast(), gormlease.WithHolder(holder))...)
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	return e
 }
 
 // waitLeader waits until one of electors leads, and returns it.
-func waitLeader(t *testing.T, electors ...*gormleasegocron.Elector) *gormleasegocron.Elector {
+func waitLeader(t *testing.T, electors ...*gormleasegocron.DistributedElector) *gormleasegocron.DistributedElector {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
@@ -42,7 +42,7 @@ func waitLeader(t *testing.T, electors ...*gormleasegocron.Elector) *gormleasego
 // Of two Electors one leads: its IsLeader returns nil and its Term carries
 // the role's lease; the other's returns ErrNotLeader. When the leader is
 // closed it resigns, and the other leads.
-func TestElector_OneLeadsAndCloseHandsOver(t *testing.T) {
+func TestDistributedElector_OneLeadsAndCloseHandsOver(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		role := newKey(t)
 		a := newElector(t, context.Background(), db, role, "elector-a")
@@ -83,7 +83,7 @@ func TestElector_OneLeadsAndCloseHandsOver(t *testing.T) {
 // A leader deposed by a takeover stops leading: its term is cancelled with
 // ErrLeaseLost and IsLeader returns ErrNotLeader; its writes fenced by the
 // term are refused. It campaigns again, and leads once the role is free.
-func TestElector_DeposedLeaderStopsAndCampaignsAgain(t *testing.T) {
+func TestDistributedElector_DeposedLeaderStopsAndCampaignsAgain(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		role := newKey(t)
 		e := newElector(t, context.Background(), db, role, "elector")
@@ -112,7 +112,7 @@ func TestElector_DeposedLeaderStopsAndCampaignsAgain(t *testing.T) {
 
 // The campaign ends with its context, and Close then waits for it; the
 // lease is released.
-func TestElector_EndsWithItsContext(t *testing.T) {
+func TestDistributedElector_EndsWithItsContext(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		role := newKey(t)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -131,10 +131,10 @@ func TestElector_EndsWithItsContext(t *testing.T) {
 // A campaign that fails with an error that waiting cannot cure (here, a
 // lease table that does not exist) ends at once, and IsLeader says why,
 // instead of campaigning again every second without a word.
-func TestElector_IncurableErrorEndsTheCampaign(t *testing.T) {
+func TestDistributedElector_IncurableErrorEndsTheCampaign(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		missing := "no_such_lease"
-		e, err := gormleasegocron.NewElector(context.Background(), db, newKey(t),
+		e, err := gormleasegocron.NewDistributedElector(context.Background(), db, newKey(t),
 			append(fast(), gormlease.WithTableNames(missing, missing+"_result"))...)
 		require.NoError(t, err)
 		defer e.Close()
@@ -151,13 +151,13 @@ func TestElector_IncurableErrorEndsTheCampaign(t *testing.T) {
 }
 
 // Bad input gets an error wrapping ErrInvalidArgument, and starts nothing.
-func TestElector_BadInput(t *testing.T) {
+func TestDistributedElector_BadInput(t *testing.T) {
 	db := testdb.SQLite(t).DB(t)
 	//lint:ignore SA1012 a nil context is the bad input under test
-	_, err := gormleasegocron.NewElector(nil, db, "role")
+	_, err := gormleasegocron.NewDistributedElector(nil, db, "role")
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
-	_, err = gormleasegocron.NewElector(context.Background(), db, "")
+	_, err = gormleasegocron.NewDistributedElector(context.Background(), db, "")
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
-	_, err = gormleasegocron.NewElector(context.Background(), db, "role", gormlease.WithLeaseTimeout(-time.Millisecond))
+	_, err = gormleasegocron.NewDistributedElector(context.Background(), db, "role", gormlease.WithLeaseTimeout(-time.Millisecond))
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 }

@@ -107,15 +107,15 @@ func ExampleLocker_Lock() {
 	// unlock: <nil>
 }
 
-// With an Elector, only the leader's scheduler runs the jobs; a standby
-// takes over when the leader dies. A job that must stop when its leader is
-// deposed runs on the term's context.
-func ExampleNewElector() {
+// With a DistributedElector, only the leader's scheduler runs the jobs; a
+// standby takes over when the leader dies. A job that must stop when its
+// leader is deposed runs on the term's context.
+func ExampleNewDistributedElector() {
 	db, closeDB := openDB()
 	defer closeDB()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	elector, err := gormleasegocron.NewElector(ctx, db, "example-scheduler")
+	elector, err := gormleasegocron.NewDistributedElector(ctx, db, "example-scheduler")
 	if err != nil {
 		log.Fatal(err)
 	}

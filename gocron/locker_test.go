@@ -149,7 +149,8 @@ func TestLocker_BadInput(t *testing.T) {
 
 // One timing option is enough: a Locker given only the lease timeout, or
 // only the heartbeat interval, takes leases with the timeout given or
-// derived (four times the interval), and an Elector is made with either.
+// derived (four times the interval), and a DistributedElector is made with
+// either.
 func TestLocker_OneTimingOptionIsEnough(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		for _, tc := range []struct {
@@ -168,7 +169,7 @@ func TestLocker_OneTimingOptionIsEnough(t *testing.T) {
 			assert.Equal(t, tc.want, info.Timeout)
 			require.NoError(t, lock.Unlock(context.Background()))
 
-			e, err := gormleasegocron.NewElector(context.Background(), db, key, tc.opt)
+			e, err := gormleasegocron.NewDistributedElector(context.Background(), db, key, tc.opt)
 			require.NoError(t, err)
 			e.Close()
 		}

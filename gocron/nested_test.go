@@ -93,10 +93,10 @@ func TestLocker_JobRefusedInsideIsTheJobsFailure(t *testing.T) {
 	})
 }
 
-// A leader's job that meets a refusal of a lease of its own and returns
-// it fails, and the Elector goes on leading in the same term: the job's
-// error never reaches the role's lease.
-func TestElector_JobRefusedInsideKeepsTheTerm(t *testing.T) {
+// A leader's job that meets a refusal of a lease of its own and returns it
+// fails, and the DistributedElector goes on leading in the same term: the
+// job's error never reaches the role's lease.
+func TestDistributedElector_JobRefusedInsideKeepsTheTerm(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		e := newElector(t, context.Background(), db, newKey(t), "elector")
 		waitLeader(t, e)

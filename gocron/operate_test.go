@@ -116,17 +116,17 @@ func TestLocker_RequestStopEndsTheLock(t *testing.T) {
 	})
 }
 
-// No Elector leads while the role is paused: the leader in office when the
-// role is paused steps down, its term ending with ErrPaused and its lease
-// released, and no standby leads; once resumed, one leads again. Nothing
-// is logged at Warn or above.
-func TestElector_PausedRoleHasNoLeader(t *testing.T) {
+// No DistributedElector leads while the role is paused: the leader in
+// office when the role is paused steps down, its term ending with ErrPaused
+// and its lease released, and no standby leads; once resumed, one leads
+// again. Nothing is logged at Warn or above.
+func TestDistributedElector_PausedRoleHasNoLeader(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		logs := &warnings{}
 		role := newKey(t)
-		var electors []*gormleasegocron.Elector
+		var electors []*gormleasegocron.DistributedElector
 		for _, name := range []string{"elector-a", "elector-b"} {
-			e, err := gormleasegocron.NewElector(context.Background(), db, role,
+			e, err := gormleasegocron.NewDistributedElector(context.Background(), db, role,
 				append(fast(), gormlease.WithHolder(name), gormlease.WithLogger(slog.New(logs)))...)
 			require.NoError(t, err)
 			t.Cleanup(e.Close)
@@ -149,7 +149,7 @@ func TestElector_PausedRoleHasNoLeader(t *testing.T) {
 		// takes the paused role.
 		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 			for _, e := range electors {
-				require.ErrorIs(t, e.IsLeader(context.Background()), gormleasegocron.ErrNotLeader, "an Elector leads a paused role")
+				require.ErrorIs(t, e.IsLeader(context.Background()), gormleasegocron.ErrNotLeader, "a DistributedElector leads a paused role")
 			}
 		}
 		_, leads, err := leader.Leader(context.Background())
@@ -164,7 +164,7 @@ func TestElector_PausedRoleHasNoLeader(t *testing.T) {
 
 // A RequestStop ends the leader's term, with ErrStopRequested (not a
 // loss); the campaign goes on and a later term leads.
-func TestElector_RequestStopEndsTheTerm(t *testing.T) {
+func TestDistributedElector_RequestStopEndsTheTerm(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		role := newKey(t)
 		e := newElector(t, context.Background(), db, role, "elector")

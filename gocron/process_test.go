@@ -105,11 +105,11 @@ func TestLocker_ThreeSchedulersRunEachTickOnce(t *testing.T) {
 	})
 }
 
-// Three schedulers, each in a process of its own, with the Elector: only
-// the leader runs the job, once a tick; when the leader is killed, another
-// leads within the lease timeout plus an interval and runs the job from
-// then on.
-func TestElector_ThreeSchedulersOnlyTheLeaderRuns(t *testing.T) {
+// Three schedulers, each in a process of its own, with the
+// DistributedElector: only the leader runs the job, once a tick; when the
+// leader is killed, another leads within the lease timeout plus an interval
+// and runs the job from then on.
+func TestDistributedElector_ThreeSchedulersOnlyTheLeaderRuns(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		role := "leader-" + uuid.NewString()[:8]
@@ -343,10 +343,10 @@ func stopChildren(t *testing.T, children map[string]*child) {
 }
 
 // schedulerChild is a child process: a gocron scheduler in mode, with a
-// Locker or an Elector on the database of childDSNEnv, running a job every
-// second that records its ticks in the test's window. It says "ready",
-// starts on "start <unix second>", says "started", and shuts down at the
-// end of its input. It prints only errors after that.
+// Locker or a DistributedElector on the database of childDSNEnv, running a
+// job every second that records its ticks in the test's window. It says
+// "ready", starts on "start <unix second>", says "started", and shuts down
+// at the end of its input. It prints only errors after that.
 func schedulerChild(mode string) int {
 	name, job := os.Getenv(childNameEnv), os.Getenv(childJobEnv)
 	fail := func(format string, args ...any) int {
@@ -364,7 +364,7 @@ func schedulerChild(mode string) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var opt gocron.SchedulerOption
-	var elector *gormleasegocron.Elector
+	var elector *gormleasegocron.DistributedElector
 	switch mode {
 	case "locker":
 		locker, err := gormleasegocron.NewLocker(db, holder, gormlease.WithMinHold(lockerMinHold))
@@ -373,7 +373,7 @@ func schedulerChild(mode string) int {
 		}
 		opt = gocron.WithDistributedLocker(locker)
 	case "elector":
-		elector, err = gormleasegocron.NewElector(ctx, db, job, holder,
+		elector, err = gormleasegocron.NewDistributedElector(ctx, db, job, holder,
 			gormlease.WithHeartbeatInterval(electorInterval), gormlease.WithLeaseTimeout(electorTimeout))
 		if err != nil {
 			return fail("elector: %v", err)
