@@ -41,13 +41,15 @@ const (
 	MetricLeasesStopped   = "gormlease.leases.stopped"     // counter: leases given up because an operator asked the holder to stop
 )
 
-// Span names of the lease's steps. A statement's span is named after its
-// operation and table, as the semantic conventions say: "UPDATE job_lease".
+// Span names of the lease's steps: SpanNameRun is the name of a span of
+// kind observe.SpanRun, and so on. A statement's span (observe.SpanStatement)
+// is named after its operation and table, as the semantic conventions say:
+// "UPDATE job_lease".
 const (
-	SpanRun       = "gormlease.run"
-	SpanAcquire   = "gormlease.acquire"
-	SpanHeartbeat = "gormlease.heartbeat"
-	SpanCommit    = "gormlease.commit"
+	SpanNameRun       = "gormlease.run"
+	SpanNameAcquire   = "gormlease.acquire"
+	SpanNameHeartbeat = "gormlease.heartbeat"
+	SpanNameCommit    = "gormlease.commit"
 )
 
 // Attribute names.
@@ -179,10 +181,10 @@ func (o *Observer) Start(ctx context.Context, s observe.Span) (context.Context, 
 }
 
 var spanNames = map[observe.SpanKind]string{
-	observe.SpanRun:       SpanRun,
-	observe.SpanAcquire:   SpanAcquire,
-	observe.SpanHeartbeat: SpanHeartbeat,
-	observe.SpanCommit:    SpanCommit,
+	observe.SpanRun:       SpanNameRun,
+	observe.SpanAcquire:   SpanNameAcquire,
+	observe.SpanHeartbeat: SpanNameHeartbeat,
+	observe.SpanCommit:    SpanNameCommit,
 }
 
 // Record implements observe.Observer.

@@ -173,7 +173,7 @@ func TestObserver_Run(t *testing.T) {
 			deadline := time.Now().Add(5 * time.Second)
 			for heartbeats.Load() == 0 && time.Now().Before(deadline) {
 				for _, s := range spans.Ended() {
-					if s.Name() == gormleaseotel.SpanHeartbeat {
+					if s.Name() == gormleaseotel.SpanNameHeartbeat {
 						heartbeats.Add(1)
 					}
 				}
@@ -209,7 +209,7 @@ func TestObserver_Run(t *testing.T) {
 		byName := map[string]int{}
 		for _, s := range ended {
 			byName[s.Name()]++
-			if s.Name() == gormleaseotel.SpanRun {
+			if s.Name() == gormleaseotel.SpanNameRun {
 				runs = append(runs, s)
 			}
 		}
@@ -221,7 +221,7 @@ func TestObserver_Run(t *testing.T) {
 		assert.Equal(t, "Unset", runs[1].Status().Code.String(), "a refusal is no error")
 		for _, s := range ended {
 			switch s.Name() {
-			case gormleaseotel.SpanAcquire, gormleaseotel.SpanCommit, gormleaseotel.SpanHeartbeat:
+			case gormleaseotel.SpanNameAcquire, gormleaseotel.SpanNameCommit, gormleaseotel.SpanNameHeartbeat:
 				assert.Equal(t, target, attrs(s.Attributes())[gormleaseotel.AttrTarget], s.Name())
 				if s.Parent().SpanID() == saved.SpanContext().SpanID() {
 					continue
@@ -229,8 +229,8 @@ func TestObserver_Run(t *testing.T) {
 				assert.Equal(t, runs[1].SpanContext().SpanID(), s.Parent().SpanID(), "%s is a child of its run", s.Name())
 			}
 		}
-		assert.Equal(t, 2, byName[gormleaseotel.SpanAcquire])
-		assert.Equal(t, 1, byName[gormleaseotel.SpanCommit])
+		assert.Equal(t, 2, byName[gormleaseotel.SpanNameAcquire])
+		assert.Equal(t, 1, byName[gormleaseotel.SpanNameCommit])
 
 		// The lease's own statements, as database client spans.
 		stmts := 0
