@@ -16,7 +16,7 @@ import (
 )
 
 // Dialect is what differs between the databases in the statements that
-// Common writes once for all of them.
+// Common (and the test kit's Kit) writes once for all of them.
 type Dialect struct {
 	// Now is an SQL expression for the database's current time, read when
 	// the statement runs (not when its transaction began).
