@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# docker-images.sh builds the two images that internal/testdb's container
-# path asks for, postgres:15 and mariadb:10.11, when the Docker engine (the
-# one DOCKER_HOST names, or the default) does not have them, for a machine
-# that reaches no image registry. Each is a Debian root filesystem made
-# with debootstrap (minbase, and the server's package), imported with
-# docker import, with an entrypoint of ours (scripts/docker/) that behaves
-# like the official image's for what the harness uses. Where a registry is
-# reachable, the official images (docker pull postgres:15 mariadb:10.11)
-# work with the harness too, and this script leaves them alone.
+# docker-images.sh builds the two images that the docker pass
+# (tests/dockerpass) asks for, postgres:15 and mariadb:10.11, when the
+# Docker engine (the one DOCKER_HOST names, or the default) does not have
+# them, for a machine that reaches no image registry. Each is a Debian root
+# filesystem made with debootstrap (minbase, and the server's package),
+# imported with docker import, with an entrypoint of ours (scripts/docker/)
+# that behaves like the official image's for what dockerpass uses. Where a
+# registry is reachable, the official images (docker pull postgres:15
+# mariadb:10.11) work with dockerpass too, and this script leaves them alone.
 #
 # It runs as root (debootstrap does), needs debootstrap and a few hundred MB
 # of disk, and takes one to two minutes an image. The Debian release and

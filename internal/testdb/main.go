@@ -14,8 +14,8 @@ import (
 // behind. Call it from TestMain; it does not return.
 //
 // The runnable examples open SQLite files of their own and need no server.
-// Under GORMLEASE_TEST_DOCKER, a PostgreSQL container that does not start
-// fails the run at once.
+// Under GORMLEASE_TEST_DOCKER (the docker pass: see the package doc), a
+// PostgreSQL server that cannot be reached fails the run at once.
 func Main(m *testing.M) {
 	flag.Parse()
 	if dockerRequired() {

@@ -6,22 +6,23 @@
 //     GORMLEASE_TEST_MYSQL_DSN, in the go-sql-driver/mysql form (or with
 //     the commands' mysql:// before it), for MySQL or MariaDB: read by
 //     package dsn, as the commands read theirs;
-//  2. a container started with dockertest (postgres:15, mariadb:10.11) in
-//     the host's network, on a free port of 127.0.0.1, when a Docker engine
-//     answers a ping within a few seconds (see docker.go);
-//  3. the local server: PostgreSQL on 127.0.0.1:5432 (user postgres,
+//  2. the local server: PostgreSQL on 127.0.0.1:5432 (user postgres,
 //     database test), MySQL or MariaDB on 127.0.0.1:3306 (user root, no
 //     password).
 //
-// With GORMLEASE_TEST_DOCKER set, the second is the only way left after the
-// first: a container that does not start fails the tests, saying why (no
-// engine, no image, the port in use, the server's last log lines), rather
-// than falling back to the local server. GORMLEASE_TEST_NO_DOCKER leaves
-// the second out.
+// A DSN from the environment is the only way when it is set: a server that
+// does not answer there fails (or skips) the tests that need it, rather
+// than falling back to the local server. The docker pass, the command
+// tests/dockerpass (a module of its own, so that the Docker client's
+// dependencies stay out of this module's graph), starts postgres:15 and
+// mariadb:10.11 in containers and runs the tests with the two DSNs naming
+// them and GORMLEASE_TEST_DOCKER set; with that set, a test process
+// without a PostgreSQL DSN in the environment fails at once.
 //
-// When none answers, the tests that need it are skipped with a loud message,
-// or fail when the CI environment variable (or GORMLEASE_TEST_DOCKER) is
-// set, so that CI never counts a skipped database test as a pass.
+// When no server answers, the tests that need it are skipped with a loud
+// message, or fail when the CI environment variable (or
+// GORMLEASE_TEST_DOCKER) is set, so that CI never counts a skipped
+// database test as a pass.
 //
 // Each test process works in a schema (PostgreSQL) or database (MySQL) of
 // its own, dropped by Close, so test packages running at the same time never
@@ -94,6 +95,15 @@ var (
 	servers = map[string]*Server{}
 	closers []func() error
 )
+
+// dockerEnv, set to any value, says that the tests run in the docker pass
+// (tests/dockerpass sets it): the servers are those of the DSNs in the
+// environment, and a database test that cannot reach its server fails
+// rather than skips.
+const dockerEnv = "GORMLEASE_TEST_DOCKER"
+
+// dockerRequired reports whether GORMLEASE_TEST_DOCKER is set.
+func dockerRequired() bool { return os.Getenv(dockerEnv) != "" }
 
 // Postgres returns the PostgreSQL server, or skips (fails under CI) tb when
 // none can be reached.
@@ -257,8 +267,8 @@ const (
 	spaceParam = "gormlease.space"
 )
 
-// Close drops the schemas the process made, removes the containers it
-// started and closes the shared pools. Call it from TestMain after m.Run.
+// Close drops the schemas the process made, stops the servers it started
+// and closes the shared pools. Call it from TestMain after m.Run.
 func Close() {
 	mu.Lock()
 	defer mu.Unlock()
@@ -272,10 +282,7 @@ func Close() {
 			fmt.Fprintln(os.Stderr, "testdb: close:", err)
 		}
 	}
-	for _, key := range sharedEnv {
-		os.Unsetenv(key)
-	}
-	servers, closers, sharedEnv = map[string]*Server{}, nil, nil
+	servers, closers = map[string]*Server{}, nil
 }
 
 // keepPool returns db, a pool that opening what returned with err, and
@@ -406,8 +413,8 @@ func postgresURL(base *pgx.ConnConfig, schema string) string {
 	return u.String()
 }
 
-// postgresDSN finds a PostgreSQL server: from the environment, in a
-// container, or on this machine.
+// postgresDSN finds a PostgreSQL server: from the environment, or on this
+// machine.
 func postgresDSN() (string, error) {
 	for _, env := range []string{"GORMLEASE_TEST_POSTGRES_DSN", "GORMLEASE_TEST_DSN"} {
 		if s := os.Getenv(env); s != "" {
@@ -417,40 +424,14 @@ func postgresDSN() (string, error) {
 			return s, ping("pgx", s)
 		}
 	}
-	dsn, derr := dockerPostgres()
-	if derr == nil {
-		return dsn, nil
-	}
 	if dockerRequired() {
-		return "", fmt.Errorf("%s is set, and no container: %w", dockerEnv, derr)
+		return "", fmt.Errorf("%s is set, and GORMLEASE_TEST_POSTGRES_DSN is not: run the tests with tests/dockerpass", dockerEnv)
 	}
-	dsn = "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable connect_timeout=5"
+	dsn := "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable connect_timeout=5"
 	if err := ping("pgx", dsn); err != nil {
-		return "", fmt.Errorf("no DSN in GORMLEASE_TEST_POSTGRES_DSN, no container (%v), and the local server: %w", derr, err)
+		return "", fmt.Errorf("no DSN in GORMLEASE_TEST_POSTGRES_DSN, and the local server: %w", err)
 	}
 	return dsn, nil
-}
-
-// dockerPostgres starts PostgreSQL 15 in a container when a Docker engine
-// answers. Its server listens on a port of its own (PGPORT) of 127.0.0.1.
-func dockerPostgres() (string, error) {
-	dsn := func(port int) string {
-		return fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=test sslmode=disable connect_timeout=5", port)
-	}
-	port, err := startContainer(containerSpec{
-		image: "postgres:15",
-		env: func(port int) []string {
-			return []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test", "PGPORT=" + strconv.Itoa(port)}
-		},
-		cmd:     func(int) []string { return []string{"postgres", "-c", "listen_addresses=127.0.0.1"} },
-		ready:   func(port int) error { return ping("pgx", dsn(port)) },
-		maxWait: time.Minute,
-	})
-	if err != nil {
-		return "", err
-	}
-	shareWithChildren("GORMLEASE_TEST_POSTGRES_DSN", dsn(port))
-	return dsn(port), nil
 }
 
 // postgresExec runs one statement on the server.

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The entrypoint of the mariadb:10.11 image that scripts/docker-images.sh
 # builds from Debian's mariadb-server. It does what the official image's
-# entrypoint does for the settings that internal/testdb uses, and no more:
+# entrypoint does for the settings that tests/dockerpass uses, and no more:
 #
 #   MARIADB_ALLOW_EMPTY_ROOT_PASSWORD  root may log in with an empty password,
 #                                      from any host (root@'%'), over TCP too;

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The entrypoint of the postgres:15 image that scripts/docker-images.sh builds
 # from Debian's postgresql-15. It does what the official image's entrypoint
-# does for the settings that internal/testdb uses, and no more:
+# does for the settings that tests/dockerpass uses, and no more:
 #
 #   POSTGRES_HOST_AUTH_METHOD  the pg_hba.conf method of every host (TCP)
 #                              connection, such as trust; required, as this

@@ -1,10 +1,9 @@
-package testdb
+package main
 
 import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"strconv"
@@ -17,60 +16,44 @@ import (
 	"github.com/ory/dockertest/v3/docker"
 )
 
-// The container path: each test process starts a container of its own per
-// server, in the host's network (NetworkMode "host") on a free port of
-// 127.0.0.1, so that the tests reach it on loopback and never on a bridge's
-// private addresses. The images are asked for by the official images' names;
-// where no registry is reachable, scripts/docker-images.sh builds them. The
-// harness never pulls an image.
+// The containers: dockerpass starts one container per server, in the
+// host's network (NetworkMode "host") on a free port of 127.0.0.1, so that
+// the tests reach it on loopback and never on a bridge's private addresses.
+// The images are asked for by the official images' names; where no
+// registry is reachable, scripts/docker-images.sh builds them. dockerpass
+// never pulls an image.
 //
-// No container outlives its test process for long, even one that is
+// No container outlives its dockerpass process for long, even one that is
 // killed: every container is labelled with its process (host name, pid and
-// the pid's start time), and each harness start removes those whose process
-// is gone (reapOrphans); and its main process runs under timeout(1), which
-// kills it once the test binary's -test.timeout, and a minute for Close,
-// have passed. AutoRemove then removes the stopped container.
+// the pid's start time), and each dockerpass start removes those whose
+// process is gone (reapOrphans); and its main process runs under
+// timeout(1), which kills it once the tests' time, and a minute, have
+// passed. AutoRemove then removes the stopped container.
 const (
-	// dockerEnv, set to any value, makes the container path the only one for
-	// PostgreSQL and MySQL (unless a DSN is in the environment): a container
-	// that cannot be started fails the tests, with the reason, rather than
-	// falling back to the local server.
-	dockerEnv = "GORMLEASE_TEST_DOCKER"
-	// noDockerEnv, set to any value, leaves the container path out.
-	noDockerEnv = "GORMLEASE_TEST_NO_DOCKER"
-
-	labelHost     = "org.gormlease.testdb.host"      // the test process's host name
-	labelPID      = "org.gormlease.testdb.pid"       // its process id
-	labelPIDStart = "org.gormlease.testdb.pid-start" // its start, in clock ticks after boot: a reused pid is another process
+	labelHost     = "org.gormlease.dockerpass.host"      // the owner process's host name
+	labelPID      = "org.gormlease.dockerpass.pid"       // its process id
+	labelPIDStart = "org.gormlease.dockerpass.pid-start" // its start, in clock ticks after boot: a reused pid is another process
 )
-
-// dockerRequired reports whether GORMLEASE_TEST_DOCKER asks for containers.
-func dockerRequired() bool { return os.Getenv(dockerEnv) != "" }
 
 var (
 	poolOnce sync.Once
 	pool     *dockertest.Pool
 	poolErr  error
-
-	// containerIDs are the containers this process started, in order.
-	containerIDs []string
-	// sharedEnv are the environment variables set for child processes.
-	sharedEnv []string
 )
 
 // dockerPool returns the process's dockertest pool when a Docker engine
 // answers a ping within a few seconds. The first call also removes the
-// containers of test processes that are gone (see reapOrphans).
+// containers of processes that are gone (see reapOrphans).
 func dockerPool() (*dockertest.Pool, error) {
 	poolOnce.Do(func() {
 		pool, poolErr = newDockerPool()
 		if poolErr == nil {
 			removed, err := reapOrphans(pool)
 			for _, id := range removed {
-				fmt.Fprintf(os.Stderr, "testdb: removed container %.12s, whose test process is gone\n", id)
+				fmt.Fprintf(os.Stderr, "dockerpass: removed container %.12s, whose process is gone\n", id)
 			}
 			if err != nil {
-				fmt.Fprintln(os.Stderr, "testdb: removing the containers of test processes that are gone:", err)
+				fmt.Fprintln(os.Stderr, "dockerpass: removing the containers of processes that are gone:", err)
 			}
 		}
 	})
@@ -78,12 +61,6 @@ func dockerPool() (*dockertest.Pool, error) {
 }
 
 func newDockerPool() (*dockertest.Pool, error) {
-	if os.Getenv(noDockerEnv) != "" {
-		if dockerRequired() {
-			return nil, fmt.Errorf("both %s and %s are set", dockerEnv, noDockerEnv)
-		}
-		return nil, fmt.Errorf("%s is set", noDockerEnv)
-	}
 	p, err := dockertest.NewPool("")
 	if err != nil {
 		return nil, fmt.Errorf("no Docker client: %w", err)
@@ -104,6 +81,18 @@ type containerSpec struct {
 	cmd     func(port int) []string // the arguments to the image's entrypoint
 	ready   func(port int) error    // nil once the server accepts the tests' connections
 	maxWait time.Duration           // for ready to return nil
+	// lifetime is how long the container's main process may run: it runs
+	// under timeout(1), which kills it then. 0 is no bound.
+	lifetime time.Duration
+}
+
+// container is a running container of a containerSpec.
+type container struct {
+	image string
+	id    string
+	port  int // its server's, on 127.0.0.1
+	// stop removes the container, and returns once its output has ended.
+	stop func() error
 }
 
 // portTries is how many free ports startContainer tries, one after another,
@@ -111,30 +100,31 @@ type containerSpec struct {
 const portTries = 3
 
 // startContainer starts spec's image on a free port of 127.0.0.1 and waits
-// until spec.ready answers. The container is removed by Close. Its errors
-// say why: no engine, no image, the port in use, or the server exiting or
-// not answering, with the last lines of its log.
-func startContainer(spec containerSpec) (port int, err error) {
+// until spec.ready answers. The caller removes the container with its stop.
+// Its errors say why: no engine, no image, the port in use, or the server
+// exiting or not answering, with the last lines of its log.
+func startContainer(spec containerSpec) (*container, error) {
 	p, err := dockerPool()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	img, err := p.Client.InspectImage(spec.image)
 	if errors.Is(err, docker.ErrNoSuchImage) {
-		return 0, fmt.Errorf("image %s not found: run scripts/docker-images.sh (or docker pull %[1]s)", spec.image)
+		return nil, fmt.Errorf("image %s not found: run scripts/docker-images.sh (or docker pull %[1]s)", spec.image)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("inspect image %s: %w", spec.image, err)
+		return nil, fmt.Errorf("inspect image %s: %w", spec.image, err)
 	}
 	for try := 1; ; try++ {
-		// Below the kernel's ephemeral range: see freePorts.
-		if port, err = freePort(); err != nil {
-			return 0, err
+		// Below the kernel's ephemeral range: see freePort.
+		port, err := freePort()
+		if err != nil {
+			return nil, err
 		}
-		err = runContainer(p, spec, img, port)
+		c, err := runContainer(p, spec, img, port)
 		var inUse *portInUseError
 		if err == nil || !errors.As(err, &inUse) || try == portTries {
-			return port, err
+			return c, err
 		}
 	}
 }
@@ -153,13 +143,13 @@ func (e *portInUseError) Error() string {
 }
 
 // runContainer runs one container of spec on port and waits for it.
-func runContainer(p *dockertest.Pool, spec containerSpec, img *docker.Image, port int) error {
+func runContainer(p *dockertest.Pool, spec containerSpec, img *docker.Image, port int) (*container, error) {
 	var entrypoint []string
 	if img.Config != nil {
 		entrypoint = img.Config.Entrypoint
 	}
-	if life := containerLifetime(); life > 0 && len(entrypoint) > 0 {
-		entrypoint = append([]string{"timeout", "-s", "KILL", strconv.Itoa(int(life.Seconds()))}, entrypoint...)
+	if spec.lifetime > 0 && len(entrypoint) > 0 {
+		entrypoint = append([]string{"timeout", "-s", "KILL", strconv.Itoa(int(spec.lifetime.Seconds()))}, entrypoint...)
 	}
 	c, err := p.Client.CreateContainer(docker.CreateContainerOptions{
 		Config: &docker.Config{
@@ -176,7 +166,7 @@ func runContainer(p *dockertest.Pool, spec containerSpec, img *docker.Image, por
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("create a container of %s: %w", spec.image, err)
+		return nil, fmt.Errorf("create a container of %s: %w", spec.image, err)
 	}
 	remove := func() error {
 		err := p.Client.RemoveContainer(docker.RemoveContainerOptions{ID: c.ID, Force: true, RemoveVolumes: true})
@@ -197,7 +187,7 @@ func runContainer(p *dockertest.Pool, spec containerSpec, img *docker.Image, por
 	})
 	if err != nil {
 		_ = remove()
-		return fmt.Errorf("attach to the container of %s: %w", spec.image, err)
+		return nil, fmt.Errorf("attach to the container of %s: %w", spec.image, err)
 	}
 	<-attached
 	attached <- struct{}{}
@@ -215,7 +205,7 @@ func runContainer(p *dockertest.Pool, spec containerSpec, img *docker.Image, por
 
 	if err := p.Client.StartContainer(c.ID, nil); err != nil {
 		_ = stop()
-		return fmt.Errorf("start the container of %s: %w", spec.image, err)
+		return nil, fmt.Errorf("start the container of %s: %w", spec.image, err)
 	}
 	deadline := time.Now().Add(spec.maxWait)
 	for {
@@ -231,50 +221,20 @@ func runContainer(p *dockertest.Pool, spec containerSpec, img *docker.Image, por
 		case <-exited:
 			_ = stop()
 			if strings.Contains(logs.String(), "Address already in use") {
-				return &portInUseError{image: spec.image, port: port, log: logs.last(20)}
+				return nil, &portInUseError{image: spec.image, port: port, log: logs.last(20)}
 			}
-			return fmt.Errorf("the container of %s exited during startup; last lines of its log:\n%s",
+			return nil, fmt.Errorf("the container of %s exited during startup; last lines of its log:\n%s",
 				spec.image, logs.last(20))
 		case <-time.After(200 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			_ = stop()
-			return fmt.Errorf("%s did not answer on 127.0.0.1:%d within %v: %v; last lines of its log:\n%s",
+			return nil, fmt.Errorf("%s did not answer on 127.0.0.1:%d within %v: %v; last lines of its log:\n%s",
 				spec.image, port, spec.maxWait, err, logs.last(20))
 		}
 	}
-	closers = append(closers, stop)
-	containerIDs = append(containerIDs, c.ID)
-	fmt.Fprintf(os.Stderr, "testdb: %s in container %.12s on 127.0.0.1:%d\n", spec.image, c.ID, port)
-	return nil
-}
-
-// shareWithChildren sets the environment variable key to value, so that the
-// test binary's child processes (the helpers that some tests start) reach
-// this process's container through the DSN from the environment rather
-// than starting containers of their own. Close unsets it.
-func shareWithChildren(key, value string) {
-	os.Setenv(key, value)
-	sharedEnv = append(sharedEnv, key)
-}
-
-// containerLifetime is how long a container may run: the test binary's
-// -test.timeout, after which the testing package ends the process, and a
-// minute for Close; or 0 (no bound) when the binary has no timeout.
-func containerLifetime() time.Duration {
-	f := flag.Lookup("test.timeout")
-	if f == nil {
-		return 0
-	}
-	g, ok := f.Value.(flag.Getter)
-	if !ok {
-		return 0
-	}
-	d, _ := g.Get().(time.Duration)
-	if d <= 0 {
-		return 0
-	}
-	return d + time.Minute
+	fmt.Fprintf(os.Stderr, "dockerpass: %s in container %.12s on 127.0.0.1:%d\n", spec.image, c.ID, port)
+	return &container{image: spec.image, id: c.ID, port: port, stop: stop}, nil
 }
 
 // ownerLabels are the labels of this process's containers.
@@ -284,7 +244,7 @@ func ownerLabels() map[string]string {
 	return map[string]string{labelHost: host, labelPID: strconv.Itoa(os.Getpid()), labelPIDStart: start}
 }
 
-// reapOrphans removes the containers, on this host, of test processes that
+// reapOrphans removes the containers, on this host, of the processes that
 // are gone, and returns their IDs.
 func reapOrphans(p *dockertest.Pool) (removed []string, err error) {
 	host, _ := os.Hostname()
@@ -311,7 +271,7 @@ func reapOrphans(p *dockertest.Pool) (removed []string, err error) {
 	return removed, errors.Join(errs...)
 }
 
-// ownerGone reports whether the test process that labels name is gone: no
+// ownerGone reports whether the process that labels name is gone: no
 // such process, a zombie, or another process under a reused pid.
 func ownerGone(labels map[string]string) bool {
 	pid, err := strconv.Atoi(labels[labelPID])

@@ -1,8 +1,9 @@
-package testdb
+package main
 
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -16,15 +17,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestMain(m *testing.M) { Main(m) }
+// dockerRequired reports whether GORMLEASE_TEST_DOCKER asks for the
+// TestDocker_ tests, which need a Docker engine: dockerpass sets it.
+func dockerRequired() bool { return os.Getenv(dockerEnv) != "" }
 
 // killedOwnerEnv makes TestDocker_KilledOwnerLeavesNoContainer, in a child
-// process, the test process that is killed.
+// process, the process that is killed.
 const killedOwnerEnv = "GORMLEASE_TESTDB_KILLED_OWNER"
 
-// A test process that started a container and was then killed (SIGKILL:
-// no Close, no cleanup of any kind) leaves no container behind: the next
-// harness start removes it, and its main process runs under a timeout
+// A process that started a container and was then killed (SIGKILL: no
+// stop, no cleanup of any kind) leaves no container behind: the next
+// dockerpass start removes it, and its main process runs under a timeout
 // anyway.
 func TestDocker_KilledOwnerLeavesNoContainer(t *testing.T) {
 	if os.Getenv(killedOwnerEnv) != "" {
@@ -36,11 +39,10 @@ func TestDocker_KilledOwnerLeavesNoContainer(t *testing.T) {
 	p, err := dockerPool()
 	require.NoError(t, err)
 
-	// The child starts a PostgreSQL container of its own (through Main):
-	// not the one of this process, which the environment names.
+	// The child starts a PostgreSQL container of its own.
 	cmd := exec.Command(os.Args[0], "-test.run=^TestDocker_KilledOwnerLeavesNoContainer$",
 		"-test.count=1", "-test.timeout=5m")
-	cmd.Env = append(withoutDSNs(os.Environ()), killedOwnerEnv+"=1")
+	cmd.Env = append(os.Environ(), killedOwnerEnv+"=1")
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe() // the child waits on it
 	require.NoError(t, err)
@@ -90,7 +92,7 @@ func TestDocker_KilledOwnerLeavesNoContainer(t *testing.T) {
 	require.NoError(t, err, "the killed child's container")
 	assert.True(t, ownerGone(c.Config.Labels), "its owner is gone")
 
-	// What the next harness start does.
+	// What the next dockerpass start does.
 	removed, err := reapOrphans(p)
 	require.NoError(t, err)
 	assert.Contains(t, removed, id)
@@ -109,29 +111,18 @@ func TestDocker_KilledOwnerLeavesNoContainer(t *testing.T) {
 	assert.False(t, ownerGone(ownerLabels()), "this process is not gone")
 }
 
-// beKilledOwner is the child of TestDocker_KilledOwnerLeavesNoContainer:
-// it prints the containers that Main started and waits to be killed.
+// beKilledOwner is the child of TestDocker_KilledOwnerLeavesNoContainer: it
+// starts a PostgreSQL container, as dockerpass does, prints its ID and
+// waits to be killed.
 func beKilledOwner() {
-	mu.Lock()
-	for _, id := range containerIDs {
-		os.Stdout.WriteString("CONTAINER " + id + "\n")
+	c, err := startContainer(postgresSpec(6 * time.Minute)) // its -test.timeout, and a minute
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dockerpass:", err)
+		os.Exit(1)
 	}
-	mu.Unlock()
+	os.Stdout.WriteString("CONTAINER " + c.id + "\n")
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // until killed, or the parent's stdin closes
 	os.Exit(1)
-}
-
-// withoutDSNs is env without the DSNs of the database servers.
-func withoutDSNs(env []string) []string {
-	var out []string
-	for _, kv := range env {
-		switch k, _, _ := strings.Cut(kv, "="); k {
-		case "GORMLEASE_TEST_POSTGRES_DSN", "GORMLEASE_TEST_DSN", "GORMLEASE_TEST_MYSQL_DSN":
-			continue
-		}
-		out = append(out, kv)
-	}
-	return out
 }
 
 // A container that cannot serve the tests fails with an error that names
@@ -143,19 +134,16 @@ func TestDocker_StartupErrorsNameTheCause(t *testing.T) {
 	p, err := dockerPool()
 	require.NoError(t, err)
 	postgres := func(env ...string) containerSpec {
-		return containerSpec{
-			image:   "postgres:15",
-			env:     func(port int) []string { return append(env, "PGPORT="+strconv.Itoa(port)) },
-			cmd:     func(int) []string { return []string{"postgres", "-c", "listen_addresses=127.0.0.1"} },
-			ready:   func(port int) error { return ping("pgx", "host=127.0.0.1 user=postgres port="+strconv.Itoa(port)) },
-			maxWait: time.Minute,
-		}
+		spec := postgresSpec(10 * time.Minute)
+		spec.env = func(port int) []string { return append(env, "PGPORT="+strconv.Itoa(port)) }
+		return spec
 	}
 
 	t.Run("ImageMissing", func(t *testing.T) {
 		spec := postgres()
 		spec.image = "gormlease-no-such-image:0"
-		_, err := startContainer(spec)
+		c, err := startContainer(spec)
+		stopIfStarted(c)
 		require.Error(t, err)
 		t.Log(err)
 		assert.Contains(t, err.Error(), "image gormlease-no-such-image:0 not found: run scripts/docker-images.sh")
@@ -164,7 +152,8 @@ func TestDocker_StartupErrorsNameTheCause(t *testing.T) {
 	t.Run("ExitsDuringStartup", func(t *testing.T) {
 		// Neither this image nor the official one starts without
 		// POSTGRES_HOST_AUTH_METHOD or POSTGRES_PASSWORD.
-		_, err := startContainer(postgres())
+		c, err := startContainer(postgres())
+		stopIfStarted(c)
 		require.Error(t, err)
 		t.Log(err)
 		assert.Contains(t, err.Error(), "exited during startup; last lines of its log:\n\t")
@@ -179,10 +168,19 @@ func TestDocker_StartupErrorsNameTheCause(t *testing.T) {
 		defer ln.Close()
 		img, err := p.Client.InspectImage("postgres:15")
 		require.NoError(t, err)
-		err = runContainer(p, postgres("POSTGRES_HOST_AUTH_METHOD=trust"), img, port)
+		c, err := runContainer(p, postgres("POSTGRES_HOST_AUTH_METHOD=trust"), img, port)
+		stopIfStarted(c)
 		var inUse *portInUseError
 		require.ErrorAs(t, err, &inUse)
 		t.Log(err)
 		assert.Contains(t, err.Error(), "port "+strconv.Itoa(port)+" on 127.0.0.1 is in use")
 	})
+}
+
+// stopIfStarted removes c, a container that a test expected not to start,
+// when it did start.
+func stopIfStarted(c *container) {
+	if c != nil {
+		_ = c.stop()
+	}
 }

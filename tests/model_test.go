@@ -1,4 +1,4 @@
-package gormlease_test
+package tests
 
 import (
 	"context"

@@ -1,0 +1,5 @@
+package testdb
+
+import "testing"
+
+func TestMain(m *testing.M) { Main(m) }

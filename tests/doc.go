@@ -1,0 +1,15 @@
+// Package tests holds the tests of gormlease that need libraries that the
+// library itself does not link, so that these stay out of the module graph
+// of every application that imports gormlease: gorm.io/plugin/dbresolver
+// (replica_test.go) and pgregory.net/rapid (model_test.go). It is a module
+// of its own, which uses the root module's packages through a replace
+// directive, and has no code of its own outside its tests.
+//
+// Its tests reach the same databases as the root module's, through
+// internal/testdb, and run as they do:
+//
+//	cd tests && go vet ./... && go test -race -count=1 ./...
+//
+// Its command dockerpass (tests/dockerpass) runs these tests and the root
+// module's against PostgreSQL and MariaDB in Docker containers.
+package tests
