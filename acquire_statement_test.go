@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
@@ -49,7 +50,7 @@ func TestAcquire_RefusedWritesNothing(t *testing.T) {
 	for range 20 {
 		_, err := repo.Acquire(ctx, target, time.Minute)
 		requireHeld(t, err, target, "pod-a", l.Generation, time.Minute)
-		_, err = repo.AcquireFrom(ctx, target, time.Minute, l.Generation)
+		_, err = gormlease.AcquireFrom(repo, ctx, target, time.Minute, l.Generation)
 		requireHeld(t, err, target, "pod-a", l.Generation, time.Minute)
 	}
 	gotMin, gotMax := row()
@@ -221,7 +222,7 @@ func TestAcquire_MariaDBOneStatementPerOutcome(t *testing.T) {
 			assert.Len(t, steps(st), 1, "statements of the takeover of a released lease")
 
 			// Paused, and held: the refusal says both.
-			require.NoError(t, holder.Pause(ctx, target, "maintenance"))
+			require.NoError(t, admin.New(holder).Pause(ctx, target, "maintenance"))
 			st.take()
 			_, err = other.Acquire(ctx, target, timeout)
 			var paused *gormlease.PausedError
@@ -282,7 +283,7 @@ func TestAcquire_MariaDBRefusalWritesNothing(t *testing.T) {
 
 	held, l := acquireNew(t, holder, timeout)
 	paused := newTarget(t)
-	require.NoError(t, holder.Pause(ctx, paused, "maintenance"))
+	require.NoError(t, admin.New(holder).Pause(ctx, paused, "maintenance"))
 	heldRow, pausedRow := leaseRow(t, shared, held), leaseRow(t, shared, paused)
 	upd0, write0, del0 := sessionHandlers(t, db)
 	for range 20 {
@@ -344,7 +345,7 @@ func TestAcquire_SQLiteRefusalWritesNothing(t *testing.T) {
 	require.NoError(t, err)
 	held, l := acquireNew(t, holder, timeout)
 	paused := newTarget(t)
-	require.NoError(t, holder.Pause(ctx, paused, "maintenance"))
+	require.NoError(t, admin.New(holder).Pause(ctx, paused, "maintenance"))
 	heldRow, pausedRow := leaseRow(t, db, held), leaseRow(t, db, paused)
 
 	v0 := version()
@@ -352,7 +353,7 @@ func TestAcquire_SQLiteRefusalWritesNothing(t *testing.T) {
 	for range 20 {
 		_, err := repo.Acquire(ctx, held, timeout)
 		requireHeld(t, err, held, "pod-a", l.Generation, timeout)
-		_, err = repo.AcquireFrom(ctx, held, timeout, l.Generation)
+		_, err = gormlease.AcquireFrom(repo, ctx, held, timeout, l.Generation)
 		requireHeld(t, err, held, "pod-a", l.Generation, timeout)
 		_, err = repo.Acquire(ctx, paused, timeout)
 		require.ErrorIs(t, err, gormlease.ErrPaused)

@@ -127,7 +127,7 @@ func BenchmarkHeartbeat(b *testing.B) {
 	})
 	b.Run("gormlease_many_1000", func(b *testing.B) {
 		for b.Loop() {
-			lost, err := repo.HeartbeatMany(ctx, leases)
+			lost, err := gormlease.HeartbeatMany(repo, ctx, leases)
 			if err != nil || len(lost) != 0 {
 				b.Fatal(err, len(lost))
 			}

@@ -12,7 +12,7 @@ import (
 )
 
 // The fenced commit, one implementation for CommitIfOwner and for Run's
-// save-and-release (CommitAndRelease), on every pool type. Its transaction,
+// save-and-release (commitAndRelease), on every pool type. Its transaction,
 // from BEGIN and the lock of the row to COMMIT, is the backend's
 // (backend.Backend.CommitFenced, described in internal/backend/fence.go):
 // the Repository hands it the lease and the saver, and turns its outcome

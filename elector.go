@@ -102,16 +102,21 @@ const (
 )
 
 // Leader reports who leads the role now, as the database sees it: the
-// role's lease row, and true, while its lease is live; false when nobody
-// leads (the row is released, expired, or there is none). It reads the
-// role's own row, in one statement, never the row of a slot of a
-// semaphore (WithSlots) of the same name.
-func (e *Elector) Leader(ctx context.Context) (LeaseInfo, bool, error) {
-	info, found, err := e.runner.Repository().info(ctx, e.name)
+// role's lease row (its Holder leads, its Generation is the term), and true,
+// while its lease is live; false when nobody leads (the row is released or
+// expired, or there is none: the zero JobLease). It reads the role's own
+// row, in one statement, never the row of a slot of a semaphore (WithSlots)
+// of the same name.
+func (e *Elector) Leader(ctx context.Context) (JobLease, bool, error) {
+	r := e.runner.Repository()
+	rows, err := r.backend.List(ctx, r.db, backend.ListQuery{Key: e.name, Limit: 1})
 	if err != nil {
-		return LeaseInfo{}, false, wrapf(err, "leader of %q", e.name)
+		return JobLease{}, false, wrapf(err, "leader of %q", e.name)
 	}
-	return info, found && info.State == StateLive, nil
+	if len(rows) == 0 {
+		return JobLease{}, false, nil
+	}
+	return JobLease(rows[0].Row), rows[0].Live(), nil
 }
 
 // IsLeader reports whether this Elector leads now and still trusts its

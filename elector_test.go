@@ -16,26 +16,6 @@ import (
 	"github.com/gormlease/gormlease/leasetest"
 )
 
-func newElector(t *testing.T, db *gorm.DB, role string, opts ...gormlease.Option) *gormlease.Elector {
-	t.Helper()
-	e, err := gormlease.NewElector(db, role, append(fast(200*time.Millisecond, 2*time.Second), opts...)...)
-	require.NoError(t, err)
-	return e
-}
-
-// goLead calls e.Lead on a goroutine with lead, and sends what it returned.
-// The Lead ends before t does (see endsWithTest).
-func goLead(t testing.TB, ctx context.Context, e *gormlease.Elector, lead func(context.Context) error) <-chan error {
-	ctx, cancel := context.WithCancel(ctx)
-	ch, done := make(chan error, 1), make(chan struct{})
-	go func() {
-		defer close(done)
-		ch <- e.Lead(ctx, lead)
-	}()
-	endsWithTest(t, "Lead", cancel, done)
-	return ch
-}
-
 // One Elector leads, the other waits; when the leader's lead returns it
 // resigns, and the standby leads at once. Leader and IsLeader report who
 // leads; the term is the lease's generation.
@@ -115,7 +95,7 @@ func TestElector_LeaderIgnoresSlotsOfTheSameName(t *testing.T) {
 		}
 
 		e := newElector(t, db, role, gormlease.WithHolder("elector"))
-		leaderIs := func(want bool, when string) gormlease.LeaseInfo {
+		leaderIs := func(want bool, when string) gormlease.JobLease {
 			t.Helper()
 			info, leads, err := e.Leader(context.Background())
 			require.NoError(t, err)
@@ -138,8 +118,7 @@ func TestElector_LeaderIgnoresSlotsOfTheSameName(t *testing.T) {
 		info := leaderIs(true, "while the elector leads")
 		assert.Equal(t, "elector", info.Holder)
 		assert.Equal(t, term, info.Generation)
-		assert.Equal(t, role, info.Key)
-		assert.Zero(t, info.Slot)
+		assert.Equal(t, role, info.TargetID, "the role's own row, not a slot's, whose key is the role's and its number")
 
 		close(resign)
 		require.NoError(t, recv(t, leadDone, 20*time.Second, "Lead"))
@@ -147,7 +126,7 @@ func TestElector_LeaderIgnoresSlotsOfTheSameName(t *testing.T) {
 
 		close(free)
 		for _, done := range slotDone {
-			require.NoError(t, recv(t, done, 20*time.Second, "a slot's Run").err)
+			require.NoError(t, recv(t, done, 20*time.Second, "a slot's Run").Err)
 		}
 	})
 }

@@ -32,7 +32,7 @@ var (
 	// only when it cannot settle that itself: check what was saved.
 	ErrCommitUnknown = errors.New("gormlease: commit outcome unknown")
 
-	// ErrNoLiveLease is returned by Repository.ForceRelease when the
+	// ErrNoLiveLease is returned by admin.Operator.ForceRelease when the
 	// target has no live lease to end: it was never acquired, its row was
 	// pruned, or its lease is released already. (ErrLeaseHeld is the
 	// opposite: an acquire found a live lease.)
@@ -48,14 +48,15 @@ var (
 	// another count. Nothing runs, and nothing is written.
 	ErrSlotCountConflict = errors.New("gormlease: slots held under another count")
 
-	// ErrPaused: the target is paused (Repository.Pause). Run and the
+	// ErrPaused: the target is paused (admin.Operator.Pause). Run and the
 	// Repository's acquires return a *PausedError at once; RunWait, Do and
 	// Elector.Lead wait until Resume or the end of their context.
 	ErrPaused = errors.New("gormlease: target paused")
 
-	// ErrStopRequested: an operator asked the holder to stop (RequestStop).
-	// Runner.Run returns it, with the reason, as the cause of the work's
-	// context too; nothing is saved. It does not match ErrLeaseLost.
+	// ErrStopRequested: an operator asked the holder to stop
+	// (admin.Operator.RequestStop). Runner.Run returns it, with the reason,
+	// as the cause of the work's context too; nothing is saved. It does not
+	// match ErrLeaseLost.
 	ErrStopRequested = errors.New("gormlease: stop requested")
 
 	// ErrInvalidArgument is wrapped by every error about bad input: a bad
@@ -100,7 +101,7 @@ func newHeldError(targetID string, h *backend.Held) *HeldError {
 }
 
 // PausedError is the error of an acquire refused because its target is
-// paused (Repository.Pause): it matches ErrPaused and ErrLeaseHeld. Run and
+// paused (admin.Operator.Pause): it matches ErrPaused and ErrLeaseHeld. Run and
 // the Repository's acquires return it; RunWait, Do and Elector.Lead wrap it
 // with their context's error when that ends while they wait for Resume.
 type PausedError struct {

@@ -155,3 +155,56 @@ func JoinBeats(r *Repository, leases []Lease) (round func() BeatRound, stop func
 	}
 	return round, stop
 }
+
+// AcquireFrom is Acquire for a caller that waited for generation to end,
+// as Runner.Do's acquire is: it takes the lease over only from that
+// generation (when the row still has it, and it is released or expired),
+// or, for generation 0, only when the target has no row. Refused by a live
+// lease, it returns a *HeldError; refused by a row that is not live but at
+// another generation, an error that wraps ErrLeaseHeld alone.
+func AcquireFrom(r *Repository, ctx context.Context, targetID string, timeout time.Duration, generation int64) (Lease, error) {
+	if generation < 0 {
+		return Lease{}, invalidf("generation must be >= 0, got %d", generation)
+	}
+	return r.acquire(ctx, targetID, timeout, generation)
+}
+
+// HeartbeatMany renews every lease in leases as a Runner's heartbeat
+// group does, in batches of up to backend.MaxBatch, and returns the leases
+// that are no longer the caller's (taken over or released), as a set. A
+// lease whose holder was asked to stop is renewed, and not reported. A
+// bad lease is refused before anything is written.
+func HeartbeatMany(r *Repository, ctx context.Context, leases []Lease) (lost map[Lease]bool, err error) {
+	rows := make([]backend.Lease, len(leases))
+	byRow := make(map[backend.Lease]Lease, len(leases))
+	for i, l := range leases {
+		if err := l.check(); err != nil {
+			return nil, err
+		}
+		rows[i] = l.row()
+		byRow[rows[i]] = l
+	}
+	ended, err := r.heartbeatMany(ctx, rows)
+	if err != nil {
+		return nil, err
+	}
+	lost = make(map[Lease]bool, len(ended))
+	for l, e := range ended {
+		if !e.Stop {
+			lost[byRow[l]] = true
+		}
+	}
+	return lost, nil
+}
+
+// CommitAndRelease is Run's fenced commit: CommitIfOwner that also
+// releases l, in the same transaction.
+func CommitAndRelease(r *Repository, ctx context.Context, l Lease, fn func(tx *gorm.DB) error) error {
+	return r.commitAndRelease(ctx, l, fn)
+}
+
+// ReleaseFailed is Release for a job that failed with cause, which the row
+// keeps for the callers of Runner.Do that waited for the job.
+func ReleaseFailed(r *Repository, ctx context.Context, l Lease, cause error) error {
+	return r.releaseFailed(ctx, l, cause)
+}

@@ -73,7 +73,7 @@ func TestClosedPool_EveryCallFailsAtOnce(t *testing.T) {
 			return err
 		})
 		failsFast(t, "AcquireFrom", closed, func(ctx context.Context) error {
-			_, err := repo.AcquireFrom(ctx, target, time.Minute, 0)
+			_, err := gormlease.AcquireFrom(repo, ctx, target, time.Minute, 0)
 			return err
 		})
 		failsFast(t, "AcquireSlot", closed, func(ctx context.Context) error {

@@ -326,7 +326,7 @@ func TestFailover_SyncStandby(t *testing.T) {
 	letBack()
 	for target, ch := range acrossDone {
 		res := recv(t, ch, 20*time.Second, "the straddling Runs")
-		require.NoError(t, res.err, "%s: a Run that straddled the failover did not save", target)
+		require.NoError(t, res.Err, "%s: a Run that straddled the failover did not save", target)
 		assert.EqualValues(t, 1, sv.count(t, db, target), "%s: saves", target)
 	}
 
@@ -335,7 +335,7 @@ func TestFailover_SyncStandby(t *testing.T) {
 	letRelease()
 	for target, ch := range committing {
 		res := recv(t, ch, 30*time.Second, "the Runs whose commit the failover cut")
-		require.NoError(t, res.err, "%s: a commit cut by the failover was not committed again", target)
+		require.NoError(t, res.Err, "%s: a commit cut by the failover was not committed again", target)
 		assert.EqualValues(t, 1, sv.count(t, db, target), "%s: saves on the new primary", target)
 		assert.NotNil(t, leaseRow(t, db, target).ReleasedAt, "%s: lease not released on the new primary", target)
 	}
@@ -421,7 +421,7 @@ func TestFailover_SyncCommitWaitingForStandby(t *testing.T) {
 	})
 	pair.Failover(t)
 	res := recv(t, done, 30*time.Second, "the Run whose COMMIT waited")
-	require.NoError(t, res.err, "the commit was not committed again on the new primary")
+	require.NoError(t, res.Err, "the commit was not committed again on the new primary")
 	dbNow(t, db)
 	assert.EqualValues(t, 1, sv.count(t, db, target), "saves on the new primary")
 	row := leaseRow(t, db, target)
@@ -491,7 +491,7 @@ func TestFailover_AsyncLosesCommittedSave(t *testing.T) {
 
 	close(lostGate)
 	res := recv(t, lostDone, 10*time.Second, "the Run that saves on the primary alone")
-	require.NoError(t, res.err, "the primary committed the save")
+	require.NoError(t, res.Err, "the primary committed the save")
 	assert.EqualValues(t, 1, sv.count(t, old, lost), "the old primary has the save")
 
 	pair.Failover(t)
@@ -517,7 +517,7 @@ func TestFailover_AsyncLosesCommittedSave(t *testing.T) {
 
 	close(acrossGate)
 	res = recv(t, acrossDone, 20*time.Second, "the Run across the failover")
-	require.NoError(t, res.err)
+	require.NoError(t, res.Err)
 	assert.EqualValues(t, 1, ran(across))
 	assert.EqualValues(t, 1, sv.count(t, db, across))
 }
@@ -574,7 +574,7 @@ func TestFailover_CommitWaitsForNewPrimary(t *testing.T) {
 	if !returned {
 		res = recv(t, done, 20*time.Second, "the Run to commit on the new primary")
 	}
-	require.NoError(t, res.err, "the commit gave up before the new primary came")
+	require.NoError(t, res.Err, "the commit gave up before the new primary came")
 	assert.EqualValues(t, 1, sv.count(t, db, target))
 	assert.NotNil(t, leaseRow(t, db, target).ReleasedAt)
 }

@@ -174,7 +174,7 @@ func TestPacket_Latency(t *testing.T) {
 		}
 		for i := range runs {
 			res := recv(t, results[i], 30*time.Second, "a Run under latency")
-			require.NoError(t, res.err)
+			require.NoError(t, res.Err)
 			assert.ErrorIs(t, recv(t, refused, time.Second, "the contender"), gormlease.ErrLeaseHeld)
 		}
 		assert.Equal(t, runs, checkSaves(t, observer, targets))

@@ -35,7 +35,7 @@ func TestCommit_FailedBeginCommitsNothing(t *testing.T) {
 	const begin = "BEGIN ISOLATION LEVEL READ COMMITTED"
 	rewritten := proxy.RewriteOn(t, begin, fmt.Sprintf("%-*s", len(begin), "SELECT 1/0"))
 	saves := 0
-	err := repo.CommitAndRelease(ctx, l, func(tx *gorm.DB) error {
+	err := gormlease.CommitAndRelease(repo, ctx, l, func(tx *gorm.DB) error {
 		saves++
 		return gormlease.SaveJSON(tx, "result")
 	})

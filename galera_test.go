@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
@@ -236,7 +237,7 @@ func TestGalera_GetSeesTakeoverOnAnotherNode(t *testing.T) {
 	first := newRepo(t, f.nodes[0])
 	reader := newRepo(t, f.nodes[1])
 	target, old := acquireNew(t, first, time.Minute)
-	_, _, err := reader.Get(context.Background(), target) // node 2 has the row
+	_, _, err := admin.New(reader).Get(context.Background(), target) // node 2 has the row
 	require.NoError(t, err)
 
 	sqlDB, err := f.nodes[1].DB()
@@ -271,7 +272,7 @@ func TestGalera_GetSeesTakeoverOnAnotherNode(t *testing.T) {
 	}
 	done := make(chan got, 1)
 	go func() {
-		row, _, err := reader.Get(context.Background(), target)
+		row, _, err := admin.New(reader).Get(context.Background(), target)
 		done <- got{row, err}
 	}()
 	// Get either answered (with what node 2 has) or waits for node 2 to
@@ -322,7 +323,7 @@ func TestGalera_NodeBehindTheOthers(t *testing.T) {
 
 		l, err := first.Acquire(ctx, newTarget(t), time.Minute)
 		require.NoError(t, err)
-		lost, err := second.HeartbeatMany(ctx, []gormlease.Lease{l})
+		lost, err := gormlease.HeartbeatMany(second, ctx, []gormlease.Lease{l})
 		require.NoError(t, err)
 		require.Empty(t, lost, "round %d: HeartbeatMany on node 2 just after the acquire on node 1", i)
 
@@ -355,7 +356,7 @@ func TestGalera_NodeBehindTheOthers(t *testing.T) {
 
 		// Released by force on node 1 just after its acquire on node 2,
 		// and so lost on node 2.
-		_, err = first.ForceRelease(ctx, target)
+		_, err = admin.New(first).ForceRelease(ctx, target)
 		require.NoError(t, err)
 		require.ErrorIs(t, second.Heartbeat(ctx, taken), gormlease.ErrLeaseLost, "round %d", i)
 	}
@@ -431,13 +432,13 @@ func TestGalera_NodeKilledMidRun(t *testing.T) {
 	for _, r := range runs {
 		res := recv(t, r.done, time.Minute, "a Run after the kill")
 		if r.node == 3 {
-			assert.Error(t, res.err, "a Run on the killed node saved")
-			if res.err != nil {
+			assert.Error(t, res.Err, "a Run on the killed node saved")
+			if res.Err != nil {
 				failedOnDead++
 			}
 			continue
 		}
-		assert.NoError(t, res.err, "a Run on node %d", r.node)
+		assert.NoError(t, res.Err, "a Run on node %d", r.node)
 	}
 	t.Logf("after the kill: %d Runs on nodes 1 and 2 saved, %d on node 3 failed or self-fenced, within %v",
 		len(runs)-perNode, failedOnDead, time.Since(killed).Round(time.Millisecond))
@@ -543,7 +544,7 @@ func TestGalera_ClockSkew(t *testing.T) {
 		})
 		close(letGo)
 		res := recv(t, done, 20*time.Second, "the holder's Run")
-		require.ErrorIs(t, res.err, gormlease.ErrLeaseLost)
+		require.ErrorIs(t, res.Err, gormlease.ErrLeaseLost)
 		_, _, err := gormlease.LoadJSON[string](context.Background(), f.check, target)
 		require.ErrorIs(t, err, gormlease.ErrNoResult, "the holder saved after the takeover")
 		return trustedAtTakeover, fencedBeforeTakeover
@@ -585,7 +586,7 @@ func TestGalera_ShorterTimeoutDoesNotTakeOverALiveLease(t *testing.T) {
 	require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
 
 	release()
-	require.NoError(t, recv(t, done, 30*time.Second, "the holder's Run").err)
+	require.NoError(t, recv(t, done, 30*time.Second, "the holder's Run").Err)
 	got, _, err := gormlease.LoadJSON[string](context.Background(), f.check, target)
 	require.NoError(t, err)
 	assert.Equal(t, "from node 1", got)
@@ -635,12 +636,12 @@ func TestGalera_SlotsAcrossNodes(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.EqualValues(t, n, w.most.Load(), "the most calls in their work at once")
-	page, err := rs[0].Repository().List(ctx, gormlease.ListOptions{Prefix: target})
+	page, err := admin.New(rs[0].Repository()).List(ctx, admin.ListOptions{Prefix: target})
 	require.NoError(t, err)
 	require.Len(t, page, n)
 	var gens int64
 	for _, li := range page {
-		gens += li.Generation
+		gens += li.Row.Generation
 	}
 	require.EqualValues(t, calls, gens, "one generation per call, over the slots")
 }
@@ -676,23 +677,23 @@ func TestGalera_PauseResumeStopAcrossNodes(t *testing.T) {
 		_, err := runners[0].Run(ctx, target, done, noSave)
 		require.NoError(t, err)
 
-		require.NoError(t, repos[0].Pause(ctx, target, "round"))
+		require.NoError(t, admin.New(repos[0]).Pause(ctx, target, "round"))
 		_, err = runners[1].Run(ctx, target, done, noSave)
 		require.ErrorIs(t, err, gormlease.ErrPaused, "round %d: Run on node 2 just after the Pause on node 1", i)
 
-		require.NoError(t, repos[0].Resume(ctx, target))
+		require.NoError(t, admin.New(repos[0]).Resume(ctx, target))
 		_, err = runners[2].Run(ctx, target, done, noSave)
 		require.NoError(t, err, "round %d: Run on node 3 just after the Resume on node 1", i)
 
-		require.NoError(t, repos[0].Pause(ctx, target, "round"))
-		require.NoError(t, repos[0].Resume(ctx, target))
+		require.NoError(t, admin.New(repos[0]).Pause(ctx, target, "round"))
+		require.NoError(t, admin.New(repos[0]).Resume(ctx, target))
 		waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		_, err = runners[2].RunWait(waitCtx, target, done, noSave)
 		cancel()
 		require.NoError(t, err, "round %d: RunWait on node 3 after the Resume on node 1", i)
 
-		require.NoError(t, repos[0].Pause(ctx, target, "round"))
-		require.NoError(t, repos[1].Resume(ctx, target), "round %d", i)
+		require.NoError(t, admin.New(repos[0]).Pause(ctx, target, "round"))
+		require.NoError(t, admin.New(repos[1]).Resume(ctx, target), "round %d", i)
 		row := leaseRow(t, f.check, target)
 		require.Nil(t, row.PausedAt, "round %d: the Resume on node 2 just after the Pause on node 1 left the pause", i)
 
@@ -706,7 +707,7 @@ func TestGalera_PauseResumeStopAcrossNodes(t *testing.T) {
 			ended <- err
 		}()
 		<-started
-		require.NoError(t, repos[1].RequestStop(ctx, target, "round"),
+		require.NoError(t, admin.New(repos[1]).RequestStop(ctx, target, "round"),
 			"round %d: RequestStop on node 2 just after the acquire on node 1", i)
 		select {
 		case err := <-ended:
@@ -737,7 +738,7 @@ func TestGalera_ForceReleaseSlotsAcrossNodes(t *testing.T) {
 		require.NoError(t, err)
 		second, err := repos[0].AcquireSlot(ctx, target, 2, time.Minute)
 		require.NoError(t, err)
-		_, err = repos[1].ForceRelease(ctx, target)
+		_, err = admin.New(repos[1]).ForceRelease(ctx, target)
 		require.NoError(t, err, "round %d: ForceRelease on node 2 just after the acquires on node 1", i)
 		for _, l := range []gormlease.Lease{first, second} {
 			require.NotNil(t, leaseRow(t, f.check, slotKey(target, l.Slot)).ReleasedAt,
@@ -748,7 +749,7 @@ func TestGalera_ForceReleaseSlotsAcrossNodes(t *testing.T) {
 		require.NoError(t, err)
 		second, err = repos[0].AcquireSlot(ctx, target, 2, time.Minute)
 		require.NoError(t, err)
-		_, err = repos[2].ForceReleaseSlot(ctx, target, second.Slot)
+		_, err = admin.New(repos[2]).ForceReleaseSlot(ctx, target, second.Slot)
 		require.NoError(t, err, "round %d: ForceReleaseSlot on node 3 just after the acquire on node 1", i)
 		require.ErrorIs(t, repos[0].Heartbeat(ctx, second), gormlease.ErrLeaseLost, "round %d", i)
 		require.NoError(t, repos[0].Heartbeat(ctx, first), "round %d: the other slot's holder", i)

@@ -19,6 +19,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/observe"
 )
@@ -74,7 +75,7 @@ func TestRepository_HeartbeatManyReportsExactlyTheLostLeases(t *testing.T) {
 		age(t, s, db, leases[42].TargetID, time.Minute)
 
 		rec, st := recording(db)
-		lost, err := newRepository(t, rec).HeartbeatMany(context.Background(), leases)
+		lost, err := gormlease.HeartbeatMany(newRepository(t, rec), context.Background(), leases)
 		require.NoError(t, err)
 		assert.Equal(t, 3, heartbeatStatements(st.take()), "one statement per 1,000 leases")
 		want := map[gormlease.Lease]bool{leases[1500]: true}
@@ -97,7 +98,7 @@ func TestRepository_HeartbeatManyBadInput(t *testing.T) {
 		leases := heldLeases(t, db, 2)
 		age(t, s, db, leases[0].TargetID, time.Minute)
 		before := leaseRow(t, db, leases[0].TargetID).UpdatedAt
-		_, err := newRepository(t, db).HeartbeatMany(context.Background(),
+		_, err := gormlease.HeartbeatMany(newRepository(t, db), context.Background(),
 			[]gormlease.Lease{leases[0], {TargetID: leases[1].TargetID}})
 		require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 		assert.Contains(t, err.Error(), "nil token")
@@ -159,11 +160,11 @@ func TestRun_BatchedHeartbeatsCancelOnlyTheLostLease(t *testing.T) {
 		for i, target := range targets {
 			res := recv(t, results[i], 10*time.Second, "Run "+target)
 			if target == victim {
-				require.ErrorIs(t, res.err, gormlease.ErrLeaseLost)
+				require.ErrorIs(t, res.Err, gormlease.ErrLeaseLost)
 				assert.Nil(t, leaseRow(t, db, target).ReleasedAt, "the thief's lease was released")
 				continue
 			}
-			require.NoError(t, res.err, target)
+			require.NoError(t, res.Err, target)
 			assert.NotNil(t, leaseRow(t, db, target).ReleasedAt, target)
 		}
 		beats := heartbeatStatements(st.take())
@@ -217,8 +218,8 @@ func TestRun_HeartbeatGroupsKeepTheirIntervals(t *testing.T) {
 		// within its interval of a minute.
 		assert.Equal(t, slowFirst, leaseRow(t, db, slowTarget).UpdatedAt, "the slow lease was renewed at the fast pace")
 		close(done)
-		require.NoError(t, recv(t, fastRes, 10*time.Second, "fast Run").err)
-		require.NoError(t, recv(t, slowRes, 10*time.Second, "slow Run").err)
+		require.NoError(t, recv(t, fastRes, 10*time.Second, "fast Run").Err)
+		require.NoError(t, recv(t, slowRes, 10*time.Second, "slow Run").Err)
 	})
 }
 
@@ -229,7 +230,7 @@ func waitInside(t *testing.T, inside <-chan struct{}, res <-chan runResult[strin
 	select {
 	case <-inside:
 	case r := <-res:
-		t.Fatalf("%s returned before its work: %v", what, r.err)
+		t.Fatalf("%s returned before its work: %v", what, r.Err)
 	case <-time.After(30 * time.Second):
 		t.Fatalf("timed out after 30s waiting for %s to be inside its work", what)
 	}
@@ -278,7 +279,7 @@ func TestRun_NoHeartbeatGoroutineOutlivesRun(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		assert.Zero(t, gormlease.ReadStats().HeartbeatGroups, "a heartbeat group outlived its Runs")
+		assert.Zero(t, admin.ReadStats().HeartbeatGroups, "a heartbeat group outlived its Runs")
 		assert.Empty(t, heartbeatGoroutines(), "a heartbeat goroutine outlived its Run on %s", s.Name)
 	}
 }
@@ -428,7 +429,7 @@ func TestRun_HundredJobsOnOneConnection(t *testing.T) {
 				assert.Less(t, beats, n/2, "heartbeat statements to renew %d leases once", n)
 				close(renewedAll)
 				for i := range n {
-					assert.NoError(t, recv(t, results[i], time.Minute, "Run").err)
+					assert.NoError(t, recv(t, results[i], time.Minute, "Run").Err)
 				}
 				for _, target := range targets {
 					got, _, err := gormlease.LoadJSON[string](context.Background(), db, target)
@@ -589,7 +590,7 @@ func TestRun_HeartbeatsAreSpreadOverTheInterval(t *testing.T) {
 	obs.stop()
 	close(done)
 	for i := range n {
-		require.NoError(t, recv(t, results[i], time.Minute, "Run").err)
+		require.NoError(t, recv(t, results[i], time.Minute, "Run").Err)
 	}
 
 	// A statement is the leases whose heartbeat was sent at one time; a
@@ -693,7 +694,7 @@ func TestRun_HeartbeatBatchesMergeWhenLeasesLeave(t *testing.T) {
 	close(leave)
 	for i := range n {
 		if i%3 != 0 {
-			require.NoError(t, recv(t, results[i], time.Minute, "a Run that leaves").err)
+			require.NoError(t, recv(t, results[i], time.Minute, "a Run that leaves").Err)
 		}
 	}
 	waitFor(t, 30*time.Second, "the 500 leases left renewed by one statement, three rounds running", func() bool {
@@ -701,6 +702,6 @@ func TestRun_HeartbeatBatchesMergeWhenLeasesLeave(t *testing.T) {
 	})
 	close(stay)
 	for i := 0; i < n; i += 3 {
-		require.NoError(t, recv(t, results[i], time.Minute, "a Run that stays").err)
+		require.NoError(t, recv(t, results[i], time.Minute, "a Run that stays").Err)
 	}
 }

@@ -74,7 +74,7 @@ func TestHeldError_RefusalSaysWhoHolds(t *testing.T) {
 		requireHeld(t, err, target, "pod-a", l.Generation, timeout)
 		assert.Len(t, steps(st), refusedAgainStatements[flavour(s)], "statements of an Acquire refused again")
 
-		_, err = other.AcquireFrom(ctx, target, timeout, l.Generation)
+		_, err = gormlease.AcquireFrom(other, ctx, target, timeout, l.Generation)
 		requireHeld(t, err, target, "pod-a", l.Generation, timeout)
 		assert.Len(t, steps(st), refusalFromStatements[flavour(s)], "statements of a refused AcquireFrom")
 
@@ -89,7 +89,7 @@ func TestHeldError_RefusalSaysWhoHolds(t *testing.T) {
 		aged := leaseRow(t, db, target)
 		_, err = other.Acquire(ctx, target, 2*timeout)
 		requireHeld(t, err, target, "pod-a", l.Generation, timeout-20*time.Second)
-		_, err = other.AcquireFrom(ctx, target, time.Second, l.Generation)
+		_, err = gormlease.AcquireFrom(other, ctx, target, time.Second, l.Generation)
 		requireHeld(t, err, target, "pod-a", l.Generation, timeout-20*time.Second)
 
 		after := leaseRow(t, db, target)
@@ -110,11 +110,11 @@ func TestAcquireFrom_MakesNoRowForAGenerationAboveZero(t *testing.T) {
 		repo := holderRepository(t, db, "pod-a")
 		target := newTarget(t)
 
-		_, err := repo.AcquireFrom(ctx, target, time.Minute, 3)
+		_, err := gormlease.AcquireFrom(repo, ctx, target, time.Minute, 3)
 		require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
 		assert.Zero(t, countRows(t, db, &gormlease.JobLease{}, target), "rows made")
 
-		l, err := repo.AcquireFrom(ctx, target, time.Minute, 0)
+		l, err := gormlease.AcquireFrom(repo, ctx, target, time.Minute, 0)
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), countRows(t, db, &gormlease.JobLease{}, target), "rows made")
 		require.NoError(t, repo.Release(ctx, l))

@@ -81,8 +81,8 @@ func quietScenario(t *testing.T, db *gorm.DB, level logger.LogLevel) (*printed, 
 	time.Sleep(500 * time.Millisecond) // the lock's hold, not a wait for an event
 	unlock()
 	res := recv(t, done, 10*time.Second, "the Run that waited for the lock")
-	require.Error(t, res.err)
-	assert.Contains(t, res.err.Error(), missingSaved)
+	require.Error(t, res.Err)
+	assert.Contains(t, res.Err.Error(), missingSaved)
 
 	bad, err := gormlease.NewRepository(logged, gormlease.WithTableNames(missingLease, "gormlease_missing_result"))
 	require.NoError(t, err)

@@ -89,7 +89,7 @@ func TestLogging_ExpectedOutcomesAreNotErrors(t *testing.T) {
 		require.ErrorIs(t, err, context.Canceled)
 		target, l := acquireNew(t, repo, time.Minute)
 		require.ErrorIs(t, repo.Heartbeat(cancelled, l), context.Canceled)
-		_, err = repo.HeartbeatMany(cancelled, []gormlease.Lease{l})
+		_, err = gormlease.HeartbeatMany(repo, cancelled, []gormlease.Lease{l})
 		require.ErrorIs(t, err, context.Canceled)
 
 		// A refused acquire.
@@ -99,7 +99,7 @@ func TestLogging_ExpectedOutcomesAreNotErrors(t *testing.T) {
 		// A lost lease, at every step.
 		steal(t, s, direct, target)
 		require.ErrorIs(t, repo.Heartbeat(ctx, l), gormlease.ErrLeaseLost)
-		lost, err := repo.HeartbeatMany(ctx, []gormlease.Lease{l})
+		lost, err := gormlease.HeartbeatMany(repo, ctx, []gormlease.Lease{l})
 		require.NoError(t, err)
 		assert.True(t, lost[l])
 		require.ErrorIs(t, repo.CommitIfOwner(ctx, l, func(*gorm.DB) error { return nil }), gormlease.ErrLeaseLost)

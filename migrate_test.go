@@ -13,6 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
@@ -247,4 +248,53 @@ func migrateAtOnce(db *gorm.DB, n int) error {
 		all = append(all, err)
 	}
 	return errors.Join(all...)
+}
+
+// oldLeaseTables is the lease table as the first version made it, before
+// the columns that AutoMigrate adds.
+var oldLeaseTables = map[string]string{
+	"postgres": `CREATE TABLE job_lease (target_id varchar(255) PRIMARY KEY, lease_token uuid NOT NULL,
+		generation bigint NOT NULL, holder varchar(255) NOT NULL DEFAULT '', updated_at timestamptz NOT NULL,
+		released_at timestamptz)`,
+	"mysql": `CREATE TABLE job_lease (target_id varbinary(255) NOT NULL PRIMARY KEY,
+		lease_token char(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, generation bigint NOT NULL,
+		holder varchar(255) NOT NULL DEFAULT '', updated_at datetime(6) NOT NULL, released_at datetime(6) NULL)`,
+	"sqlite": `CREATE TABLE job_lease (target_id varchar(255) NOT NULL PRIMARY KEY, lease_token varchar(36) NOT NULL,
+		generation integer NOT NULL, holder varchar(255) NOT NULL DEFAULT '', updated_at datetime NOT NULL,
+		released_at datetime)`,
+}
+
+// AutoMigrate upgrades a lease table made before timeout_ms existed
+// without losing its rows; such a row has no timeout, lists as expired,
+// and its next acquisition records one and goes on with its generation.
+func TestAutoMigrate_AddsTimeoutKeepingRows(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		ctx := context.Background()
+		db := s.OpenEmpty(t, nil)
+		require.NoError(t, db.Exec(oldLeaseTables[s.Name]).Error)
+		target := newTarget(t)
+		require.NoError(t, db.Exec("INSERT INTO job_lease (target_id, lease_token, generation, holder, updated_at) VALUES (?, ?, 7, 'old', ?)",
+			target, "6f1c1d56-2a8e-4a55-9f4c-3f1f0b6a8c11", s.Ago(time.Hour)).Error)
+		require.NoError(t, gormlease.AutoMigrate(context.Background(), db))
+
+		repo := newRepository(t, db)
+		op := admin.New(repo)
+		got, err := op.List(ctx, admin.ListOptions{})
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+		assert.Equal(t, "old", got[0].Row.Holder)
+		assert.EqualValues(t, 7, got[0].Row.Generation)
+		assert.Nil(t, got[0].Row.TimeoutMS)
+		assert.Equal(t, admin.StateExpired, got[0].State)
+		assert.Zero(t, got[0].Timeout)
+
+		l, err := repo.Acquire(ctx, target, time.Minute)
+		require.NoError(t, err)
+		assert.EqualValues(t, 8, l.Generation)
+		row, _, err := op.Get(ctx, target)
+		require.NoError(t, err)
+		require.NotNil(t, row.TimeoutMS)
+		assert.EqualValues(t, 60000, *row.TimeoutMS)
+	})
 }

@@ -12,13 +12,13 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease/internal/backend"
+	"github.com/gormlease/gormlease/internal/ops"
 )
 
 const (
 	// maxTargetIDLength is the longest target ID, in bytes, that gormlease
-	// accepts: the target_id columns hold 255 bytes on every database
-	// (varchar(255) on PostgreSQL, varbinary(255) on MySQL).
-	maxTargetIDLength = 255
+	// accepts (see ops.MaxTargetIDLength).
+	maxTargetIDLength = ops.MaxTargetIDLength
 
 	// maxHolderLength is the longest holder name, in bytes (see WithHolder).
 	maxHolderLength = 255

@@ -14,6 +14,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/observe"
 )
@@ -444,8 +445,8 @@ func TestRun_MaxHold(t *testing.T) {
 		close(finish)
 
 		res := recv(t, done, 5*time.Second, "Run")
-		require.ErrorIs(t, res.err, gormlease.ErrMaxHoldExceeded)
-		assert.Empty(t, res.value)
+		require.ErrorIs(t, res.Err, gormlease.ErrMaxHoldExceeded)
+		assert.Empty(t, res.Value)
 		row := leaseRow(t, db, target)
 		assert.NotNil(t, row.ReleasedAt, "released")
 		assert.Nil(t, row.SavedGeneration, "not saved")
@@ -517,7 +518,7 @@ func TestObserve_Paused(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		r, logs, obs := observed(t, db)
 		target := newTarget(t)
-		require.NoError(t, r.Repository().Pause(context.Background(), target, "maintenance"))
+		require.NoError(t, admin.New(r.Repository()).Pause(context.Background(), target, "maintenance"))
 		_, err := r.Run(context.Background(), target, func(context.Context) (string, error) {
 			t.Error("work ran")
 			return "", nil
@@ -541,7 +542,7 @@ func TestObserve_StopRequested(t *testing.T) {
 		r, logs, obs := observed(t, db)
 		target := newTarget(t)
 		_, err := r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
-			require.NoError(t, r.Repository().RequestStop(context.Background(), target, "drain"))
+			require.NoError(t, admin.New(r.Repository()).RequestStop(context.Background(), target, "drain"))
 			select {
 			case <-ctx.Done():
 			case <-time.After(10 * time.Second):

@@ -14,6 +14,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
@@ -235,7 +236,7 @@ func TestRun_OneTimingOptionRecordsDerivedTimeout(t *testing.T) {
 			r := newRunner(t, db, tc.opt)
 			target := "one-option/" + tc.name
 			_, err := r.Run(ctx, target, func(ctx context.Context) (string, error) {
-				row, found, err := r.Repository().Get(ctx, target)
+				row, found, err := admin.New(r.Repository()).Get(ctx, target)
 				require.NoError(t, err)
 				require.True(t, found)
 				if assert.NotNil(t, row.TimeoutMS, tc.name) {

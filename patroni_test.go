@@ -440,7 +440,7 @@ func TestPatroni_StoppedPatroni(t *testing.T) {
 	wg.Wait()
 	for i, h := range holders {
 		res := recv(t, h.done, 20*time.Second, "the holders")
-		assert.ErrorIs(t, res.err, gormlease.ErrLeaseLost, "%s: holder", h.target)
+		assert.ErrorIs(t, res.Err, gormlease.ErrLeaseLost, "%s: holder", h.target)
 		fenced := time.Unix(0, h.fenced.Load())
 		require.False(t, taken[i].IsZero(), "%s: never taken over", h.target)
 		assert.True(t, taken[i].After(fenced), "%s: taken over on the new primary %v before its holder fenced itself",
@@ -454,7 +454,7 @@ func TestPatroni_StoppedPatroni(t *testing.T) {
 	}
 	outcomes := map[string]error{}
 	for target, ch := range committers {
-		outcomes[target] = recv(t, ch, 20*time.Second, "the committers").err
+		outcomes[target] = recv(t, ch, 20*time.Second, "the committers").Err
 	}
 
 	// The saves are read from the new primary, the one that the Runs'

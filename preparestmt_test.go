@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
@@ -51,7 +52,7 @@ func TestPrepareStmt_DoneContextIsAnError(t *testing.T) {
 					}},
 					{"Heartbeat", func(ctx context.Context) error { return repo.Heartbeat(ctx, held) }},
 					{"HeartbeatMany", func(ctx context.Context) error {
-						_, err := repo.HeartbeatMany(ctx, []gormlease.Lease{held})
+						_, err := gormlease.HeartbeatMany(repo, ctx, []gormlease.Lease{held})
 						return err
 					}},
 					{"CommitIfOwner", func(ctx context.Context) error {
@@ -59,7 +60,7 @@ func TestPrepareStmt_DoneContextIsAnError(t *testing.T) {
 					}},
 					{"Release", func(ctx context.Context) error { return repo.Release(ctx, held) }},
 					{"Get", func(ctx context.Context) error {
-						_, _, err := repo.Get(ctx, held.TargetID)
+						_, _, err := admin.New(repo).Get(ctx, held.TargetID)
 						return err
 					}},
 					{"LoadJSON", func(ctx context.Context) error {

@@ -21,6 +21,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
@@ -413,7 +414,7 @@ func helperProcess(dsn string) int {
 				}
 				// The job's watch reads the row from before it acquires:
 				// it waits only when the row is another process's.
-				if joined && repo.Waiters(f[1]).Held && !heldBy(db, f[1], "proc-"+name) {
+				if joined && admin.New(repo).Waiters(f[1]).Held && !heldBy(db, f[1], "proc-"+name) {
 					say("waiting")
 					break
 				}

@@ -94,33 +94,12 @@ func (r *Repository) Acquire(ctx context.Context, targetID string, timeout time.
 	return r.acquire(ctx, targetID, timeout, backend.AnyGeneration)
 }
 
-// AcquireFrom is Acquire for a caller that waited for generation to end:
-// it takes the lease over only from that generation (when the row still
-// has it, and it is released or expired), or, for generation 0, only when
-// the target has no row. A generation that began, and maybe ended, since
-// the caller looked is never taken over: the caller looks again instead.
-// (Runner.RunWait acquires as Run does, taking over any generation;
-// Runner.Do takes over from the generation it read, as AcquireFrom does, but
-// a generation that it read expired only while it is still unreleased,
-// which AcquireFrom does not check.) Refused by a live lease, it returns a
-// *HeldError, as Acquire does; refused by a row that is not live but at
-// another generation, an error that wraps ErrLeaseHeld alone. Its
-// statements are Acquire's, which never make a row for a generation above
-// 0. It is bounded as Acquire is, whatever ctx,
-// and returns an error that waiting cannot cure at once.
-func (r *Repository) AcquireFrom(ctx context.Context, targetID string, timeout time.Duration, generation int64) (Lease, error) {
-	if generation < 0 {
-		return Lease{}, invalidf("generation must be >= 0, got %d", generation)
-	}
-	return r.acquire(ctx, targetID, timeout, generation)
-}
-
 // acquireCleanupTimeout bounds the release of a lease that an acquire may
 // have taken without hearing so.
 const acquireCleanupTimeout = 10 * time.Second
 
 // acquireBound bounds the attempts of the Repository's own acquires
-// (Acquire, AcquireFrom, AcquireSlot), whatever their context, as a Run's
+// (Acquire, AcquireSlot), whatever their context, as a Run's
 // are bounded by its reconnect window, which is DefaultOperationTimeout
 // unless set: a caller does not wait for ever on a database that is gone
 // (see withAcquireBound).
@@ -557,39 +536,13 @@ func (r *Repository) Heartbeat(ctx context.Context, l Lease) error {
 	return nil
 }
 
-// HeartbeatMany renews every lease in leases, as Heartbeat does each one, in
-// batches of up to 1,000 leases: one statement per batch on PostgreSQL and
-// SQLite, two on MySQL. It returns the leases that were not renewed because
-// they are no longer the caller's (taken over or released), as a set; stop
-// their work. An error means the outcome of some leases is unknown: nothing
-// is reported lost then, but some leases may have been renewed. A lease
-// whose holder an operator asked to stop (RequestStop) is renewed, and not
-// reported: a Runner's heartbeat stops its work, and other holders read the
-// request from their row (Get).
-func (r *Repository) HeartbeatMany(ctx context.Context, leases []Lease) (lost map[Lease]bool, err error) {
-	bl := make([]backend.Lease, len(leases))
-	byRow := make(map[backend.Lease]Lease, len(leases))
-	for i, l := range leases {
-		if err := l.check(); err != nil {
-			return nil, err
-		}
-		bl[i] = l.row()
-		byRow[bl[i]] = l
-	}
-	lostB, err := r.heartbeatMany(ctx, bl)
-	if err != nil {
-		return nil, err
-	}
-	lost = make(map[Lease]bool, len(lostB))
-	for l, e := range lostB {
-		if !e.Stop {
-			lost[byRow[l]] = true
-		}
-	}
-	return lost, nil
-}
-
-// heartbeatMany is HeartbeatMany on leases already checked.
+// heartbeatMany renews every lease in leases, as Heartbeat does each one,
+// in batches of up to backend.MaxBatch leases: one statement per batch on
+// PostgreSQL and SQLite, two on MySQL. It returns the leases that were not
+// renewed because they are no longer the caller's (taken over or
+// released), and those renewed whose holder an operator asked to stop
+// (Ended.Stop). An error means the outcome of some leases is unknown:
+// nothing is reported ended then, but some leases may have been renewed.
 func (r *Repository) heartbeatMany(ctx context.Context, leases []backend.Lease) (map[backend.Lease]backend.Ended, error) {
 	var lost map[backend.Lease]backend.Ended // nil while none ended: a heartbeat round allocates none
 	for len(leases) > 0 {
@@ -632,13 +585,13 @@ func (r *Repository) CommitIfOwner(ctx context.Context, l Lease, fn func(tx *gor
 	return r.commit(ctx, l, fn, false)
 }
 
-// CommitAndRelease is CommitIfOwner that also releases l, in the same
+// commitAndRelease is CommitIfOwner that also releases l, in the same
 // transaction: the save and the release are one durable write, and the
 // lock is the release statement itself, which locks the row and checks
 // the token in one. It is Run's fenced commit. After it, the target can be
 // acquired at once, and waiters see the generation saved. On an error
 // other than ErrCommitUnknown, nothing was saved or released.
-func (r *Repository) CommitAndRelease(ctx context.Context, l Lease, fn func(tx *gorm.DB) error) error {
+func (r *Repository) commitAndRelease(ctx context.Context, l Lease, fn func(tx *gorm.DB) error) error {
 	return r.commit(ctx, l, fn, true)
 }
 
@@ -651,11 +604,11 @@ func (r *Repository) Release(ctx context.Context, l Lease) error {
 	return r.release(ctx, l, backend.Release)
 }
 
-// ReleaseFailed is Release for a job that failed with cause: the row also
+// releaseFailed is Release for a job that failed with cause: the row also
 // keeps the start of cause's message, up to 255 bytes, until the next
 // acquisition, for the callers of Runner.Do that waited for the job, which
 // get it as their SharedJobError's Message, in this process or another.
-func (r *Repository) ReleaseFailed(ctx context.Context, l Lease, cause error) error {
+func (r *Repository) releaseFailed(ctx context.Context, l Lease, cause error) error {
 	if cause == nil {
 		return invalidf("release %q: the failure is nil", l.TargetID)
 	}
@@ -743,21 +696,3 @@ func (r *Repository) readSaved(ctx context.Context, l Lease) (saved backend.Save
 // Tables returns the names of the tables the Repository works on: the
 // lease table and the result table (see WithTableNames).
 func (r *Repository) Tables() (lease, result string) { return r.tables.lease, r.tables.result }
-
-// Get returns the lease row of targetID, and false when the target has never
-// been acquired (or its row was pruned). It is for inspection: the row may
-// change right after. It reads the database that the Repository's *gorm.DB
-// was opened on, as the lease's own statements do, never a replica that a
-// read/write splitting plugin would send gorm's reads to; on a MariaDB
-// Galera node it waits until the node has applied what the cluster
-// committed before.
-func (r *Repository) Get(ctx context.Context, targetID string) (JobLease, bool, error) {
-	if err := checkTargetID(targetID); err != nil {
-		return JobLease{}, false, err
-	}
-	row, found, err := r.backend.Get(ctx, r.db, targetID)
-	if err != nil {
-		return JobLease{}, false, wrapf(err, "get %q", targetID)
-	}
-	return JobLease(row), found, nil
-}

@@ -16,6 +16,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
@@ -59,13 +60,6 @@ func (s *statements) take() []string {
 func recording(db *gorm.DB) (*gorm.DB, *statements) {
 	st := &statements{Interface: logger.Discard}
 	return db.Session(&gorm.Session{Logger: st}), st
-}
-
-func newRepository(t *testing.T, db *gorm.DB) *gormlease.Repository {
-	t.Helper()
-	repo, err := gormlease.NewRepository(db)
-	require.NoError(t, err)
-	return repo
 }
 
 // Points 1, 3 and 7: each step is the statements the package doc
@@ -389,7 +383,7 @@ func TestRepository_TimestampsScanAsTime(t *testing.T) {
 		repo := newRepository(t, db)
 		ctx := context.Background()
 		target, l := acquireNew(t, repo, time.Hour)
-		row, ok, err := repo.Get(ctx, target)
+		row, ok, err := admin.New(repo).Get(ctx, target)
 		require.NoError(t, err)
 		require.True(t, ok)
 		// The database runs on this machine: its clock is ours.
@@ -398,7 +392,7 @@ func TestRepository_TimestampsScanAsTime(t *testing.T) {
 
 		require.NoError(t, repo.CommitIfOwner(ctx, l, func(tx *gorm.DB) error { return gormlease.SaveJSON(tx, 1) }))
 		require.NoError(t, repo.Release(ctx, l))
-		row, _, err = repo.Get(ctx, target)
+		row, _, err = admin.New(repo).Get(ctx, target)
 		require.NoError(t, err)
 		require.NotNil(t, row.ReleasedAt, "released_at")
 		assert.WithinDuration(t, time.Now(), *row.ReleasedAt, 5*time.Second, "released_at")

@@ -103,8 +103,8 @@ func (r *Runner[T]) Run(ctx context.Context, targetID string,
 }
 
 // takeover is the generation that an acquire may take over: any
-// (anyGeneration), or only generation (0: only when the target has no row;
-// see Repository.AcquireFrom), and, with expired, only while that
+// (anyGeneration), or only generation (0: only when the target has no
+// row), and, with expired, only while that
 // generation is unreleased.
 type takeover struct {
 	generation int64
@@ -239,7 +239,7 @@ func (r *Runner[T]) commitOnce(ctx context.Context, lease Lease, sent time.Time,
 	if r.holdLeft(sent) > 0 {
 		return false, r.repo.CommitIfOwner(ctx, lease, save)
 	}
-	return true, r.repo.CommitAndRelease(ctx, lease, save)
+	return true, r.repo.commitAndRelease(ctx, lease, save)
 }
 
 // commitTimeoutError is the cause of a fenced commit's context that ended
@@ -421,7 +421,7 @@ func (r *Runner[T]) releaseFailed(ctx context.Context, lease Lease, runErr error
 	b := backend.ReconnectBackoff()
 	for {
 		actx, acancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
-		err := r.repo.ReleaseFailed(actx, lease, runErr)
+		err := r.repo.releaseFailed(actx, lease, runErr)
 		acancel()
 		if err == nil || !backend.Unreachable(err) || !b.Wait(ctx) {
 			return err

@@ -14,6 +14,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/observe"
 )
@@ -54,7 +55,7 @@ func holdOnRunner(t *testing.T, r *gormlease.Runner[string], target, value strin
 	select {
 	case <-started:
 	case <-ended:
-		t.Fatalf("the holder's Run returned before its work started: %v", (<-result).err)
+		t.Fatalf("the holder's Run returned before its work started: %v", (<-result).Err)
 	case <-time.After(20 * time.Second):
 		t.Fatal("timed out waiting for the holder's work to start")
 	}
@@ -82,13 +83,13 @@ func TestRun_ShorterTimeoutDoesNotTakeOverALiveLease(t *testing.T) {
 		}, noSave(t))
 		require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
 
-		info, err := holder.Repository().List(context.Background(), gormlease.ListOptions{Prefix: target})
+		info, err := admin.New(holder.Repository()).List(context.Background(), admin.ListOptions{Prefix: target})
 		require.NoError(t, err)
 		require.Len(t, info, 1)
-		assert.Equal(t, gormlease.StateLive, info[0].State, "List's state of the held lease")
+		assert.Equal(t, admin.StateLive, info[0].State, "List's state of the held lease")
 
 		release()
-		require.NoError(t, recv(t, done, 20*time.Second, "the holder's Run").err)
+		require.NoError(t, recv(t, done, 20*time.Second, "the holder's Run").Err)
 		got, _, err := gormlease.LoadJSON[string](context.Background(), db, target)
 		require.NoError(t, err)
 		assert.Equal(t, "from the holder", got)
@@ -216,11 +217,11 @@ func runsRenewTheirOwnRows(t *testing.T, runners []*gormlease.Runner[string], ti
 		releases, dones = append(releases, release), append(dones, done)
 	}
 	for i, r := range runners {
-		first, found, err := r.Repository().Get(context.Background(), target)
+		first, found, err := admin.New(r.Repository()).Get(context.Background(), target)
 		require.NoError(t, err)
 		require.True(t, found, "runner %d's row", i)
 		waitFor(t, timeout, "a heartbeat of each Runner's own row", func() bool {
-			row, _, err := r.Repository().Get(context.Background(), target)
+			row, _, err := admin.New(r.Repository()).Get(context.Background(), target)
 			require.NoError(t, err)
 			return row.UpdatedAt.After(first.UpdatedAt)
 		})
@@ -229,7 +230,7 @@ func runsRenewTheirOwnRows(t *testing.T, runners []*gormlease.Runner[string], ti
 		release()
 	}
 	for i, done := range dones {
-		require.NoError(t, recv(t, done, 3*timeout/2, "a Run").err, "runner %d", i)
+		require.NoError(t, recv(t, done, 3*timeout/2, "a Run").Err, "runner %d", i)
 	}
 }
 
@@ -261,8 +262,8 @@ func TestRunners_OnePoolEachKeepsItsOwnSettings(t *testing.T) {
 
 		fastRelease()
 		slowRelease()
-		require.NoError(t, recv(t, fastDone, 20*time.Second, "the fast Run").err)
-		require.NoError(t, recv(t, slowDone, 20*time.Second, "the slow Run").err)
+		require.NoError(t, recv(t, fastDone, 20*time.Second, "the fast Run").Err)
+		require.NoError(t, recv(t, slowDone, 20*time.Second, "the slow Run").Err)
 	})
 }
 
@@ -328,7 +329,7 @@ func TestWaiters_ReadsHonourTheOperationTimeout(t *testing.T) {
 		assert.Less(t, took, 3*time.Second, "the read was not bounded by the waiter's operation timeout")
 		proxy.Restore()
 		cancel()
-		assert.ErrorIs(t, recv(t, done, 20*time.Second, "RunWait").err, context.Canceled)
+		assert.ErrorIs(t, recv(t, done, 20*time.Second, "RunWait").Err, context.Canceled)
 	})
 }
 
@@ -386,13 +387,13 @@ func TestRun_MinHoldKeepsTheTargetHeld(t *testing.T) {
 			assert.Less(t, took, hold/2, "Run slept out the hold")
 			_, err = other.Run(context.Background(), target, never, noSave(t))
 			require.ErrorIs(t, err, gormlease.ErrLeaseHeld, "refused within the hold (failed work: %v)", fail)
-			info, err := other.Repository().List(context.Background(), gormlease.ListOptions{Prefix: target, Limit: 1})
+			info, err := admin.New(other.Repository()).List(context.Background(), admin.ListOptions{Prefix: target, Limit: 1})
 			require.NoError(t, err)
 			require.Len(t, info, 1)
-			assert.Equal(t, gormlease.StateLive, info[0].State)
-			assert.Nil(t, info[0].ReleasedAt)
+			assert.Equal(t, admin.StateLive, info[0].State)
+			assert.Nil(t, info[0].Row.ReleasedAt)
 			if !fail {
-				require.NotNil(t, info[0].SavedGeneration, "the save was not recorded")
+				require.NotNil(t, info[0].Row.SavedGeneration, "the save was not recorded")
 			}
 			// The row, judged on the database's clock, stays held until the
 			// hold has passed since before the acquire (SQLite keeps its

@@ -15,43 +15,9 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
-
-// slotKey is the key of slot's row of target, as the backend writes it.
-func slotKey(target string, slot int) string { return fmt.Sprintf("%s\x1f%d", target, slot) }
-
-// slotSnapshot reads every column of target's slot rows 1..n, and on
-// PostgreSQL each row version's xmin and xmax: equal snapshots mean that
-// nothing wrote (or locked) the rows in between.
-func slotSnapshot(t *testing.T, s *testdb.Server, db *gorm.DB, target string, n int) []map[string]any {
-	t.Helper()
-	cols := "*"
-	if s.Name == "postgres" {
-		cols = "*, CAST(xmin AS text) AS row_xmin, CAST(xmax AS text) AS row_xmax"
-	}
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = slotKey(target, i+1)
-	}
-	var rows []map[string]any
-	require.NoError(t, db.Table("job_lease").Select(cols).Where("target_id IN ?", keys).Order("target_id").Find(&rows).Error)
-	require.Len(t, rows, n, "slot rows of %q", target)
-	return rows
-}
-
-// holdSlots takes k of target's n slots with repo, which sends no
-// heartbeats: the holders are frozen, and their slots expire after timeout.
-func holdSlots(t *testing.T, repo *gormlease.Repository, target string, n, k int, timeout time.Duration) []gormlease.Lease {
-	t.Helper()
-	leases := make([]gormlease.Lease, k)
-	for i := range leases {
-		l, err := repo.AcquireSlot(context.Background(), target, n, timeout)
-		require.NoError(t, err)
-		leases[i] = l
-	}
-	return leases
-}
 
 // inWork counts the calls of a work that are running, and the most that
 // ever ran at once.
@@ -121,7 +87,7 @@ func TestSlots_RunWaitsAtMostNAtOnce(t *testing.T) {
 		}
 		require.EqualValues(t, n, w.most.Load(), "the most calls in their work at once")
 		repo := rs[0].Repository()
-		page, err := repo.List(ctx, gormlease.ListOptions{Prefix: target})
+		page, err := admin.New(repo).List(ctx, admin.ListOptions{Prefix: target})
 		require.NoError(t, err)
 		require.Len(t, page, n)
 		var gens int64
@@ -129,9 +95,9 @@ func TestSlots_RunWaitsAtMostNAtOnce(t *testing.T) {
 			require.Equal(t, target, li.TargetID)
 			require.Equal(t, i+1, li.Slot)
 			require.Equal(t, fmt.Sprintf("%s\x1f%d", target, i+1), li.Key, "the slot row's key")
-			require.Equal(t, li.Key, li.JobLease.TargetID)
-			require.Equal(t, gormlease.StateReleased, li.State)
-			gens += li.Generation
+			require.Equal(t, li.Key, li.Row.TargetID)
+			require.Equal(t, admin.StateReleased, li.State)
+			gens += li.Row.Generation
 		}
 		require.EqualValues(t, calls, gens, "one generation per call, over the slots")
 	})
@@ -196,7 +162,7 @@ func TestSlots_FrozenHolderFreesItsSlot(t *testing.T) {
 		close(release)
 		for _, h := range holders {
 			res := recv(t, h, 10*time.Second, "a holder's Run")
-			require.NoError(t, res.err, "a holder renewed by heartbeats keeps its slot past the timeout")
+			require.NoError(t, res.Err, "a holder renewed by heartbeats keeps its slot past the timeout")
 		}
 	})
 }
@@ -395,11 +361,11 @@ func TestSlots_TableWithoutSlotsColumn(t *testing.T) {
 		}, gormlease.SaveJSON[string])
 		require.NoError(t, err)
 		require.Equal(t, "done", got)
-		page, err := r.Repository().List(ctx, gormlease.ListOptions{})
+		page, err := admin.New(r.Repository()).List(ctx, admin.ListOptions{})
 		require.NoError(t, err)
 		require.Len(t, page, 1)
 		require.Equal(t, target, page[0].TargetID)
-		_, err = r.Repository().Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour})
+		_, err = admin.New(r.Repository()).Prune(ctx, admin.PruneOptions{OlderThan: time.Hour})
 		require.NoError(t, err)
 
 		require.NoError(t, gormlease.AutoMigrate(ctx, db))
@@ -444,7 +410,7 @@ func TestSlots_HeartbeatsAreBatched(t *testing.T) {
 		rounds := int(time.Since(begun)/interval) + 2
 		close(release)
 		for _, res := range results {
-			require.NoError(t, recv(t, res, 10*time.Second, "a Run").err, "a slot renewed by heartbeats is kept")
+			require.NoError(t, recv(t, res, 10*time.Second, "a Run").Err, "a slot renewed by heartbeats is kept")
 		}
 		assert.Positive(t, beats)
 		assert.LessOrEqual(t, beats, rounds, "%d heartbeat statements for %d slots in %d intervals", beats, 2*n, rounds)

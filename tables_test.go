@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm/schema"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
@@ -42,7 +43,7 @@ func TestTableNames_EveryStepUsesTheNamedTables(t *testing.T) {
 
 		assert.Zero(t, countRows(t, db, &gormlease.JobLease{}, target), "a row in job_lease")
 		assert.Zero(t, countRows(t, db, &gormlease.JobResult{}, target), "a row in job_result")
-		row, found, err := r.Repository().Get(context.Background(), target)
+		row, found, err := admin.New(r.Repository()).Get(context.Background(), target)
 		require.NoError(t, err)
 		require.True(t, found)
 		assert.EqualValues(t, 1, row.Generation)

@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
@@ -40,7 +41,7 @@ func eachDBAlone(t *testing.T, fn func(t *testing.T, s *testdb.Server, db *gorm.
 // connection, idle ones included.
 func checkNothingLeft(t *testing.T, db *gorm.DB, before goleak.Option) {
 	t.Helper()
-	assert.Zero(t, gormlease.ReadStats().WatchedRows, "watches left")
+	assert.Zero(t, admin.ReadStats().WatchedRows, "watches left")
 	assert.False(t, listening(t, db), "listener left")
 	sqlDB, err := db.DB()
 	require.NoError(t, err)
@@ -116,8 +117,8 @@ func TestWait_EndsLeaveNothingBehind(t *testing.T) {
 			waitWatched(t, target)
 			require.NoError(t, repo.Release(context.Background(), l))
 			res := recv(t, done, 20*time.Second, "RunWait")
-			require.NoError(t, res.err)
-			assert.Equal(t, "mine", res.value)
+			require.NoError(t, res.Err)
+			assert.Equal(t, "mine", res.Value)
 			checkNothingLeft(t, db, before)
 		})
 
@@ -128,7 +129,7 @@ func TestWait_EndsLeaveNothingBehind(t *testing.T) {
 			})
 			waitWatched(t, target)
 			require.NoError(t, repo.Release(context.Background(), l))
-			assert.ErrorContains(t, recv(t, done, 20*time.Second, "RunWait").err, "upstream API answered 503")
+			assert.ErrorContains(t, recv(t, done, 20*time.Second, "RunWait").Err, "upstream API answered 503")
 			checkNothingLeft(t, db, before)
 		})
 
@@ -137,7 +138,7 @@ func TestWait_EndsLeaveNothingBehind(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer cancel()
 			done := goRunWait(t, ctx, waiter, target, never)
-			err := recv(t, done, 20*time.Second, "RunWait").err
+			err := recv(t, done, 20*time.Second, "RunWait").Err
 			assert.ErrorIs(t, err, context.DeadlineExceeded)
 			assert.ErrorIs(t, err, gormlease.ErrLeaseHeld)
 			checkNothingLeft(t, db, before)
@@ -155,7 +156,7 @@ func goRunWait(t testing.TB, ctx context.Context, r *gormlease.Runner[string], t
 	go func() {
 		defer close(done)
 		v, err := r.RunWait(ctx, target, work, gormlease.SaveJSON[string])
-		ch <- runResult[string]{v, err}
+		ch <- runResult[string]{Value: v, Err: err}
 	}()
 	endsWithTest(t, "RunWait "+target, cancel, done)
 	return ch

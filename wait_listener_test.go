@@ -137,7 +137,7 @@ func TestDo_ListenerKilledWaitersStillWake(t *testing.T) {
 	require.True(t, terminated)
 	start := time.Now()
 	close(release)
-	require.NoError(t, recv(t, done, 20*time.Second, "the first job").err)
+	require.NoError(t, recv(t, done, 20*time.Second, "the first job").Err)
 	t.Logf("with the listener killed, 100 waiters woke %v after the job's end", waiters.woken(start, "report 1"))
 
 	// The listener is back, on a new connection, and the only one.
@@ -153,7 +153,7 @@ func TestDo_ListenerKilledWaitersStillWake(t *testing.T) {
 	waiters = startListenerWaiters(t, db, second, waitOpts)
 	start = time.Now()
 	close(release)
-	require.NoError(t, recv(t, done, 20*time.Second, "the second job").err)
+	require.NoError(t, recv(t, done, 20*time.Second, "the second job").Err)
 	woke := waiters.woken(start, "report 2")
 	t.Logf("after the reconnect, 100 waiters woke %v after the job's end", woke)
 	// A poll would come 75 s after the watch began at the soonest: well

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
 
-	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/leasetest"
 )
@@ -28,7 +28,7 @@ func TestHelpers_ClosedPoolFailsAtOnce(t *testing.T) {
 			"Expire":   func(tb testing.TB) { leasetest.Expire(tb, db, target) },
 			"State":    func(tb testing.TB) { leasetest.State(tb, db, target) },
 			"WaitFor": func(tb testing.TB) {
-				leasetest.WaitFor(tb, db, target, gormlease.StateReleased, time.Minute)
+				leasetest.WaitFor(tb, db, target, admin.StateReleased, time.Minute)
 			},
 		} {
 			begin := time.Now()

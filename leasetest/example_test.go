@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/leasetest"
 )
 
@@ -136,7 +137,7 @@ func ExampleExpire() {
 	}()
 	leasetest.Expire(t, db, target) // the holder died a lease timeout ago
 	fmt.Println(<-done)
-	fmt.Println(leasetest.WaitFor(t, db, target, gormlease.StateReleased, 5*time.Second).State)
+	fmt.Println(leasetest.WaitFor(t, db, target, admin.StateReleased, 5*time.Second).State)
 	// Output:
 	// made after the holder died shared=false err=<nil>
 	// released
@@ -150,7 +151,7 @@ func ExampleState() {
 	defer t.done()
 	l, release := leasetest.Occupy(t, db, "report:user-4")
 	info, _ := leasetest.State(t, db, "report:user-4")
-	fmt.Println(info.State, info.Holder, info.Generation == l.Generation)
+	fmt.Println(info.State, info.Row.Holder, info.Row.Generation == l.Generation)
 	release()
 	info, _ = leasetest.State(t, db, "report:user-4")
 	fmt.Println(info.State)

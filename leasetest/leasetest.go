@@ -29,6 +29,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/backend"
 	"github.com/gormlease/gormlease/internal/backend/choose"
 )
@@ -119,7 +120,7 @@ func TakeOver(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.Tabl
 		if !errors.Is(err, gormlease.ErrLeaseHeld) {
 			t.Fatalf("leasetest.TakeOver(%q): %v", targetID, err)
 		}
-		row, found, err := repo.Get(ctx, targetID)
+		row, found, err := admin.New(repo).Get(ctx, targetID)
 		if err != nil {
 			t.Fatalf("leasetest.TakeOver(%q): %v", targetID, err)
 		}
@@ -159,7 +160,7 @@ func Expire(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableO
 	switch {
 	case !ok:
 		t.Fatalf("leasetest.Expire(%q): the target has no lease row", targetID)
-	case info.State == gormlease.StateReleased:
+	case info.State == admin.StateReleased:
 		t.Fatalf("leasetest.Expire(%q): the lease is released already", targetID)
 	}
 	timeout := info.Timeout
@@ -169,7 +170,7 @@ func Expire(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableO
 	// The last heartbeat, moved back past the recorded timeout, on the
 	// database's own time as the row holds it.
 	moved, err := kit(t, db, repo, "Expire").Backdate(ctx, db,
-		backend.Lease{TargetID: targetID, Token: info.LeaseToken}, timeout+time.Second)
+		backend.Lease{TargetID: targetID, Token: info.Row.LeaseToken}, timeout+time.Second)
 	if err != nil {
 		t.Fatalf("leasetest.Expire(%q): %v", targetID, err)
 	}
@@ -182,7 +183,7 @@ func Expire(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableO
 // on the database's clock, and whether it is paused (LeaseInfo.Paused,
 // PauseReason) or its holder asked to stop (StopRequested, StopReason); ok
 // is false when there is none.
-func State(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableOption) (info gormlease.LeaseInfo, ok bool) {
+func State(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableOption) (info admin.LeaseInfo, ok bool) {
 	t.Helper()
 	repo := repository(t, db, "State", opts)
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
@@ -193,12 +194,12 @@ func State(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableOp
 // WaitFor returns once targetID's state is state (live, expired or
 // released), and fails the test when it is not within timeout. It polls
 // every 10ms.
-func WaitFor(t testing.TB, db *gorm.DB, targetID string, state gormlease.LeaseState,
+func WaitFor(t testing.TB, db *gorm.DB, targetID string, state admin.LeaseState,
 	timeout time.Duration, opts ...gormlease.TableOption,
-) gormlease.LeaseInfo {
+) admin.LeaseInfo {
 	t.Helper()
 	switch state {
-	case gormlease.StateLive, gormlease.StateExpired, gormlease.StateReleased:
+	case admin.StateLive, admin.StateExpired, admin.StateReleased:
 	default:
 		t.Fatalf("leasetest.WaitFor(%q): state %q is not live, expired or released", targetID, state)
 	}
@@ -213,7 +214,7 @@ func WaitFor(t testing.TB, db *gorm.DB, targetID string, state gormlease.LeaseSt
 			return info
 		}
 		if ok {
-			last = fmt.Sprintf("%s (generation %d, holder %q)", info.State, info.Generation, info.Holder)
+			last = fmt.Sprintf("%s (generation %d, holder %q)", info.State, info.Row.Generation, info.Row.Holder)
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("leasetest.WaitFor(%q): not %s within %v; last seen: %s", targetID, state, timeout, last)
@@ -224,26 +225,26 @@ func WaitFor(t testing.TB, db *gorm.DB, targetID string, state gormlease.LeaseSt
 
 // stateOf reads targetID's row with List: the first row whose ID starts
 // with targetID is targetID's own, when it has one.
-func stateOf(ctx context.Context, t testing.TB, repo *gormlease.Repository, targetID, what string) (gormlease.LeaseInfo, bool) {
+func stateOf(ctx context.Context, t testing.TB, repo *gormlease.Repository, targetID, what string) (admin.LeaseInfo, bool) {
 	t.Helper()
-	rows, err := repo.List(ctx, gormlease.ListOptions{Prefix: targetID, Limit: 1})
+	rows, err := admin.New(repo).List(ctx, admin.ListOptions{Prefix: targetID, Limit: 1})
 	if err != nil {
 		t.Fatalf("leasetest.%s(%q): %v", what, targetID, err)
 	}
 	if len(rows) == 0 || rows[0].Key != targetID {
-		return gormlease.LeaseInfo{}, false
+		return admin.LeaseInfo{}, false
 	}
 	return rows[0], true
 }
 
 // describe says who holds targetID, for a failure message.
 func describe(ctx context.Context, repo *gormlease.Repository, targetID string) string {
-	rows, err := repo.List(ctx, gormlease.ListOptions{Prefix: targetID, Limit: 1})
+	rows, err := admin.New(repo).List(ctx, admin.ListOptions{Prefix: targetID, Limit: 1})
 	if err != nil || len(rows) == 0 || rows[0].Key != targetID {
 		return "its row could not be read"
 	}
 	r := rows[0]
-	return fmt.Sprintf("%s by %q, generation %d, expires in %v", r.State, r.Holder, r.Generation, r.ExpiresIn.Round(time.Millisecond))
+	return fmt.Sprintf("%s by %q, generation %d, expires in %v", r.State, r.Row.Holder, r.Row.Generation, r.ExpiresIn.Round(time.Millisecond))
 }
 
 // kit returns the test kit's statements on db, for repo's tables: what

@@ -14,6 +14,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/leasetest"
 )
@@ -62,9 +63,9 @@ func TestOccupy_RunSeesLeaseHeld(t *testing.T) {
 		held, release := leasetest.Occupy(t, db, target)
 		info, ok := leasetest.State(t, db, target)
 		require.True(t, ok)
-		assert.Equal(t, gormlease.StateLive, info.State)
-		assert.Equal(t, leasetest.Holder, info.Holder)
-		assert.Equal(t, held.Generation, info.Generation)
+		assert.Equal(t, admin.StateLive, info.State)
+		assert.Equal(t, leasetest.Holder, info.Row.Holder)
+		assert.Equal(t, held.Generation, info.Row.Generation)
 
 		r := newRunner(t, db)
 		_, err := r.Run(context.Background(), target, func(context.Context) (string, error) {
@@ -74,7 +75,7 @@ func TestOccupy_RunSeesLeaseHeld(t *testing.T) {
 		require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
 
 		release()
-		leasetest.WaitFor(t, db, target, gormlease.StateReleased, time.Second)
+		leasetest.WaitFor(t, db, target, admin.StateReleased, time.Second)
 		got, err := r.Run(context.Background(), target, func(context.Context) (string, error) { return "ran", nil },
 			gormlease.SaveJSON[string])
 		require.NoError(t, err)
@@ -108,9 +109,9 @@ func TestTakeOver_MidWorkCancelsTheWork(t *testing.T) {
 		l := <-taken
 		info, ok := leasetest.State(t, db, target)
 		require.True(t, ok)
-		assert.Equal(t, gormlease.StateLive, info.State)
-		assert.Equal(t, l.Token, info.LeaseToken)
-		assert.EqualValues(t, 2, info.Generation, "generation + 1")
+		assert.Equal(t, admin.StateLive, info.State)
+		assert.Equal(t, l.Token, info.Row.LeaseToken)
+		assert.EqualValues(t, 2, info.Row.Generation, "generation + 1")
 	})
 }
 
@@ -120,8 +121,8 @@ func TestTakeOver_FreeTarget(t *testing.T) {
 		target := newTarget(t)
 		l := leasetest.TakeOver(t, db, target)
 		assert.EqualValues(t, 1, l.Generation)
-		info := leasetest.WaitFor(t, db, target, gormlease.StateLive, time.Second)
-		assert.Equal(t, l.Token, info.LeaseToken)
+		info := leasetest.WaitFor(t, db, target, admin.StateLive, time.Second)
+		assert.Equal(t, l.Token, info.Row.LeaseToken)
 	})
 }
 
@@ -158,8 +159,8 @@ func TestDo_WaitsForAnOccupantAndTakesOverAfterExpire(t *testing.T) {
 		assert.Zero(t, ran.Load())
 		leasetest.Expire(t, db, target)
 		info, ok := leasetest.State(t, db, target)
-		if ok && info.Generation == held.Generation {
-			assert.Equal(t, gormlease.StateExpired, info.State)
+		if ok && info.Row.Generation == held.Generation {
+			assert.Equal(t, admin.StateExpired, info.State)
 		}
 		res := recv(t, done, "Do")
 		require.NoError(t, res.err)
@@ -176,8 +177,8 @@ func TestExpire_NextRunTakesOver(t *testing.T) {
 		target := newTarget(t)
 		held, _ := leasetest.Occupy(t, db, target)
 		leasetest.Expire(t, db, target)
-		info := leasetest.WaitFor(t, db, target, gormlease.StateExpired, time.Second)
-		assert.Equal(t, held.Generation, info.Generation)
+		info := leasetest.WaitFor(t, db, target, admin.StateExpired, time.Second)
+		assert.Equal(t, held.Generation, info.Row.Generation)
 		r := newRunner(t, db)
 		_, err := r.Run(context.Background(), target, func(ctx context.Context) (string, error) {
 			l, _ := gormlease.LeaseFromContext(ctx)
@@ -199,7 +200,7 @@ func TestHelpers_OtherTables(t *testing.T) {
 		assert.False(t, ok, "the default table has the row")
 		info, ok := leasetest.State(t, db, target, tables)
 		require.True(t, ok)
-		assert.Equal(t, gormlease.StateLive, info.State)
+		assert.Equal(t, admin.StateLive, info.State)
 		r := newRunner(t, db, tables)
 		_, err := r.Run(context.Background(), target, func(context.Context) (string, error) { return "", nil },
 			gormlease.SaveJSON[string])
@@ -250,7 +251,7 @@ func TestHelpers_FailClearly(t *testing.T) {
 		assert.Contains(t, msg, leasetest.Holder)
 
 		msg = fails(t, func(tb testing.TB) {
-			leasetest.WaitFor(tb, db, target, gormlease.StateReleased, 50*time.Millisecond)
+			leasetest.WaitFor(tb, db, target, admin.StateReleased, 50*time.Millisecond)
 		})
 		assert.Contains(t, msg, "not released within 50ms")
 		assert.Contains(t, msg, "last seen: live")
@@ -273,8 +274,8 @@ func TestState_ShowsPauseAndStop(t *testing.T) {
 		target := newTarget(t)
 		_, err := repo.Acquire(ctx, target, time.Minute)
 		require.NoError(t, err)
-		require.NoError(t, repo.Pause(ctx, target, "why"))
-		require.NoError(t, repo.RequestStop(ctx, target, "because"))
+		require.NoError(t, admin.New(repo).Pause(ctx, target, "why"))
+		require.NoError(t, admin.New(repo).RequestStop(ctx, target, "because"))
 		info, ok := leasetest.State(t, db, target)
 		require.True(t, ok)
 		assert.True(t, info.Paused)

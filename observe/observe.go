@@ -98,7 +98,7 @@ const (
 	// lease was taken: the Run holds it from then on, until its
 	// EventLeaseEnd. Err wraps gormlease.ErrLeaseHeld when another
 	// holder's lease was live, and also wraps gormlease.ErrPaused when the
-	// target is paused (an operator's Repository.Pause): both are refusals,
+	// target is paused (an operator's admin.Operator.Pause): both are refusals,
 	// not failures. It is any other error when the acquire failed.
 	EventAcquire EventKind = iota + 1
 	// EventLeaseEnd says that a Run no longer holds its lease, with
@@ -144,7 +144,7 @@ const (
 	// record one between them, 0 when they did not wait.
 	EventDoWait
 	// EventStopRequested is a Run whose work was cancelled because an
-	// operator asked the holder to stop (gormlease.Repository.RequestStop):
+	// operator asked the holder to stop (admin.Operator.RequestStop):
 	// nothing was saved and the lease was given up, not lost (no
 	// EventLeaseLost). Err wraps gormlease.ErrStopRequested, with the
 	// request's reason; Duration is how long the Run had held the lease.

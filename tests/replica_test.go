@@ -15,12 +15,13 @@ import (
 	"gorm.io/plugin/dbresolver"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
 // With dbresolver sending gorm's reads to a replica that lags (here, one
 // that has none of the primary's rows): the lease's statements go to the
-// primary, and so do Repository.Get, which Run decides on, whereas
+// primary, and so do admin.Operator.Get, which Run decides on, whereas
 // LoadJSON reads where the *gorm.DB it is given sends it, and reads the
 // primary when given db.Clauses(dbresolver.Write).
 func TestReplica_ReadsThatDecideGoToThePrimary(t *testing.T) {
@@ -43,7 +44,7 @@ func TestReplica_ReadsThatDecideGoToThePrimary(t *testing.T) {
 		assert.Zero(t, countRows(t, db, &gormlease.JobLease{}, target), "rows of %s read through dbresolver", target)
 
 		// Get reads the primary.
-		row, found, err := r.Repository().Get(ctx, target)
+		row, found, err := admin.New(r.Repository()).Get(ctx, target)
 		require.NoError(t, err)
 		require.True(t, found, "Get found no row: it read the replica")
 		assert.Equal(t, primary.LeaseToken, row.LeaseToken)

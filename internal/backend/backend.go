@@ -428,7 +428,7 @@ type State struct {
 	// Timeout is the lease timeout that the generation's holder recorded, 0
 	// when the row records none.
 	Timeout time.Duration
-	// Paused reports that the target is paused (Repository.Pause), with
+	// Paused reports that the target is paused (admin.Operator.Pause), with
 	// the pause's reason: no acquire takes the row until it is resumed.
 	Paused      bool
 	PauseReason string
@@ -468,6 +468,9 @@ type Listed struct {
 	State string
 	Age   time.Duration
 }
+
+// Live reports whether l's lease was live when it was read.
+func (l Listed) Live() bool { return l.State == "live" }
 
 // PruneQuery chooses the rows of a PruneBatch: released, or expired by the
 // timeout their holder recorded, more than OlderThan ago.

@@ -201,7 +201,7 @@ func CheckTimes(ctx context.Context, db *gorm.DB) error {
 // result says both whether it took the row and its generation, in one round
 // trip and whatever the DSN's clientFoundRows. (RowsAffected alone also
 // works: lease_token always changes, so a matched row is a changed row.)
-// A paused row (Repository.Pause) is never taken over. On a row that it
+// A paused row (admin.Operator.Pause) is never taken over. On a row that it
 // refuses, the WHERE puts the row's generation, times four, plus one when
 // the row is live and two when it is paused, in the insert ID instead,
 // writing nothing: a refusal says whether there is a row, a live one or a

@@ -277,7 +277,7 @@ const takeOverSetSQL = `
 	timeout_ms  = CAST($6 AS bigint)`
 
 // freeSQL is the condition that a row may be taken over: not paused
-// (Repository.Pause), and released, or its last heartbeat older than the
+// (admin.Operator.Pause), and released, or its last heartbeat older than the
 // timeout its holder recorded, or, for a row that records none, the
 // caller's timeout in microseconds ($4). A paused row so refuses every
 // takeover in the takeover's own statement, writing nothing.

@@ -151,7 +151,7 @@ func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
 // the NOT EXISTS guard makes a refused acquire write nothing, and the
 // ON CONFLICT ... WHERE re-checks the row under the write lock; both judge
 // the row by the timeout its holder recorded, and the DO UPDATE never
-// takes a paused row (Repository.Pause). Ages are
+// takes a paused row (admin.Operator.Pause). Ages are
 // compared in seconds through julianday(). A target without a row starts
 // above the generation floor, but only for an acquire of any generation
 // or from 0: from a generation above 0 (backend.AcquireArgs.From) the

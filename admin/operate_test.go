@@ -1,4 +1,4 @@
-package gormlease_test
+package admin_test
 
 import (
 	"context"
@@ -10,7 +10,9 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/internal/testkit"
 )
 
 // runNothing is work that fails the test if it ever runs.
@@ -27,23 +29,24 @@ func runNothing(t *testing.T) func(context.Context) (string, error) {
 // lets the next Run take it.
 func TestPause_RefusesRunAndWritesNothing(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
-		r := newRunner(t, db)
+		r := testkit.NewRunner(t, db)
 		repo := r.Repository()
+		op := admin.New(repo)
 		for _, ran := range []bool{false, true} { // a target never acquired, and one acquired before
-			target := newTarget(t)
+			target := testkit.NewTarget(t)
 			if ran {
 				_, err := r.Run(ctx, target, func(context.Context) (string, error) { return "x", nil }, func(*gorm.DB, string) error { return nil })
 				require.NoError(t, err)
 			}
-			require.NoError(t, repo.Pause(ctx, target, "deploy in progress"))
-			before := leaseRow(t, db, target)
+			require.NoError(t, op.Pause(ctx, target, "deploy in progress"))
+			before := testkit.LeaseRow(t, db, target)
 			require.NotNil(t, before.PausedAt)
 			require.NotNil(t, before.PauseReason)
 			assert.Equal(t, "deploy in progress", *before.PauseReason)
 
-			_, err := r.Run(ctx, target, runNothing(t), noSave(t))
+			_, err := r.Run(ctx, target, runNothing(t), testkit.NoSave(t))
 			require.ErrorIs(t, err, gormlease.ErrPaused)
 			require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
 			assert.NotErrorIs(t, err, gormlease.ErrLeaseLost)
@@ -54,21 +57,21 @@ func TestPause_RefusesRunAndWritesNothing(t *testing.T) {
 			assert.Contains(t, err.Error(), "deploy in progress")
 			_, err = repo.Acquire(ctx, target, time.Minute)
 			require.ErrorIs(t, err, gormlease.ErrPaused)
-			after := leaseRow(t, db, target)
+			after := testkit.LeaseRow(t, db, target)
 			assert.Equal(t, before.Generation, after.Generation, "a refused acquire wrote the row")
 			assert.Equal(t, before.LeaseToken, after.LeaseToken, "a refused acquire wrote the row")
 			assert.True(t, before.UpdatedAt.Equal(after.UpdatedAt), "a refused acquire wrote the row")
 
-			require.NoError(t, repo.Pause(ctx, target, "still deploying"))
-			again := leaseRow(t, db, target)
+			require.NoError(t, op.Pause(ctx, target, "still deploying"))
+			again := testkit.LeaseRow(t, db, target)
 			assert.Equal(t, "still deploying", *again.PauseReason, "pausing again updates the reason")
 			assert.True(t, before.PausedAt.Equal(*again.PausedAt), "pausing again keeps the time of the pause")
 
-			require.NoError(t, repo.Resume(ctx, target))
+			require.NoError(t, op.Resume(ctx, target))
 			got, err := r.Run(ctx, target, func(context.Context) (string, error) { return "ran", nil }, func(*gorm.DB, string) error { return nil })
 			require.NoError(t, err)
 			assert.Equal(t, "ran", got)
-			row := leaseRow(t, db, target)
+			row := testkit.LeaseRow(t, db, target)
 			assert.Nil(t, row.PausedAt)
 			assert.Equal(t, before.Generation+1, row.Generation)
 		}
@@ -78,19 +81,20 @@ func TestPause_RefusesRunAndWritesNothing(t *testing.T) {
 // List shows a paused target as paused, with the reason.
 func TestPause_ListShowsIt(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
-		repo := newRepository(t, db)
-		target := newTarget(t)
-		require.NoError(t, repo.Pause(ctx, target, "maintenance"))
-		page, err := repo.List(ctx, gormlease.ListOptions{Prefix: target})
+		repo := testkit.NewRepository(t, db)
+		op := admin.New(repo)
+		target := testkit.NewTarget(t)
+		require.NoError(t, op.Pause(ctx, target, "maintenance"))
+		page, err := op.List(ctx, admin.ListOptions{Prefix: target})
 		require.NoError(t, err)
 		require.Len(t, page, 1)
 		assert.True(t, page[0].Paused)
 		assert.Equal(t, "maintenance", page[0].PauseReason)
-		assert.Equal(t, gormlease.StateReleased, page[0].State)
-		require.NoError(t, repo.Resume(ctx, target))
-		page, err = repo.List(ctx, gormlease.ListOptions{Prefix: target})
+		assert.Equal(t, admin.StateReleased, page[0].State)
+		require.NoError(t, op.Resume(ctx, target))
+		page, err = op.List(ctx, admin.ListOptions{Prefix: target})
 		require.NoError(t, err)
 		require.Len(t, page, 1)
 		assert.False(t, page[0].Paused)
@@ -102,14 +106,15 @@ func TestPause_ListShowsIt(t *testing.T) {
 // it is resumed.
 func TestPause_RunWaitAndDoWaitForResume(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		r := newRunner(t, db, fast(100*time.Millisecond, time.Second)...)
-		waitTarget, doTarget := newTarget(t), newTarget(t)
+		r := testkit.NewRunner(t, db, testkit.Fast(100*time.Millisecond, time.Second)...)
+		waitTarget, doTarget := testkit.NewTarget(t), testkit.NewTarget(t)
 		repo := r.Repository()
-		require.NoError(t, repo.Pause(ctx, waitTarget, "hold on"))
-		require.NoError(t, repo.Pause(ctx, doTarget, "hold on"))
+		op := admin.New(repo)
+		require.NoError(t, op.Pause(ctx, waitTarget, "hold on"))
+		require.NoError(t, op.Pause(ctx, doTarget, "hold on"))
 		resumed := make(chan struct{})
 		work := func(context.Context) (string, error) {
 			select {
@@ -135,10 +140,10 @@ func TestPause_RunWaitAndDoWaitForResume(t *testing.T) {
 		case <-time.After(500 * time.Millisecond): // several polls, none of which may run the work
 		}
 		close(resumed)
-		require.NoError(t, repo.Resume(ctx, waitTarget))
-		require.NoError(t, repo.Resume(ctx, doTarget))
-		require.NoError(t, recv(t, waitDone, 10*time.Second, "RunWait"))
-		require.NoError(t, recv(t, doDone, 10*time.Second, "Do"))
+		require.NoError(t, op.Resume(ctx, waitTarget))
+		require.NoError(t, op.Resume(ctx, doTarget))
+		require.NoError(t, testkit.Recv(t, waitDone, 10*time.Second, "RunWait"))
+		require.NoError(t, testkit.Recv(t, doDone, 10*time.Second, "Do"))
 	})
 }
 
@@ -146,13 +151,13 @@ func TestPause_RunWaitAndDoWaitForResume(t *testing.T) {
 // error wrapping ErrPaused and the context's error.
 func TestPause_RunWaitStopsWaitingWithErrPaused(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
-		r := newRunner(t, db, fast(100*time.Millisecond, time.Second)...)
-		target := newTarget(t)
-		require.NoError(t, r.Repository().Pause(context.Background(), target, "frozen"))
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		r := testkit.NewRunner(t, db, testkit.Fast(100*time.Millisecond, time.Second)...)
+		target := testkit.NewTarget(t)
+		require.NoError(t, admin.New(r.Repository()).Pause(context.Background(), target, "frozen"))
 		ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
 		defer cancel()
-		_, err := r.RunWait(ctx, target, runNothing(t), noSave(t))
+		_, err := r.RunWait(ctx, target, runNothing(t), testkit.NoSave(t))
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.ErrorIs(t, err, gormlease.ErrPaused)
 		assert.Contains(t, err.Error(), "frozen")
@@ -165,12 +170,13 @@ func TestPause_RunWaitStopsWaitingWithErrPaused(t *testing.T) {
 // and the lease is released, at once, so that the next Run takes it.
 func TestRequestStop_StopsRunWithoutSaving(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
 		const interval = 100 * time.Millisecond
-		r := newRunner(t, db, fast(interval, 10*time.Second)...)
+		r := testkit.NewRunner(t, db, testkit.Fast(interval, 10*time.Second)...)
 		repo := r.Repository()
-		target := newTarget(t)
+		op := admin.New(repo)
+		target := testkit.NewTarget(t)
 		started := make(chan struct{})
 		var cause error
 		var stoppedAt time.Time
@@ -178,7 +184,7 @@ func TestRequestStop_StopsRunWithoutSaving(t *testing.T) {
 		go func() {
 			<-started
 			requested = time.Now()
-			assert.NoError(t, repo.RequestStop(ctx, target, "drain"))
+			assert.NoError(t, op.RequestStop(ctx, target, "drain"))
 		}()
 		_, err := r.Run(ctx, target, func(work context.Context) (string, error) {
 			close(started)
@@ -186,7 +192,7 @@ func TestRequestStop_StopsRunWithoutSaving(t *testing.T) {
 			stoppedAt = time.Now()
 			cause = context.Cause(work)
 			return "result", nil
-		}, noSave(t))
+		}, testkit.NoSave(t))
 		require.ErrorIs(t, err, gormlease.ErrStopRequested)
 		assert.NotErrorIs(t, err, gormlease.ErrLeaseLost)
 		assert.Contains(t, err.Error(), "drain")
@@ -195,7 +201,7 @@ func TestRequestStop_StopsRunWithoutSaving(t *testing.T) {
 		// Within an interval of the request, and a margin for a loaded
 		// machine: the request rides on the next heartbeat.
 		assert.Less(t, stoppedAt.Sub(requested), interval+2*time.Second)
-		row := leaseRow(t, db, target)
+		row := testkit.LeaseRow(t, db, target)
 		require.NotNil(t, row.ReleasedAt, "the lease was not released")
 		assert.Nil(t, row.SavedGeneration, "something was saved")
 
@@ -212,15 +218,16 @@ func TestRequestStop_StopsRunWithoutSaving(t *testing.T) {
 // not stop it.
 func TestRequestStop_DoesNotHitALaterLease(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
 		const interval = 50 * time.Millisecond
-		r := newRunner(t, db, fast(interval, 10*time.Second)...)
+		r := testkit.NewRunner(t, db, testkit.Fast(interval, 10*time.Second)...)
 		repo := r.Repository()
-		target, l := acquireNew(t, repo, time.Minute)
-		require.NoError(t, repo.RequestStop(ctx, target, "old"))
+		op := admin.New(repo)
+		target, l := testkit.AcquireNew(t, repo, time.Minute)
+		require.NoError(t, op.RequestStop(ctx, target, "old"))
 		require.NoError(t, repo.Release(ctx, l))
-		page, err := repo.List(ctx, gormlease.ListOptions{Prefix: target})
+		page, err := op.List(ctx, admin.ListOptions{Prefix: target})
 		require.NoError(t, err)
 		require.Len(t, page, 1)
 		assert.False(t, page[0].StopRequested, "a released lease shows a pending stop")
@@ -230,9 +237,9 @@ func TestRequestStop_DoesNotHitALaterLease(t *testing.T) {
 			// Several heartbeats, each of which would find a request that
 			// applied to this lease.
 			for beats = 0; beats < 5; beats++ {
-				before := leaseRow(t, db, target).UpdatedAt
-				waitFor(t, 10*time.Second, "a heartbeat", func() bool {
-					return work.Err() != nil || leaseRow(t, db, target).UpdatedAt.After(before)
+				before := testkit.LeaseRow(t, db, target).UpdatedAt
+				testkit.WaitFor(t, 10*time.Second, "a heartbeat", func() bool {
+					return work.Err() != nil || testkit.LeaseRow(t, db, target).UpdatedAt.After(before)
 				})
 				if work.Err() != nil {
 					return "", context.Cause(work)
@@ -250,13 +257,14 @@ func TestRequestStop_DoesNotHitALaterLease(t *testing.T) {
 // the rows a statement changed, and this one changes none).
 func TestRequestStop_AgainWhileHeld(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
-		repo := newRepository(t, db)
-		target, l := acquireNew(t, repo, time.Minute)
-		require.NoError(t, repo.RequestStop(ctx, target, "drain"))
-		require.NoError(t, repo.RequestStop(ctx, target, "drain"), "asked again")
-		row := leaseRow(t, db, target)
+		repo := testkit.NewRepository(t, db)
+		op := admin.New(repo)
+		target, l := testkit.AcquireNew(t, repo, time.Minute)
+		require.NoError(t, op.RequestStop(ctx, target, "drain"))
+		require.NoError(t, op.RequestStop(ctx, target, "drain"), "asked again")
+		row := testkit.LeaseRow(t, db, target)
 		require.NotNil(t, row.StopGeneration)
 		assert.Equal(t, l.Generation, *row.StopGeneration)
 	})
@@ -266,14 +274,15 @@ func TestRequestStop_AgainWhileHeld(t *testing.T) {
 // does, and writes nothing.
 func TestRequestStop_NoLiveLease(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
-		repo := newRepository(t, db)
-		require.ErrorIs(t, repo.RequestStop(ctx, newTarget(t), "x"), gormlease.ErrNoLiveLease, "never acquired")
-		target, l := acquireNew(t, repo, time.Minute)
+		repo := testkit.NewRepository(t, db)
+		op := admin.New(repo)
+		require.ErrorIs(t, op.RequestStop(ctx, testkit.NewTarget(t), "x"), gormlease.ErrNoLiveLease, "never acquired")
+		target, l := testkit.AcquireNew(t, repo, time.Minute)
 		require.NoError(t, repo.Release(ctx, l))
-		require.ErrorIs(t, repo.RequestStop(ctx, target, "x"), gormlease.ErrNoLiveLease, "released")
-		assert.Nil(t, leaseRow(t, db, target).StopGeneration)
+		require.ErrorIs(t, op.RequestStop(ctx, target, "x"), gormlease.ErrNoLiveLease, "released")
+		assert.Nil(t, testkit.LeaseRow(t, db, target).StopGeneration)
 	})
 }
 
@@ -281,27 +290,28 @@ func TestRequestStop_NoLiveLease(t *testing.T) {
 // released; ForceRelease ends a live lease but leaves the pause in place.
 func TestPause_SurvivesPruneAndForceRelease(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		ctx := context.Background()
 		db := emptyDB(t, s)
-		repo := newRepository(t, db)
+		repo := testkit.NewRepository(t, db)
+		op := admin.New(repo)
 		l, err := repo.Acquire(ctx, "paused", time.Minute)
 		require.NoError(t, err)
-		require.NoError(t, repo.Pause(ctx, "paused", "keep"))
-		_, err = repo.ForceRelease(ctx, "paused")
+		require.NoError(t, op.Pause(ctx, "paused", "keep"))
+		_, err = op.ForceRelease(ctx, "paused")
 		require.NoError(t, err)
-		assert.NotNil(t, leaseRow(t, db, "paused").PausedAt, "ForceRelease resumed the target")
+		assert.NotNil(t, testkit.LeaseRow(t, db, "paused").PausedAt, "ForceRelease resumed the target")
 		_, err = repo.Acquire(ctx, "paused", time.Minute)
 		require.ErrorIs(t, err, gormlease.ErrPaused)
 		ageRelease(t, s, db, "paused", 2*time.Hour)
 		_, err = repo.Acquire(ctx, "unpaused", time.Minute)
 		require.NoError(t, err)
-		age(t, s, db, "unpaused", 2*time.Hour)
+		testkit.Age(t, s, db, "unpaused", 2*time.Hour)
 
-		deleted, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour})
+		deleted, err := op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour})
 		require.NoError(t, err)
 		assert.EqualValues(t, 1, deleted, "only the row that is not paused")
-		row := leaseRow(t, db, "paused")
+		row := testkit.LeaseRow(t, db, "paused")
 		assert.NotNil(t, row.PausedAt)
 		assert.Equal(t, l.Generation+1, row.Generation)
 	})
@@ -312,27 +322,28 @@ func TestPause_SurvivesPruneAndForceRelease(t *testing.T) {
 // holder, and RequestStopSlot one.
 func TestPause_Slots(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
-		r := newRunner(t, db, append(fast(50*time.Millisecond, 10*time.Second), gormlease.WithSlots(2))...)
+		r := testkit.NewRunner(t, db, append(testkit.Fast(50*time.Millisecond, 10*time.Second), gormlease.WithSlots(2))...)
 		repo := r.Repository()
+		op := admin.New(repo)
 		save := func(*gorm.DB, string) error { return nil }
 		ok := func(context.Context) (string, error) { return "ok", nil }
 
-		fresh := newTarget(t) // paused before its slot rows exist
-		require.NoError(t, repo.Pause(ctx, fresh, "no slots yet"))
-		_, err := r.Run(ctx, fresh, runNothing(t), noSave(t))
+		fresh := testkit.NewTarget(t) // paused before its slot rows exist
+		require.NoError(t, op.Pause(ctx, fresh, "no slots yet"))
+		_, err := r.Run(ctx, fresh, runNothing(t), testkit.NoSave(t))
 		require.ErrorIs(t, err, gormlease.ErrPaused)
 		assert.Contains(t, err.Error(), "no slots yet")
 
-		target := newTarget(t) // paused after
+		target := testkit.NewTarget(t) // paused after
 		_, err = r.Run(ctx, target, ok, save)
 		require.NoError(t, err)
-		require.NoError(t, repo.Pause(ctx, target, "slots"))
-		_, err = r.Run(ctx, target, runNothing(t), noSave(t))
+		require.NoError(t, op.Pause(ctx, target, "slots"))
+		_, err = r.Run(ctx, target, runNothing(t), testkit.NoSave(t))
 		require.ErrorIs(t, err, gormlease.ErrPaused)
-		require.NoError(t, repo.Resume(ctx, target))
-		require.NoError(t, repo.Resume(ctx, fresh))
+		require.NoError(t, op.Resume(ctx, target))
+		require.NoError(t, op.Resume(ctx, fresh))
 		_, err = r.Run(ctx, fresh, ok, save)
 		require.NoError(t, err)
 
@@ -343,27 +354,27 @@ func TestPause_Slots(t *testing.T) {
 			<-w.Done()
 			return "", context.Cause(w)
 		}
-		first, second := goRun(t, ctx, r, target, work, noSave(t)), goRun(t, ctx, r, target, work, noSave(t))
-		recv(t, started, 10*time.Second, "the first holder")
-		recv(t, started, 10*time.Second, "the second holder")
-		require.NoError(t, repo.RequestStop(ctx, target, "all slots"))
-		require.ErrorIs(t, recv(t, first, 10*time.Second, "the first Run").err, gormlease.ErrStopRequested)
-		require.ErrorIs(t, recv(t, second, 10*time.Second, "the second Run").err, gormlease.ErrStopRequested)
+		first, second := testkit.GoRun(t, ctx, r, target, work, testkit.NoSave(t)), testkit.GoRun(t, ctx, r, target, work, testkit.NoSave(t))
+		testkit.Recv(t, started, 10*time.Second, "the first holder")
+		testkit.Recv(t, started, 10*time.Second, "the second holder")
+		require.NoError(t, op.RequestStop(ctx, target, "all slots"))
+		require.ErrorIs(t, testkit.Recv(t, first, 10*time.Second, "the first Run").Err, gormlease.ErrStopRequested)
+		require.ErrorIs(t, testkit.Recv(t, second, 10*time.Second, "the second Run").Err, gormlease.ErrStopRequested)
 
 		// RequestStopSlot stops one slot's holder only.
-		one := goRun(t, ctx, r, target, work, noSave(t))
-		recv(t, started, 10*time.Second, "a holder")
-		l := recvLease(t, repo, target)
-		require.ErrorIs(t, repo.RequestStopSlot(ctx, target, 3-l, "other slot"), gormlease.ErrNoLiveLease)
-		require.NoError(t, repo.RequestStopSlot(ctx, target, l, "this slot"))
-		require.ErrorIs(t, recv(t, one, 10*time.Second, "the Run").err, gormlease.ErrStopRequested)
+		one := testkit.GoRun(t, ctx, r, target, work, testkit.NoSave(t))
+		testkit.Recv(t, started, 10*time.Second, "a holder")
+		l := recvLease(t, op, target)
+		require.ErrorIs(t, op.RequestStopSlot(ctx, target, 3-l, "other slot"), gormlease.ErrNoLiveLease)
+		require.NoError(t, op.RequestStopSlot(ctx, target, l, "this slot"))
+		require.ErrorIs(t, testkit.Recv(t, one, 10*time.Second, "the Run").Err, gormlease.ErrStopRequested)
 	})
 }
 
 // recvLease returns the slot of target whose lease is live.
-func recvLease(t *testing.T, repo *gormlease.Repository, target string) int {
+func recvLease(t *testing.T, op *admin.Operator, target string) int {
 	t.Helper()
-	page, err := repo.List(context.Background(), gormlease.ListOptions{Prefix: target, State: gormlease.StateLive})
+	page, err := op.List(context.Background(), admin.ListOptions{Prefix: target, State: admin.StateLive})
 	require.NoError(t, err)
 	require.Len(t, page, 1)
 	return page[0].Slot
@@ -374,12 +385,12 @@ func recvLease(t *testing.T, repo *gormlease.Repository, target string) int {
 // SharedJobError: one of them takes over and runs the work.
 func TestRequestStop_DoWaitersTakeOver(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		holder := newRunner(t, db, fast(50*time.Millisecond, 10*time.Second)...)
-		other := newRunner(t, db, fast(50*time.Millisecond, 10*time.Second)...)
-		target := newTarget(t)
+		holder := testkit.NewRunner(t, db, testkit.Fast(50*time.Millisecond, 10*time.Second)...)
+		other := testkit.NewRunner(t, db, testkit.Fast(50*time.Millisecond, 10*time.Second)...)
+		target := testkit.NewTarget(t)
 		save := func(*gorm.DB, string) error { return nil }
 		load := func(*gorm.DB) (string, error) { return "loaded", nil }
 		started := make(chan struct{})
@@ -394,16 +405,16 @@ func TestRequestStop_DoWaitersTakeOver(t *testing.T) {
 		}
 		first, local, remote := make(chan out, 1), make(chan out, 1), make(chan out, 1)
 		go func() { v, _, err := holder.Do(ctx, target, stopped, save, load); first <- out{v, err} }()
-		recv(t, started, 10*time.Second, "the job")
+		testkit.Recv(t, started, 10*time.Second, "the job")
 		takeOver := func(context.Context) (string, error) { return "taken over", nil }
 		go func() { v, _, err := holder.Do(ctx, target, takeOver, save, load); local <- out{v, err} }()
 		go func() { v, _, err := other.Do(ctx, target, takeOver, save, load); remote <- out{v, err} }()
 		// Whether they wait for the job, or come after it ended, neither
 		// may share its failure.
-		require.NoError(t, holder.Repository().RequestStop(ctx, target, "redo"))
-		require.ErrorIs(t, recv(t, first, 10*time.Second, "the stopped Do").err, gormlease.ErrStopRequested)
+		require.NoError(t, admin.New(holder.Repository()).RequestStop(ctx, target, "redo"))
+		require.ErrorIs(t, testkit.Recv(t, first, 10*time.Second, "the stopped Do").err, gormlease.ErrStopRequested)
 		for _, ch := range []chan out{local, remote} {
-			o := recv(t, ch, 10*time.Second, "a waiting Do")
+			o := testkit.Recv(t, ch, 10*time.Second, "a waiting Do")
 			require.NoError(t, o.err)
 			assert.Contains(t, []string{"taken over", "loaded"}, o.v)
 		}
@@ -415,11 +426,11 @@ func TestRequestStop_DoWaitersTakeOver(t *testing.T) {
 // the role is paused, no Elector leads; Resume lets one lead.
 func TestRequestStop_ElectorTermEnds(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		role := newTarget(t)
-		a, b := newElector(t, db, role), newElector(t, db, role)
+		role := testkit.NewTarget(t)
+		a, b := testkit.NewElector(t, db, role), testkit.NewElector(t, db, role)
 		leading := make(chan string, 2)
 		lead := func(name string) func(context.Context) error {
 			return func(term context.Context) error {
@@ -428,12 +439,12 @@ func TestRequestStop_ElectorTermEnds(t *testing.T) {
 				return context.Cause(term)
 			}
 		}
-		aDone := goLead(t, ctx, a, lead("a"))
-		require.Equal(t, "a", recv(t, leading, 10*time.Second, "a leads"))
-		require.NoError(t, a.Repository().Pause(ctx, role, "no leader"))
-		bDone := goLead(t, ctx, b, lead("b"))
-		require.NoError(t, a.Repository().RequestStop(ctx, role, "step down"))
-		err := recv(t, aDone, 10*time.Second, "a's Lead")
+		aDone := testkit.GoLead(t, ctx, a, lead("a"))
+		require.Equal(t, "a", testkit.Recv(t, leading, 10*time.Second, "a leads"))
+		require.NoError(t, admin.New(a.Repository()).Pause(ctx, role, "no leader"))
+		bDone := testkit.GoLead(t, ctx, b, lead("b"))
+		require.NoError(t, admin.New(a.Repository()).RequestStop(ctx, role, "step down"))
+		err := testkit.Recv(t, aDone, 10*time.Second, "a's Lead")
 		require.ErrorIs(t, err, gormlease.ErrStopRequested)
 		assert.NotErrorIs(t, err, gormlease.ErrLeaseLost)
 		select {
@@ -443,7 +454,7 @@ func TestRequestStop_ElectorTermEnds(t *testing.T) {
 			t.Fatalf("b's Lead returned while paused: %v", err)
 		case <-time.After(500 * time.Millisecond): // several polls of b's
 		}
-		require.NoError(t, a.Repository().Resume(ctx, role))
-		require.Equal(t, "b", recv(t, leading, 10*time.Second, "b leads"))
+		require.NoError(t, admin.New(a.Repository()).Resume(ctx, role))
+		require.Equal(t, "b", testkit.Recv(t, leading, 10*time.Second, "b leads"))
 	})
 }

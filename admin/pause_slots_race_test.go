@@ -1,4 +1,4 @@
-package gormlease_test
+package admin_test
 
 import (
 	"context"
@@ -11,7 +11,9 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/internal/testkit"
 )
 
 // A Pause that races the first acquire of a semaphore's slots, which makes
@@ -20,11 +22,12 @@ import (
 // first and Pause pauses them, or Pause comes first and the rows are made
 // paused. Run on many fresh targets, so that the two meet in every order.
 func TestPause_RacingTheSlotRowsLeavesNoSlotFree(t *testing.T) {
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
-		repo := newRepository(t, db)
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		repo := testkit.NewRepository(t, db)
+		op := admin.New(repo)
 		const rounds, n = 60, 3
 		for i := range rounds {
-			target := fmt.Sprintf("%s-%d", newTarget(t), i)
+			target := fmt.Sprintf("%s-%d", testkit.NewTarget(t), i)
 			var wg sync.WaitGroup
 			wg.Go(func() {
 				l, err := repo.AcquireSlot(context.Background(), target, n, time.Minute)
@@ -32,7 +35,7 @@ func TestPause_RacingTheSlotRowsLeavesNoSlotFree(t *testing.T) {
 					_ = repo.Release(context.Background(), l)
 				}
 			})
-			wg.Go(func() { require.NoError(t, repo.Pause(context.Background(), target, "race")) })
+			wg.Go(func() { require.NoError(t, op.Pause(context.Background(), target, "race")) })
 			wg.Wait()
 			_, err := repo.AcquireSlot(context.Background(), target, n, time.Minute)
 			require.ErrorIs(t, err, gormlease.ErrPaused, "round %d: a slot of the paused target was taken", i)

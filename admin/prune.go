@@ -1,10 +1,11 @@
-package gormlease
+package admin
 
 import (
 	"context"
 	"time"
 
 	"github.com/gormlease/gormlease/internal/backend"
+	"github.com/gormlease/gormlease/internal/ops"
 )
 
 // Retention. Lease rows are kept on release, so that a target's generation
@@ -38,7 +39,7 @@ const (
 	minPruneAge = time.Minute
 )
 
-// PruneOptions says what Repository.Prune deletes, and how, as ListOptions
+// PruneOptions says what Operator.Prune deletes, and how, as ListOptions
 // says what List reads. Prune validates them together and names the field
 // at fault.
 type PruneOptions struct {
@@ -63,46 +64,50 @@ type PruneOptions struct {
 // (by the timeout its acquisition recorded; a row without one counts as
 // expired since its last heartbeat), more than opts.OlderThan ago on the
 // database's clock, with the result rows of their targets (unless
-// opts.KeepResults). It never deletes a live lease. It works in batches
-// (see opts.BatchSize), each a short transaction of its own that also
-// raises the generation floor, so that a target acquired again later gets
-// a generation above every one it had. It returns the number of lease rows deleted, also when it stops
-// early: when ctx is done, with an error wrapping ctx.Err(), or on a
-// database error.
+// opts.KeepResults). It never deletes a live lease, nor a paused target's
+// row. It works in batches (opts.BatchSize), each a short transaction of
+// its own that also raises the generation floor, so that a target
+// acquired again later gets a generation above every one it had. It is
+// safe to run at any time, from several processes at once, while leases
+// are acquired, renewed and released: a row acquired meanwhile stays.
 //
-// It is safe to run at any time, from several processes at once, with
-// leases being acquired, renewed and released: each batch locks the rows
-// it deletes (skipping those that others hold locked) and checks them
-// again under the lock, so a row acquired meanwhile stays.
-func (r *Repository) Prune(ctx context.Context, opts PruneOptions) (deleted int64, err error) {
+// It returns the number of lease rows deleted, also when it stops early:
+// when ctx is done, with an error wrapping ctx.Err(), or on a database
+// error. Options it cannot honour return an error wrapping
+// gormlease.ErrInvalidArgument that names the field, and delete nothing.
+func (o *Operator) Prune(ctx context.Context, opts PruneOptions) (deleted int64, err error) {
+	r, err := o.parts()
+	if err != nil {
+		return 0, err
+	}
 	batchSize := opts.BatchSize
 	if batchSize == 0 {
 		batchSize = defaultPruneBatchSize
 	}
 	switch {
 	case opts.OlderThan <= 0:
-		return 0, invalidf("prune: PruneOptions.OlderThan is %v: give the age past which released and expired rows go, at least %v", opts.OlderThan, minPruneAge)
+		return 0, ops.Invalidf("prune: PruneOptions.OlderThan is %v: give the age past which released and expired rows go, at least %v", opts.OlderThan, minPruneAge)
 	case opts.OlderThan < minPruneAge:
-		return 0, invalidf("prune: PruneOptions.OlderThan %v is less than the minimum, %v", opts.OlderThan, minPruneAge)
+		return 0, ops.Invalidf("prune: PruneOptions.OlderThan %v is less than the minimum, %v", opts.OlderThan, minPruneAge)
 	case batchSize < 1 || batchSize > maxPruneBatchSize:
-		return 0, invalidf("prune: PruneOptions.BatchSize %d is not between 1 and %d", batchSize, maxPruneBatchSize)
+		return 0, ops.Invalidf("prune: PruneOptions.BatchSize %d is not between 1 and %d", batchSize, maxPruneBatchSize)
 	}
 	after := ""
 	for {
 		if err := ctx.Err(); err != nil {
-			return deleted, wrapf(err, "prune")
+			return deleted, ops.Wrapf(err, "prune")
 		}
 		var batch []string
 		more := false
-		err := r.retry(ctx, func(ctx context.Context) (err error) {
-			batch, more, err = r.backend.PruneBatch(ctx, r.db, backend.PruneQuery{
+		err := r.Retry(ctx, func(ctx context.Context) (err error) {
+			batch, more, err = r.Backend.PruneBatch(ctx, r.DB, backend.PruneQuery{
 				OlderThan: opts.OlderThan, BatchSize: batchSize, After: after, KeepResults: opts.KeepResults,
 			})
 			return err
 		})
 		deleted += int64(len(batch))
 		if err != nil {
-			return deleted, wrapf(err, "prune")
+			return deleted, ops.Wrapf(err, "prune")
 		}
 		if len(batch) > 0 && opts.Progress != nil {
 			opts.Progress(deleted)

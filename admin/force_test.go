@@ -1,4 +1,4 @@
-package gormlease_test
+package admin_test
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/internal/testkit"
 )
 
 // ForceRelease ends a lease by force, fenced: a new token no one holds,
@@ -23,18 +25,19 @@ import (
 // nothing to end: ErrNoLiveLease.
 func TestForceRelease_FencesTheHolder(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
-		repo := newRepository(t, db)
-		target, l := acquireNew(t, repo, time.Hour)
+		repo := testkit.NewRepository(t, db)
+		op := admin.New(repo)
+		target, l := testkit.AcquireNew(t, repo, time.Hour)
 
-		row, err := repo.ForceRelease(ctx, target)
+		row, err := op.ForceRelease(ctx, target)
 		require.NoError(t, err)
 		assertForcedOut(t, repo, l, row)
 
-		_, err = repo.ForceRelease(ctx, target)
+		_, err = op.ForceRelease(ctx, target)
 		require.ErrorIs(t, err, gormlease.ErrNoLiveLease, "released already")
-		_, err = repo.ForceRelease(ctx, newTarget(t))
+		_, err = op.ForceRelease(ctx, testkit.NewTarget(t))
 		require.ErrorIs(t, err, gormlease.ErrNoLiveLease, "never acquired")
 
 		next, err := repo.Acquire(ctx, target, time.Minute)
@@ -67,20 +70,21 @@ func assertForcedOut(t *testing.T, repo *gormlease.Repository, l gormlease.Lease
 // ErrLeaseLost at its next heartbeat, and saves nothing.
 func TestForceRelease_CancelsRunningWork(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
-		repo := newRepository(t, db)
-		r := newRunner(t, db, fast(50*time.Millisecond, 2*time.Second)...)
-		target := newTarget(t)
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		repo := testkit.NewRepository(t, db)
+		op := admin.New(repo)
+		r := testkit.NewRunner(t, db, testkit.Fast(50*time.Millisecond, 2*time.Second)...)
+		target := testkit.NewTarget(t)
 		inside := make(chan struct{})
-		res := goRun(t, context.Background(), r, target, func(ctx context.Context) (string, error) {
+		res := testkit.GoRun(t, context.Background(), r, target, func(ctx context.Context) (string, error) {
 			close(inside)
 			<-ctx.Done()
 			return "", context.Cause(ctx)
-		}, noSave(t))
-		recv(t, inside, 10*time.Second, "the work to start")
-		_, err := repo.ForceRelease(context.Background(), target)
+		}, testkit.NoSave(t))
+		testkit.Recv(t, inside, 10*time.Second, "the work to start")
+		_, err := op.ForceRelease(context.Background(), target)
 		require.NoError(t, err)
-		require.ErrorIs(t, recv(t, res, 10*time.Second, "Run").err, gormlease.ErrLeaseLost)
+		require.ErrorIs(t, testkit.Recv(t, res, 10*time.Second, "Run").Err, gormlease.ErrLeaseLost)
 	})
 }
 
@@ -90,36 +94,37 @@ func TestForceRelease_CancelsRunningWork(t *testing.T) {
 // A bad slot number is refused, writing nothing.
 func TestForceReleaseSlot_FencesOneSlotsHolder(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
 		repo, target, leases := holdNewSemaphore(t, db, 3)
+		op := admin.New(repo)
 		gone, kept := leases[1], []gormlease.Lease{leases[0], leases[2]}
 
-		before := slotSnapshot(t, s, db, target, 3)
+		before := testkit.SlotSnapshot(t, s, db, target, 3)
 		for _, slot := range []int{0, -1, gormlease.MaxSlots + 1} {
-			_, err := repo.ForceReleaseSlot(ctx, target, slot)
+			_, err := op.ForceReleaseSlot(ctx, target, slot)
 			require.ErrorIs(t, err, gormlease.ErrInvalidArgument, "slot %d", slot)
 			assert.Contains(t, err.Error(), "slot must be between 1 and 100")
 		}
-		_, err := repo.ForceReleaseSlot(ctx, target+"\x1f1", 1)
+		_, err := op.ForceReleaseSlot(ctx, target+"\x1f1", 1)
 		require.ErrorIs(t, err, gormlease.ErrInvalidArgument, "a slot row's key as the target")
-		assert.Equal(t, before, slotSnapshot(t, s, db, target, 3), "a refused call wrote")
+		assert.Equal(t, before, testkit.SlotSnapshot(t, s, db, target, 3), "a refused call wrote")
 
-		row, err := repo.ForceReleaseSlot(ctx, target, gone.Slot)
+		row, err := op.ForceReleaseSlot(ctx, target, gone.Slot)
 		require.NoError(t, err)
-		assert.Equal(t, slotKey(target, gone.Slot), row.TargetID)
+		assert.Equal(t, testkit.SlotKey(target, gone.Slot), row.TargetID)
 		assertForcedOut(t, repo, gone, row)
 		for _, l := range kept {
 			require.NoError(t, repo.Heartbeat(ctx, l), "slot %d", l.Slot)
 			require.NoError(t, repo.CommitIfOwner(ctx, l, func(*gorm.DB) error { return nil }), "slot %d", l.Slot)
 		}
 
-		_, err = repo.ForceReleaseSlot(ctx, target, gone.Slot)
+		_, err = op.ForceReleaseSlot(ctx, target, gone.Slot)
 		require.ErrorIs(t, err, gormlease.ErrNoLiveLease, "released already")
 		assert.Contains(t, err.Error(), fmt.Sprintf("slot %d", gone.Slot))
-		_, err = repo.ForceReleaseSlot(ctx, target, 4)
+		_, err = op.ForceReleaseSlot(ctx, target, 4)
 		require.ErrorIs(t, err, gormlease.ErrNoLiveLease, "no row")
-		_, err = repo.ForceRelease(ctx, target+"-other")
+		_, err = op.ForceRelease(ctx, target+"-other")
 		require.ErrorIs(t, err, gormlease.ErrNoLiveLease, "never acquired")
 
 		next, err := repo.AcquireSlot(ctx, target, 3, time.Minute)
@@ -135,25 +140,26 @@ func TestForceReleaseSlot_FencesOneSlotsHolder(t *testing.T) {
 // as it is.
 func TestForceRelease_EndsEverySlot(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
 		repo, target, leases := holdNewSemaphore(t, db, 3)
+		op := admin.New(repo)
 		require.NoError(t, repo.Release(ctx, leases[2]))
-		free := leaseRow(t, db, slotKey(target, leases[2].Slot))
+		free := testkit.LeaseRow(t, db, testkit.SlotKey(target, leases[2].Slot))
 
-		row, err := repo.ForceRelease(ctx, target)
+		row, err := op.ForceRelease(ctx, target)
 		require.NoError(t, err)
 		low := min(leases[0].Slot, leases[1].Slot)
-		assert.Equal(t, slotKey(target, low), row.TargetID, "the lowest slot ended")
+		assert.Equal(t, testkit.SlotKey(target, low), row.TargetID, "the lowest slot ended")
 		for _, l := range leases[:2] {
 			require.ErrorIs(t, repo.Heartbeat(ctx, l), gormlease.ErrLeaseLost, "slot %d", l.Slot)
-			after := leaseRow(t, db, slotKey(target, l.Slot))
+			after := testkit.LeaseRow(t, db, testkit.SlotKey(target, l.Slot))
 			assert.Equal(t, l.Generation+1, after.Generation, "slot %d", l.Slot)
 			assert.NotNil(t, after.ReleasedAt, "slot %d", l.Slot)
 		}
-		assert.Equal(t, free, leaseRow(t, db, slotKey(target, leases[2].Slot)), "the released slot was written")
+		assert.Equal(t, free, testkit.LeaseRow(t, db, testkit.SlotKey(target, leases[2].Slot)), "the released slot was written")
 
-		_, err = repo.ForceRelease(ctx, target)
+		_, err = op.ForceRelease(ctx, target)
 		require.ErrorIs(t, err, gormlease.ErrNoLiveLease, "every slot released")
 	})
 }
@@ -163,11 +169,12 @@ func TestForceRelease_EndsEverySlot(t *testing.T) {
 // nothing; the Run on the other slot goes on and saves.
 func TestForceReleaseSlot_CancelsThatSlotsRunOnly(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
-		r := newRunner(t, db, append(fast(50*time.Millisecond, 10*time.Second), gormlease.WithSlots(2))...)
+		r := testkit.NewRunner(t, db, append(testkit.Fast(50*time.Millisecond, 10*time.Second), gormlease.WithSlots(2))...)
 		repo := r.Repository()
-		target := newTarget(t)
+		op := admin.New(repo)
+		target := testkit.NewTarget(t)
 		slots := make(chan int, 2)
 		finish := make(chan struct{})
 		work := func(w context.Context) (string, error) {
@@ -182,10 +189,10 @@ func TestForceReleaseSlot_CancelsThatSlotsRunOnly(t *testing.T) {
 		}
 		var saves atomic.Int32
 		save := func(*gorm.DB, string) error { saves.Add(1); return nil }
-		first, second := goRun(t, ctx, r, target, work, save), goRun(t, ctx, r, target, work, save)
-		a := recv(t, slots, 10*time.Second, "a holder")
-		recv(t, slots, 10*time.Second, "the other holder")
-		_, err := repo.ForceReleaseSlot(ctx, target, a)
+		first, second := testkit.GoRun(t, ctx, r, target, work, save), testkit.GoRun(t, ctx, r, target, work, save)
+		a := testkit.Recv(t, slots, 10*time.Second, "a holder")
+		testkit.Recv(t, slots, 10*time.Second, "the other holder")
+		_, err := op.ForceReleaseSlot(ctx, target, a)
 		require.NoError(t, err)
 
 		// The first Run to end is the released slot's: the other one's
@@ -193,16 +200,16 @@ func TestForceReleaseSlot_CancelsThatSlotsRunOnly(t *testing.T) {
 		goesOn := second
 		select {
 		case res := <-first:
-			require.ErrorIs(t, res.err, gormlease.ErrLeaseLost)
+			require.ErrorIs(t, res.Err, gormlease.ErrLeaseLost)
 		case res := <-second:
-			require.ErrorIs(t, res.err, gormlease.ErrLeaseLost)
+			require.ErrorIs(t, res.Err, gormlease.ErrLeaseLost)
 			goesOn = first
 		case <-time.After(10 * time.Second):
 			t.Fatal("timed out waiting for the released slot's Run to end")
 		}
 		assert.Zero(t, saves.Load(), "the released slot's Run saved")
 		close(finish)
-		require.NoError(t, recv(t, goesOn, 10*time.Second, "the other slot's Run").err)
+		require.NoError(t, testkit.Recv(t, goesOn, 10*time.Second, "the other slot's Run").Err)
 		assert.Equal(t, int32(1), saves.Load(), "the other slot's Run saved")
 	})
 }
@@ -211,7 +218,7 @@ func TestForceReleaseSlot_CancelsThatSlotsRunOnly(t *testing.T) {
 // slots, for an hour, with a Repository that sends no heartbeats.
 func holdNewSemaphore(t *testing.T, db *gorm.DB, n int) (*gormlease.Repository, string, []gormlease.Lease) {
 	t.Helper()
-	repo := newRepository(t, db)
-	target := newTarget(t)
-	return repo, target, holdSlots(t, repo, target, n, n, time.Hour)
+	repo := testkit.NewRepository(t, db)
+	target := testkit.NewTarget(t)
+	return repo, target, testkit.HoldSlots(t, repo, target, n, n, time.Hour)
 }

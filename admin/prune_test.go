@@ -1,4 +1,4 @@
-package gormlease_test
+package admin_test
 
 import (
 	"context"
@@ -11,7 +11,9 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/internal/testkit"
 )
 
 // emptyDB opens a database of its own with the gormlease tables: Prune
@@ -45,32 +47,33 @@ func ageRelease(t *testing.T, s *testdb.Server, db *gorm.DB, target string, d ti
 // not a live lease, not one released or expired more recently.
 func TestPrune_DeletesOnlyRowsEndedLongAgo(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		ctx := context.Background()
 		db := emptyDB(t, s)
-		repo := newRepository(t, db)
+		repo := testkit.NewRepository(t, db)
+		op := admin.New(repo)
 		_, err := repo.Acquire(ctx, "live", time.Minute)
 		require.NoError(t, err)
-		age(t, s, db, "live", 50*time.Second) // live, but heartbeat long ago
-		r := newRunner(t, db)
+		testkit.Age(t, s, db, "live", 50*time.Second) // live, but heartbeat long ago
+		r := testkit.NewRunner(t, db)
 		_, err = r.Run(ctx, "old-released", func(context.Context) (string, error) { return "v", nil }, gormlease.SaveJSON[string])
 		require.NoError(t, err)
 		ageRelease(t, s, db, "old-released", 2*time.Hour)
 		released(t, repo, "new-released")
 		_, err = repo.Acquire(ctx, "old-expired", time.Minute)
 		require.NoError(t, err)
-		age(t, s, db, "old-expired", 2*time.Hour)
+		testkit.Age(t, s, db, "old-expired", 2*time.Hour)
 		_, err = repo.Acquire(ctx, "new-expired", time.Minute)
 		require.NoError(t, err)
-		age(t, s, db, "new-expired", time.Hour+30*time.Second) // expired 59.5 min ago
+		testkit.Age(t, s, db, "new-expired", time.Hour+30*time.Second) // expired 59.5 min ago
 		_, err = repo.Acquire(ctx, "long-timeout", 3*time.Hour)
 		require.NoError(t, err)
-		age(t, s, db, "long-timeout", 2*time.Hour) // live: its own timeout is 3 h
+		testkit.Age(t, s, db, "long-timeout", 2*time.Hour) // live: its own timeout is 3 h
 
-		deleted, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour})
+		deleted, err := op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour})
 		require.NoError(t, err)
 		assert.EqualValues(t, 2, deleted)
-		rest, err := repo.List(ctx, gormlease.ListOptions{})
+		rest, err := op.List(ctx, admin.ListOptions{})
 		require.NoError(t, err)
 		var ids []string
 		for _, li := range rest {
@@ -80,7 +83,7 @@ func TestPrune_DeletesOnlyRowsEndedLongAgo(t *testing.T) {
 		_, _, err = gormlease.LoadJSON[string](ctx, db, "old-released")
 		require.ErrorIs(t, err, gormlease.ErrNoResult, "the pruned target's result")
 
-		deleted, err = repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour})
+		deleted, err = op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour})
 		require.NoError(t, err)
 		assert.Zero(t, deleted, "a second Prune")
 	})
@@ -91,17 +94,18 @@ func TestPrune_DeletesOnlyRowsEndedLongAgo(t *testing.T) {
 // floor is one for the table. KeepResults keeps the result rows.
 func TestPrune_GenerationKeepsIncreasing(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		ctx := context.Background()
 		db := emptyDB(t, s)
-		repo := newRepository(t, db)
-		r := newRunner(t, db)
+		repo := testkit.NewRepository(t, db)
+		op := admin.New(repo)
+		r := testkit.NewRunner(t, db)
 		for range 3 {
 			_, err := r.Run(ctx, "t", func(context.Context) (string, error) { return "v", nil }, gormlease.SaveJSON[string])
 			require.NoError(t, err)
 		}
 		ageRelease(t, s, db, "t", 2*time.Hour)
-		deleted, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour, KeepResults: true})
+		deleted, err := op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour, KeepResults: true})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, deleted)
 		_, _, err = gormlease.LoadJSON[string](ctx, db, "t")
@@ -120,9 +124,10 @@ func TestPrune_GenerationKeepsIncreasing(t *testing.T) {
 // rows deleted so far with the context's error.
 func TestPrune_StopsOnContextDone(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		db := emptyDB(t, s)
-		repo := newRepository(t, db)
+		repo := testkit.NewRepository(t, db)
+		op := admin.New(repo)
 		for _, target := range []string{"a", "b", "c", "d", "e"} {
 			released(t, repo, target)
 			ageRelease(t, s, db, target, 2*time.Hour)
@@ -130,12 +135,12 @@ func TestPrune_StopsOnContextDone(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		var progress []int64
-		deleted, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour, BatchSize: 2,
+		deleted, err := op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour, BatchSize: 2,
 			Progress: func(n int64) { progress = append(progress, n); cancel() }})
 		require.ErrorIs(t, err, context.Canceled)
 		assert.EqualValues(t, 2, deleted)
 		assert.Equal(t, []int64{2}, progress)
-		deleted, err = repo.Prune(context.Background(), gormlease.PruneOptions{OlderThan: time.Hour, BatchSize: 2,
+		deleted, err = op.Prune(context.Background(), admin.PruneOptions{OlderThan: time.Hour, BatchSize: 2,
 			Progress: func(n int64) { progress = append(progress, n) }})
 		require.NoError(t, err)
 		assert.EqualValues(t, 3, deleted)
@@ -147,15 +152,16 @@ func TestPrune_StopsOnContextDone(t *testing.T) {
 // naming the field at fault.
 func TestPrune_RejectsBadOptions(t *testing.T) {
 	t.Parallel()
-	repo := newRepository(t, testdb.SQLite(t).DB(t))
-	_, err := repo.Prune(context.Background(), gormlease.PruneOptions{})
+	repo := testkit.NewRepository(t, testdb.SQLite(t).DB(t))
+	op := admin.New(repo)
+	_, err := op.Prune(context.Background(), admin.PruneOptions{})
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 	assert.Contains(t, err.Error(), "PruneOptions.OlderThan is 0s: give the age")
-	_, err = repo.Prune(context.Background(), gormlease.PruneOptions{OlderThan: time.Second})
+	_, err = op.Prune(context.Background(), admin.PruneOptions{OlderThan: time.Second})
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 	assert.Contains(t, err.Error(), "PruneOptions.OlderThan 1s is less than the minimum, 1m0s")
 	for _, n := range []int{-1, 10001} {
-		_, err = repo.Prune(context.Background(), gormlease.PruneOptions{OlderThan: time.Hour, BatchSize: n})
+		_, err = op.Prune(context.Background(), admin.PruneOptions{OlderThan: time.Hour, BatchSize: n})
 		require.ErrorIs(t, err, gormlease.ErrInvalidArgument, "batch size %d", n)
 		assert.Contains(t, err.Error(), "PruneOptions.BatchSize")
 	}
@@ -167,10 +173,11 @@ func TestPrune_RejectsBadOptions(t *testing.T) {
 // Prunes at once delete each row once.
 func TestPrune_RacesWithAcquireAndAnotherPrune(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		ctx := context.Background()
 		db := emptyDB(t, s)
-		repo := newRepository(t, db)
+		repo := testkit.NewRepository(t, db)
+		op := admin.New(repo)
 		const n = 60
 		targets := make([]string, n)
 		before := map[string]int64{}
@@ -186,7 +193,7 @@ func TestPrune_RacesWithAcquireAndAnotherPrune(t *testing.T) {
 		pruned := make(chan int64, 2)
 		for range 2 {
 			wg.Go(func() {
-				d, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour, BatchSize: 7})
+				d, err := op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour, BatchSize: 7})
 				assert.NoError(t, err)
 				pruned <- d
 			})
@@ -215,7 +222,7 @@ func TestPrune_RacesWithAcquireAndAnotherPrune(t *testing.T) {
 			require.NoError(t, repo.Heartbeat(ctx, l), l.TargetID)
 			require.NoError(t, repo.CommitIfOwner(ctx, l, func(*gorm.DB) error { return nil }), l.TargetID)
 		}
-		rest, err := repo.List(ctx, gormlease.ListOptions{Limit: 10000})
+		rest, err := op.List(ctx, admin.ListOptions{Limit: 10000})
 		require.NoError(t, err)
 		assert.Len(t, rest, n, "every target acquired has its row")
 		assert.LessOrEqual(t, total, int64(n))
@@ -229,19 +236,20 @@ func TestPrune_RacesWithAcquireAndAnotherPrune(t *testing.T) {
 // a generation above the dead holder's.
 func TestPrune_DoWaiterRunsWorkWhenRowIsPruned(t *testing.T) {
 	t.Parallel()
-	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		ctx := context.Background()
 		db := emptyDB(t, s)
-		repo := newRepository(t, db)
+		repo := testkit.NewRepository(t, db)
+		op := admin.New(repo)
 		// A target of this subtest's own: the watch hook looks at every
 		// database's waiters.
-		target := newTarget(t)
+		target := testkit.NewTarget(t)
 		dead, err := repo.Acquire(ctx, target, time.Minute)
 		require.NoError(t, err)
 		// The waiter's first poll after it starts to wait comes 6s later
 		// at the soonest (0.4 of a quarter of its interval): until then it
 		// waits on the row as it read it, live.
-		r := newRunner(t, db, gormlease.WithHeartbeatInterval(time.Minute), gormlease.WithLeaseTimeout(3*time.Hour))
+		r := testkit.NewRunner(t, db, gormlease.WithHeartbeatInterval(time.Minute), gormlease.WithLeaseTimeout(3*time.Hour))
 		type outcome struct {
 			v      string
 			shared bool
@@ -260,15 +268,15 @@ func TestPrune_DoWaiterRunsWorkWhenRowIsPruned(t *testing.T) {
 			})
 			done <- outcome{v, shared, err}
 		}()
-		waitFor(t, 10*time.Second, "the caller to wait for the dead holder", func() bool { return waiters(t, target).Held })
-		age(t, s, db, target, time.Hour) // expired 59 min ago by its own timeout
-		deleted, err := repo.Prune(ctx, gormlease.PruneOptions{OlderThan: 30 * time.Minute})
+		testkit.WaitFor(t, 10*time.Second, "the caller to wait for the dead holder", func() bool { return op.Waiters(target).Held })
+		testkit.Age(t, s, db, target, time.Hour) // expired 59 min ago by its own timeout
+		deleted, err := op.Prune(ctx, admin.PruneOptions{OlderThan: 30 * time.Minute})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, deleted)
-		got := recv(t, done, 30*time.Second, "Do")
+		got := testkit.Recv(t, done, 30*time.Second, "Do")
 		require.NoError(t, got.err)
 		assert.Equal(t, "fresh", got.v)
 		assert.False(t, got.shared)
-		assert.Greater(t, recv(t, gens, time.Second, "the generation"), dead.Generation)
+		assert.Greater(t, testkit.Recv(t, gens, time.Second, "the generation"), dead.Generation)
 	})
 }

@@ -1,4 +1,4 @@
-package gormlease
+package admin
 
 import (
 	"github.com/gormlease/gormlease/internal/heartbeat"
@@ -20,13 +20,15 @@ type Stats struct {
 	WatchedRows int
 }
 
-// ReadStats returns the Stats of this process now.
+// ReadStats returns the Stats of this process now, over every Runner,
+// Elector and pool. It reads no database.
 func ReadStats() Stats {
 	return Stats{HeartbeatGroups: heartbeat.Live(), WatchedRows: int(wait.Watching())}
 }
 
-// Waiters describes the waits of this process on one target's lease row.
-type Waiters struct {
+// WaitStats describes the waits of this process on one target's lease
+// row: what Operator.Waiters returns.
+type WaitStats struct {
 	// Waits is the number of waits on the row, over every pool of the
 	// process: each Do job (which the callers of one Runner for the target
 	// share), each RunWait call whose turn it is (the calls of one Runner
@@ -38,23 +40,19 @@ type Waiters struct {
 }
 
 // Waiters returns the waits of this process on targetID's row of the
-// Repository's lease table, through any pool: Runner.Do, RunWait and
+// Operator's lease table, through any pool: Runner.Do, RunWait and
 // Electors that wait for a live lease, or for a paused target, to end.
-// Callers in other processes are not counted.
-func (r *Repository) Waiters(targetID string) Waiters {
-	var out Waiters
-	for _, w := range wait.Watches(r.tables.lease, targetID) {
+// Callers in other processes are not counted. It reads no database; an
+// Operator without a Repository returns the zero WaitStats.
+func (o *Operator) Waiters(targetID string) WaitStats {
+	var out WaitStats
+	r, err := o.parts()
+	if err != nil {
+		return out
+	}
+	for _, w := range wait.Watches(r.LeaseTable, targetID) {
 		out.Waits += w.Subscribers
 		out.Held = out.Held || (w.Read && w.State.Found && !w.State.Released)
 	}
 	return out
 }
-
-// Listening reports whether this process has a notification listener for
-// the Repository's pool that listens now (PostgreSQL only): the callers
-// that wait through that pool are then woken by notifications, and poll
-// only to cover a lost one. The listener runs while any caller waits
-// through the pool, on a connection of its own, outside the pool. It is
-// false on the other databases, and through a connection pooler such as
-// PgBouncer, where waiters only poll.
-func (r *Repository) Listening() bool { return wait.Listening(r.db) }

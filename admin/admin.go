@@ -1,0 +1,48 @@
+// Package admin is for operators and their tools (the console, the
+// gormlease command, scripts, dashboards): it lists, reads, pauses,
+// resumes, stops, releases by force and prunes the lease rows that
+// gormlease's Runners, Electors and Repositories work on, and reports the
+// library's own load in the process.
+//
+// An Operator works on the tables of the gormlease.Repository it is made
+// from, through that Repository's pool, with the same argument checks and
+// errors as the Repository's own steps: an error about bad input wraps
+// gormlease.ErrInvalidArgument and writes nothing, and an action on a
+// target that has no lease to act on returns an error wrapping
+// gormlease.ErrNoLiveLease. Every action is recorded in the target's rows,
+// where the holders' acquires and heartbeats already look, so it reaches
+// holders in every process (see docs/operating.md, and docs/design.md for
+// the statements on each database).
+package admin
+
+import (
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/ops"
+)
+
+// Operator acts on the lease rows of one Repository's tables, for an
+// operator. It is safe for concurrent use, holds no connection between
+// calls, runs no goroutine and needs no closing.
+type Operator struct {
+	repo ops.Repository
+	ok   bool // repo was made from a Repository
+}
+
+// New returns an Operator on repo's tables and pool: a Repository from
+// gormlease.NewRepository (with WithTableNames when the tables are not the
+// default ones), or a Runner's or an Elector's (Runner.Repository). It
+// writes nothing. With a nil repo, every method of the Operator returns an
+// error wrapping gormlease.ErrInvalidArgument (Waiters a zero WaitStats).
+func New(repo *gormlease.Repository) *Operator {
+	parts, ok := ops.Parts(repo)
+	return &Operator{repo: parts, ok: ok}
+}
+
+// parts returns the Repository that o operates on, or an error wrapping
+// gormlease.ErrInvalidArgument when it has none.
+func (o *Operator) parts() (ops.Repository, error) {
+	if o == nil || !o.ok {
+		return ops.Repository{}, ops.Invalidf("admin: the Operator has no Repository: make it with admin.New(repo)")
+	}
+	return o.repo, nil
+}

@@ -1,0 +1,111 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+
+	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/backend"
+	"github.com/gormlease/gormlease/internal/ops"
+)
+
+// forcedReleaseFailure is the failure that ForceRelease records in the
+// lease row: what callers of Runner.Do that waited for the job read in
+// their SharedJobError.
+const forcedReleaseFailure = "released by force by an operator"
+
+// ForceRelease ends the lease on targetID, whoever holds it, live or
+// expired: for an operator, when a holder is known to be gone and its
+// lease should not wait out its timeout. It is fenced, as a takeover is:
+// the row gets a fresh token that no one holds, the next generation and
+// its release time, and records the failure "released by force by an
+// operator", the Message of the *gormlease.SharedJobError that callers of
+// Runner.Do waiting for the job get. The holder's later heartbeats, fenced
+// commit and release all fail with gormlease.ErrLeaseLost (its work stops
+// at its next heartbeat), and the next acquisition gets a generation above
+// the holder's. The row is kept, and a pause stays in place.
+//
+// On a semaphore (WithSlots) it ends, in the same statement, the lease of
+// every slot that is not released (ForceReleaseSlot ends one slot's). It
+// returns the row as it left it: the target's own when that had a lease
+// to end, and otherwise the lowest slot's it ended, whose TargetID is that
+// row's key (LeaseInfo.Key). It returns an error wrapping
+// gormlease.ErrNoLiveLease when neither the target nor any slot had a
+// lease to end.
+func (o *Operator) ForceRelease(ctx context.Context, targetID string) (gormlease.JobLease, error) {
+	r, err := o.parts()
+	if err != nil {
+		return gormlease.JobLease{}, err
+	}
+	if err := ops.CheckTargetID(targetID); err != nil {
+		return gormlease.JobLease{}, err
+	}
+	rows, err := forceRelease(ctx, r, fmt.Sprintf("force release %q", targetID), operatedKeys(targetID))
+	if err != nil {
+		return gormlease.JobLease{}, err
+	}
+	first := rows[0]
+	for _, row := range rows[1:] {
+		if slotOf(row) < slotOf(first) {
+			first = row
+		}
+	}
+	return gormlease.JobLease(first), nil
+}
+
+// ForceReleaseSlot is ForceRelease for the lease of one slot of targetID,
+// a semaphore (WithSlots): slot is from 1 to gormlease.MaxSlots. The other
+// slots' holders keep their leases. It returns the slot's row as it left
+// it, whose TargetID is that row's key (LeaseInfo.Key), or an error
+// wrapping gormlease.ErrNoLiveLease when the slot had no lease to end: no
+// row, or one released.
+func (o *Operator) ForceReleaseSlot(ctx context.Context, targetID string, slot int) (gormlease.JobLease, error) {
+	r, err := o.parts()
+	if err != nil {
+		return gormlease.JobLease{}, err
+	}
+	if err := ops.CheckTargetID(targetID); err != nil {
+		return gormlease.JobLease{}, err
+	}
+	if err := checkSlot("force release", targetID, slot); err != nil {
+		return gormlease.JobLease{}, err
+	}
+	rows, err := forceRelease(ctx, r, fmt.Sprintf("force release %q slot %d", targetID, slot),
+		[]string{backend.SlotKey(targetID, slot)})
+	if err != nil {
+		return gormlease.JobLease{}, err
+	}
+	return gormlease.JobLease(rows[0]), nil
+}
+
+// forceRelease ends the leases of the rows of keys that are not released,
+// under one fresh token, and returns the rows it ended: at least one, or
+// an error wrapping ErrNoLiveLease. step names the operation in its
+// errors. A retry after an error sends the same token, so that it also
+// finds the rows that a run whose outcome was lost ended.
+func forceRelease(ctx context.Context, r ops.Repository, step string, keys []string) ([]backend.Row, error) {
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return nil, ops.Wrapf(err, "%s: mint token", step)
+	}
+	var rows []backend.Row
+	err = r.Retry(ctx, func(ctx context.Context) (err error) {
+		rows, err = r.Backend.ForceRelease(ctx, r.DB, keys, token, forcedReleaseFailure)
+		return err
+	})
+	switch {
+	case err != nil:
+		return nil, ops.Wrapf(err, "%s", step)
+	case len(rows) == 0:
+		return nil, ops.Wrapf(gormlease.ErrNoLiveLease, "%s", step)
+	}
+	return rows, nil
+}
+
+// slotOf is the slot of row, 0 for a target's own row.
+func slotOf(row backend.Row) int {
+	_, slot, _ := backend.ParseSlotKey(row.TargetID)
+	return slot
+}
