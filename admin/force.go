@@ -17,23 +17,18 @@ import (
 const forcedReleaseFailure = "released by force by an operator"
 
 // ForceRelease ends the lease on targetID, whoever holds it, live or
-// expired: for an operator, when a holder is known to be gone and its
-// lease should not wait out its timeout. It is fenced, as a takeover is:
-// the row gets a fresh token that no one holds, the next generation and
-// its release time, and records the failure "released by force by an
-// operator", the Message of the *gormlease.SharedJobError that callers of
-// Runner.Do waiting for the job get. The holder's later heartbeats, fenced
-// commit and release all fail with gormlease.ErrLeaseLost (its work stops
-// at its next heartbeat), and the next acquisition gets a generation above
-// the holder's. The row is kept, and a pause stays in place.
-//
-// On a semaphore (WithSlots) it ends, in the same statement, the lease of
-// every slot that is not released (ForceReleaseSlot ends one slot's). It
-// returns the row as it left it: the target's own when that had a lease
-// to end, and otherwise the lowest slot's it ended, whose TargetID is that
-// row's key (LeaseInfo.Key). It returns an error wrapping
-// gormlease.ErrNoLiveLease when neither the target nor any slot had a
-// lease to end.
+// expired: for a holder known to be gone, whose lease should not wait out
+// its timeout. It is fenced as a takeover is: the row gets a fresh token
+// that no one holds, the next generation, its release time and the failure
+// "released by force by an operator" (the Message of the
+// *gormlease.SharedJobError that callers of Runner.Do waiting for the job
+// get), so that the holder's later heartbeat, fenced commit and release
+// fail with gormlease.ErrLeaseLost. The row is kept, and a pause stays. On
+// a semaphore (WithSlots) it ends every slot's lease that is not released,
+// in the same statement. It returns the row as it left it (the target's
+// own, or else the lowest slot's it ended, whose TargetID is that row's
+// LeaseInfo.Key), or an error wrapping gormlease.ErrNoLiveLease when there
+// was no lease to end.
 func (o *Operator) ForceRelease(ctx context.Context, targetID string) (gormlease.JobLease, error) {
 	r, err := o.parts()
 	if err != nil {

@@ -106,17 +106,15 @@ func (o *Operator) Resume(ctx context.Context, targetID string) error {
 }
 
 // RequestStop asks the current holder of targetID, and of each of its
-// slots, to stop. A Runner's next heartbeat finds the request, within a
-// heartbeat interval: the work's context is cancelled with a cause
-// wrapping gormlease.ErrStopRequested, nothing is saved, and the lease is
-// released, so that a waiting RunWait, Do or standby Elector can take
-// over (Pause first to keep anyone from starting again); an Elector's term
-// ends. The request applies to the leases that are not released when it
-// is made, never to a later one: an expired lease, whose holder may be
-// gone, is asked all the same. It returns an error wrapping
-// gormlease.ErrNoLiveLease when every row of the target is released, or
-// there is none. A holder that is not a Runner (Repository.Acquire and
-// Heartbeat) is not stopped: it sees the request only in its row (Get).
+// slots, to stop. A Runner finds the request at its next heartbeat: its
+// work's context is cancelled with a cause wrapping
+// gormlease.ErrStopRequested, nothing is saved, and the lease is released,
+// so that a waiting RunWait, Do or standby Elector takes over (Pause first
+// to keep anyone from starting again). The request applies to the leases
+// not released when it is made, expired ones included, never to a later
+// one; a holder that is not a Runner sees it only in its row (Get). It
+// returns an error wrapping gormlease.ErrNoLiveLease when every row of the
+// target is released, or there is none.
 func (o *Operator) RequestStop(ctx context.Context, targetID, reason string) error {
 	r, err := o.parts()
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/bench/internal/runs"
 )
 
 // hbInterval and hbTimeout are the heartbeat scenario's settings.
@@ -168,8 +169,6 @@ func (b *bench) heartbeatScenarios(ctx context.Context) error {
 	return nil
 }
 
-var errDone = errors.New("done")
-
 func (b *bench) hbGormlease(ctx context.Context) error {
 	defer func(t time.Time) { fmt.Printf("gormlease heartbeats took %v\n", time.Since(t).Round(time.Second)) }(time.Now())
 	c := &counter{isBeat: func(sql string) bool { return strings.Contains(sql, "unnest(") }}
@@ -185,84 +184,24 @@ func (b *bench) hbGormlease(ctx context.Context) error {
 		return err
 	}
 	r := hbResult{Impl: "gormlease, batched", Leases: b.o.leases}
-	h, err := holdRuns(ctx, runner, b.o.leases, "hb-")
-	defer h.end()
+	h, err := runs.Hold(ctx, runner, b.o.leases, "hb-")
+	defer h.End()
 	if err != nil {
 		return fmt.Errorf("gormlease: %w", err)
 	}
 	time.Sleep(hbInterval + hbInterval/4) // every lease renewed once
-	r.Held = h.held.Load()
+	r.Held = h.Held.Load()
 	renewed := fmt.Sprintf(`SELECT count(*), clock_timestamp() FROM %s.job_lease
 WHERE released_at IS NULL AND target_id LIKE 'hb-%%' AND updated_at > $1`, b.o.schema)
 	b.window(ctx, &r, c, b.ageSQL("job_lease", "released_at IS NULL AND "), func() int { return sqlDB.Stats().InUse }, nil, renewed)
-	r.Lost = h.lost.Load()
+	r.Lost = h.Lost.Load()
 	b.addHB(r)
 	return nil
-}
-
-// runsHeld are leases held at once by Runs whose work waits.
-type runsHeld struct {
-	held, lost atomic.Int64 // Runs whose work began; Runs that returned ErrLeaseLost
-	stop       chan struct{}
-	wg         sync.WaitGroup
-}
-
-// end ends the works, and waits for their Runs to return.
-func (h *runsHeld) end() {
-	close(h.stop)
-	h.wg.Wait()
-}
-
-// holdRuns holds n leases through runner, on the targets prefix0 to
-// prefix<n-1>, each in a Run whose work waits for end, and returns once
-// all are held, or an error (with end still to call) when they are not
-// within two minutes.
-func holdRuns(ctx context.Context, runner *gormlease.Runner[string], n int, prefix string) (*runsHeld, error) {
-	h := &runsHeld{stop: make(chan struct{})}
-	// At most 4 Runs acquire at once, so that the heartbeats of the
-	// leases already held find a connection of the pool meanwhile.
-	acquiring := make(chan struct{}, 4)
-	for i := range n {
-		acquiring <- struct{}{}
-		h.wg.Go(func() {
-			var once sync.Once
-			free := func() { once.Do(func() { <-acquiring }) }
-			defer free()
-			_, err := runner.Run(ctx, fmt.Sprintf("%s%d", prefix, i), func(ctx context.Context) (string, error) {
-				free()
-				h.held.Add(1)
-				select {
-				case <-h.stop:
-					return "", errDone
-				case <-ctx.Done():
-					return "", context.Cause(ctx)
-				}
-			}, func(*gorm.DB, string) error { return nil })
-			if errors.Is(err, gormlease.ErrLeaseLost) {
-				h.lost.Add(1)
-			}
-		})
-	}
-	if err := waitUntil(ctx, 120*time.Second, func() bool { return h.held.Load() == int64(n) }); err != nil {
-		return h, fmt.Errorf("%d of %d leases held: %w", h.held.Load(), n, err)
-	}
-	return h, nil
 }
 
 func (b *bench) ageSQL(table, where string) string {
 	return fmt.Sprintf(`SELECT COALESCE(EXTRACT(epoch FROM max(clock_timestamp() - updated_at))::float8, 0)
 FROM %s.%s WHERE %s target_id LIKE 'hb-%%'`, b.o.schema, table, where)
-}
-
-func waitUntil(ctx context.Context, limit time.Duration, cond func() bool) error {
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("timed out after %v", limit)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return nil
 }
 
 // parallel calls fn(i) for i in [0, n) on workers goroutines.

@@ -16,6 +16,7 @@ import (
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/bench/internal/opsection"
 	"github.com/gormlease/gormlease/bench/internal/procstat"
+	"github.com/gormlease/gormlease/bench/internal/runs"
 )
 
 // The holding section holds many leases at once for a window, one
@@ -188,8 +189,8 @@ func (b *bench) holdGormlease(ctx context.Context, n int) (holdResult, error) {
 		return r, err
 	}
 	prefix := fmt.Sprintf("hold-%d-", n)
-	h, err := holdRuns(ctx, runner, n, prefix)
-	defer h.end()
+	h, err := runs.Hold(ctx, runner, n, prefix)
+	defer h.End()
 	if err != nil {
 		return r, fmt.Errorf("gormlease: %w", err)
 	}
@@ -197,7 +198,7 @@ func (b *bench) holdGormlease(ctx context.Context, n int) (holdResult, error) {
 		return r, err
 	}
 	time.Sleep(interval + interval/4) // every lease renewed once
-	r.Held = h.held.Load()
+	r.Held = h.Held.Load()
 	ageSQL := fmt.Sprintf(`SELECT COALESCE(EXTRACT(epoch FROM max(clock_timestamp() - updated_at))::float8, 0)
 FROM %s.job_lease WHERE released_at IS NULL AND target_id LIKE '%s%%'`, b.o.schema, prefix)
 	m := holdMeter{b: b, stmts: c.statements.Load, inUse: func() int { return sqlDB.Stats().InUse },
@@ -207,7 +208,7 @@ FROM %s.job_lease WHERE released_at IS NULL AND target_id LIKE '%s%%'`, b.o.sche
 			return a
 		}}
 	m.measure(ctx, &r)
-	r.Lost = h.lost.Load()
+	r.Lost = h.Lost.Load()
 	return r, nil
 }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/gormlease/gormlease/bench/internal/opsection"
+	"github.com/gormlease/gormlease/bench/internal/runs"
 )
 
 // options are the command's flags.
@@ -235,7 +236,7 @@ func (b *bench) settle(ctx context.Context) {
 		}
 		rows.Close()
 	}(time.Now())
-	_ = waitUntil(ctx, 30*time.Second, func() bool {
+	_ = runs.WaitUntil(ctx, 30*time.Second, func() bool {
 		var n int
 		err := b.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&n)
 		return err == nil && n == 0

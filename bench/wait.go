@@ -22,6 +22,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/bench/internal/runs"
 	"github.com/gormlease/gormlease/observe"
 )
 
@@ -621,7 +622,7 @@ func (b *bench) spread(ctx context.Context) (spreadResult, error) {
 	// sent LISTEN. Sample the listeners for a second at least, and until
 	// every row is marked as waited on.
 	began := time.Now()
-	err = waitUntil(ctx, 30*time.Second, func() bool {
+	err = runs.WaitUntil(ctx, 30*time.Second, func() bool {
 		r.Samples++
 		rows, err := b.admin.Query(ctx, `SELECT application_name, count(*) FROM pg_stat_activity
 WHERE query = 'LISTEN gormlease' AND application_name LIKE $1 GROUP BY 1`, spreadApp+"%")
@@ -732,7 +733,7 @@ func waitChild(o options) error {
 			rep.Got[target][v]++
 		})
 	}
-	if err := waitUntil(ctx, 30*time.Second, func() bool {
+	if err := runs.WaitUntil(ctx, 30*time.Second, func() bool {
 		return calling.Load() == int64(o.waitWaiters) && tr.sent(kindListen, targets)
 	}); err != nil {
 		return fmt.Errorf("waiters did not start waiting: %w", err)

@@ -13,7 +13,7 @@ import (
 )
 
 // maxReason is the longest reason, in bytes, that an action takes: the
-// longest that Repository.Pause and RequestStop record (the columns hold
+// longest that admin.Operator.Pause and RequestStop record (the columns hold
 // 255).
 const maxReason = 255
 
@@ -28,23 +28,23 @@ type act struct {
 // POST to its name under the console's root.
 var actions = map[string]func(h *handler, ctx context.Context, a act) error{
 	"pause": func(h *handler, ctx context.Context, a act) error {
-		return h.repo.Pause(ctx, a.target, a.reason)
+		return h.op.Pause(ctx, a.target, a.reason)
 	},
 	"resume": func(h *handler, ctx context.Context, a act) error {
-		return h.repo.Resume(ctx, a.target)
+		return h.op.Resume(ctx, a.target)
 	},
 	"stop": func(h *handler, ctx context.Context, a act) error {
 		if a.slot > 0 {
-			return h.repo.RequestStopSlot(ctx, a.target, a.slot, a.reason)
+			return h.op.RequestStopSlot(ctx, a.target, a.slot, a.reason)
 		}
-		return h.repo.RequestStop(ctx, a.target, a.reason)
+		return h.op.RequestStop(ctx, a.target, a.reason)
 	},
 	"release": func(h *handler, ctx context.Context, a act) error {
 		var err error
 		if a.slot > 0 {
-			_, err = h.repo.ForceReleaseSlot(ctx, a.target, a.slot)
+			_, err = h.op.ForceReleaseSlot(ctx, a.target, a.slot)
 		} else {
-			_, err = h.repo.ForceRelease(ctx, a.target)
+			_, err = h.op.ForceRelease(ctx, a.target)
 		}
 		return err
 	},

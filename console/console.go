@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 )
 
 // requestTimeout bounds the database statements of one request.
@@ -65,7 +66,7 @@ func WithLogger(logger *slog.Logger) Option {
 // handler is the console: the http.Handler that New returns.
 type handler struct {
 	db        *gorm.DB
-	repo      *gormlease.Repository
+	op        *admin.Operator
 	tables    []gormlease.TableOption
 	authorize func(r *http.Request, action, targetID string) error
 	logger    *slog.Logger
@@ -116,7 +117,7 @@ func New(db *gorm.DB, opts ...Option) (http.Handler, error) {
 	if err != nil {
 		return nil, errors.New("console: " + strings.TrimPrefix(err.Error(), "gormlease: "))
 	}
-	h.repo = repo
+	h.op = admin.New(repo)
 	return h, nil
 }
 

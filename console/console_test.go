@@ -18,6 +18,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/console"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
@@ -117,7 +118,7 @@ func TestRelease_EndsTheLeaseAndLogsTheReasonOnEveryDatabase(t *testing.T) {
 		require.Equal(t, http.StatusSeeOther, r.status, r.body)
 		assert.Equal(t, "target?"+url.Values{"id": {f.live}, "done": {"release"}}.Encode(), r.header.Get("Location"))
 		assert.Equal(t, []string{"release " + f.live}, asked)
-		assert.Equal(t, gormlease.StateReleased, state(t, f.repo, f.live).State)
+		assert.Equal(t, admin.StateReleased, state(t, f.repo, f.live).State)
 		assert.ErrorIs(t, f.repo.Heartbeat(context.Background(), f.liveLease), gormlease.ErrLeaseLost)
 		assert.Regexp(t, `level=INFO msg="console: action done" action=release remote=\S+ target=\S+live reason="holder is gone"`, logs.String())
 
@@ -180,9 +181,9 @@ func TestActions_RefusedWriteNothingOnEveryDatabase(t *testing.T) {
 		assert.Equal(t, http.StatusBadRequest, post(allowed, "release", f.live, strings.Repeat("x", 256), nil).status, "a reason longer than the row keeps")
 
 		after := state(t, f.repo, f.live)
-		assert.Equal(t, gormlease.StateLive, after.State)
-		assert.Equal(t, before.LeaseToken, after.LeaseToken)
-		assert.Equal(t, before.Generation, after.Generation)
+		assert.Equal(t, admin.StateLive, after.State)
+		assert.Equal(t, before.Row.LeaseToken, after.Row.LeaseToken)
+		assert.Equal(t, before.Row.Generation, after.Row.Generation)
 		require.NoError(t, f.repo.Heartbeat(context.Background(), f.liveLease))
 	})
 }
@@ -300,7 +301,7 @@ func TestMount_UnderAPathPrefix(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, body)
 	loc, _ = resp.Location()
 	assert.Equal(t, "/ops/leases/target", loc.Path)
-	assert.Equal(t, gormlease.StateReleased, state(t, f.repo, f.live).State)
+	assert.Equal(t, admin.StateReleased, state(t, f.repo, f.live).State)
 }
 
 // Every route answers as documented: unknown paths 404, pages refuse
@@ -410,10 +411,10 @@ func TestActions_ReadOnlyRefusesEveryAction(t *testing.T) {
 	}
 	assert.NotContains(t, get(t, h, "/target?id="+url.QueryEscape(f.live)).body, `id="actions"`, "no action buttons")
 	after := state(t, f.repo, f.live)
-	assert.Equal(t, before.LeaseToken, after.LeaseToken)
+	assert.Equal(t, before.Row.LeaseToken, after.Row.LeaseToken)
 	assert.False(t, after.Paused)
 	assert.False(t, after.StopRequested)
-	assert.Equal(t, gormlease.StateLive, after.State)
+	assert.Equal(t, admin.StateLive, after.State)
 }
 
 // Stop, posted while a Runner's work is running, ends that work at its
@@ -451,7 +452,7 @@ func TestStop_EndsARunningRunOnEveryDatabase(t *testing.T) {
 		}
 		repo, err := gormlease.NewRepository(db)
 		require.NoError(t, err)
-		assert.Equal(t, gormlease.StateReleased, state(t, repo, target).State)
+		assert.Equal(t, admin.StateReleased, state(t, repo, target).State)
 	})
 }
 
@@ -484,7 +485,7 @@ func TestSlotActions_StopAndReleaseOneSlotOnEveryDatabase(t *testing.T) {
 			return errors.New("no")
 		}))
 		rows := func() []gormlease.JobLease {
-			return []gormlease.JobLease{state(t, f.repo, target+"\x1f1").JobLease, state(t, f.repo, target+"\x1f2").JobLease}
+			return []gormlease.JobLease{state(t, f.repo, target+"\x1f1").Row, state(t, f.repo, target+"\x1f2").Row}
 		}
 		before := rows()
 

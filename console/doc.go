@@ -34,9 +34,9 @@
 // # Actions
 //
 // POST /pause, /resume, /stop and /release, with the form fields target
-// and reason, pause the target (Repository.Pause), resume it, ask its
-// holder to stop (Repository.RequestStop), or end its lease by force
-// (Repository.ForceRelease). For a target with slots (gormlease.WithSlots),
+// and reason, pause the target (admin.Operator.Pause), resume it, ask its
+// holder to stop (admin.Operator.RequestStop), or end its lease by force
+// (admin.Operator.ForceRelease). For a target with slots (gormlease.WithSlots),
 // each applies to every slot. Each is refused with 403, writing nothing,
 // unless the request comes from the console's own origin, by its
 // Sec-Fetch-Site or Origin header (a request with neither is refused too,
@@ -50,7 +50,7 @@
 //
 // Stop and release also take the form field slot, a slot's number from 1
 // to 100: they then act on that slot of the target only
-// (Repository.RequestStopSlot, ForceReleaseSlot), and the other slots'
+// (admin.Operator.RequestStopSlot, ForceReleaseSlot), and the other slots'
 // holders keep their leases. The target page offers both on each slot
 // that is not released. A slot that is not such a number, or one given
 // to pause or resume, is a 400 that writes nothing and asks no

@@ -20,6 +20,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/console"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
@@ -71,7 +72,9 @@ func newFixture(t *testing.T, s *testdb.Server, db *gorm.DB) fixture {
 	require.NoError(t, repo.Release(ctx, l))
 	l, err = repo.Acquire(ctx, f.failed, time.Hour)
 	require.NoError(t, err)
-	require.NoError(t, repo.ReleaseFailed(ctx, l, fmt.Errorf("the API said no")))
+	require.NoError(t, repo.Release(ctx, l))
+	// The failure that a Runner's release records when its job failed.
+	require.NoError(t, db.Table("job_lease").Where("target_id = ?", f.failed).Update("failure", "the API said no").Error)
 	_, err = repo.AcquireSlot(ctx, f.slotted, 2, time.Hour)
 	require.NoError(t, err)
 	runner, err := gormlease.NewRunner[map[string]string](db)
@@ -176,9 +179,9 @@ func rowOf(body, key string) string {
 }
 
 // state reads targetID's row as List does.
-func state(t *testing.T, repo *gormlease.Repository, key string) gormlease.LeaseInfo {
+func state(t *testing.T, repo *gormlease.Repository, key string) admin.LeaseInfo {
 	t.Helper()
-	page, err := repo.List(context.Background(), gormlease.ListOptions{Prefix: key, Limit: 1})
+	page, err := admin.New(repo).List(context.Background(), admin.ListOptions{Prefix: key, Limit: 1})
 	require.NoError(t, err)
 	require.NotEmpty(t, page, "no row for %q", key)
 	require.Equal(t, key, page[0].Key)
@@ -188,7 +191,7 @@ func state(t *testing.T, repo *gormlease.Repository, key string) gormlease.Lease
 // heldSlots counts the live slot rows of target.
 func heldSlots(t *testing.T, repo *gormlease.Repository, target string) int {
 	t.Helper()
-	page, err := repo.List(context.Background(), gormlease.ListOptions{Prefix: target + "\x1f", State: gormlease.StateLive})
+	page, err := admin.New(repo).List(context.Background(), admin.ListOptions{Prefix: target + "\x1f", State: admin.StateLive})
 	require.NoError(t, err)
 	return len(page)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 )
 
 const (
@@ -48,7 +49,7 @@ type row struct {
 
 // Heartbeat says whether the row's heartbeat age is measured against a
 // timeout: a lease not released, whose timeout is recorded.
-func (r row) Heartbeat() bool { return r.HasTimeout && r.State != string(gormlease.StateReleased) }
+func (r row) Heartbeat() bool { return r.HasTimeout && r.State != string(admin.StateReleased) }
 
 // AgeSeconds and the rest are the heartbeat meter's values, in seconds.
 func (r row) AgeSeconds() float64 { return r.Age.Seconds() }
@@ -66,7 +67,7 @@ func (r row) HighSeconds() float64 { return r.Timeout.Seconds() * 0.8 }
 // Expires writes how long the lease lives without another heartbeat.
 func (r row) Expires() string {
 	switch {
-	case r.State == string(gormlease.StateReleased):
+	case r.State == string(admin.StateReleased):
 		return "–"
 	case !r.HasTimeout:
 		return "unknown"
@@ -78,13 +79,13 @@ func (r row) Expires() string {
 	return duration(r.ExpiresIn)
 }
 
-func newRow(li gormlease.LeaseInfo) row {
+func newRow(li admin.LeaseInfo) row {
 	return fillPause(row{
 		Key: li.Key, TargetID: li.TargetID, Slot: li.Slot, State: string(li.State), MinHold: li.MinHold,
-		Holder: li.Holder, Generation: li.Generation, Token: li.LeaseToken.String(), Age: li.Age,
-		Timeout: li.Timeout, HasTimeout: li.TimeoutMS != nil, ExpiresIn: li.ExpiresIn,
-		UpdatedAt: li.UpdatedAt, ReleasedAt: li.ReleasedAt,
-		SavedGen: li.SavedGeneration, SavedAt: li.SavedAt, Failure: li.Failure,
+		Holder: li.Row.Holder, Generation: li.Row.Generation, Token: li.Row.LeaseToken.String(), Age: li.Age,
+		Timeout: li.Timeout, HasTimeout: li.Row.TimeoutMS != nil, ExpiresIn: li.ExpiresIn,
+		UpdatedAt: li.Row.UpdatedAt, ReleasedAt: li.Row.ReleasedAt,
+		SavedGen: li.Row.SavedGeneration, SavedAt: li.Row.SavedAt, Failure: li.Row.Failure,
 	}, li)
 }
 
@@ -181,7 +182,7 @@ var listTmpl = mustPage(`{{define "content"}}
 const paused = "paused"
 
 // states are the values of the list's state filter.
-var states = []string{string(gormlease.StateLive), string(gormlease.StateExpired), string(gormlease.StateReleased), paused}
+var states = []string{string(admin.StateLive), string(admin.StateExpired), string(admin.StateReleased), paused}
 
 // validState reports whether s is a state filter: one of states, or "".
 func validState(s string) bool {
@@ -197,7 +198,7 @@ func validState(s string) bool {
 }
 
 // fillPause sets r's pause and stop request from li.
-func fillPause(r row, li gormlease.LeaseInfo) row {
+func fillPause(r row, li admin.LeaseInfo) row {
 	r.Paused, r.PauseReason = li.Paused, li.PauseReason
 	r.StopRequested, r.StopReason = li.StopRequested, li.StopReason
 	return r
@@ -215,7 +216,7 @@ const (
 // there may be more, and the key to go on after.
 func (h *handler) list(ctx context.Context, prefix, state, after string, limit int) (rows []row, next string, err error) {
 	if state != paused {
-		page, err := h.repo.List(ctx, gormlease.ListOptions{Prefix: prefix, State: gormlease.LeaseState(state), After: after, Limit: limit})
+		page, err := h.op.List(ctx, admin.ListOptions{Prefix: prefix, State: admin.LeaseState(state), After: after, Limit: limit})
 		if err != nil {
 			return nil, "", err
 		}
@@ -228,7 +229,7 @@ func (h *handler) list(ctx context.Context, prefix, state, after string, limit i
 		return rows, next, nil
 	}
 	for scanned := 0; scanned < maxScan; {
-		page, err := h.repo.List(ctx, gormlease.ListOptions{Prefix: prefix, After: after, Limit: scanPage})
+		page, err := h.op.List(ctx, admin.ListOptions{Prefix: prefix, After: after, Limit: scanPage})
 		if err != nil {
 			return nil, "", err
 		}

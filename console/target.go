@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 )
 
 // maxResultShown is the most bytes of a result row's data that the target
@@ -18,7 +19,7 @@ import (
 const maxResultShown = 64 << 10
 
 // slotSeparator is the byte between a target ID and its slot's number in
-// the key of a slot's row (see gormlease.LeaseInfo.Key).
+// the key of a slot's row (see admin.LeaseInfo.Key).
 const slotSeparator = "\x1f"
 
 // result is a target's result row as the target page shows it.
@@ -79,7 +80,7 @@ func (h *handler) targetPage(w http.ResponseWriter, r *http.Request) {
 func (h *handler) readTarget(ctx context.Context, v *targetView) error {
 	// The target's own row is the first under it as a prefix; its slots'
 	// rows follow, under the target and the separator.
-	page, err := h.repo.List(ctx, gormlease.ListOptions{Prefix: v.TargetID, Limit: 1})
+	page, err := h.op.List(ctx, admin.ListOptions{Prefix: v.TargetID, Limit: 1})
 	if err != nil {
 		return err
 	}
@@ -87,14 +88,14 @@ func (h *handler) readTarget(ctx context.Context, v *targetView) error {
 		rw := newRow(page[0])
 		v.Row = &rw
 	}
-	slots, err := h.repo.List(ctx, gormlease.ListOptions{Prefix: v.TargetID + slotSeparator, Limit: gormlease.MaxSlots})
+	slots, err := h.op.List(ctx, admin.ListOptions{Prefix: v.TargetID + slotSeparator, Limit: gormlease.MaxSlots})
 	if err != nil {
 		return err
 	}
 	for _, li := range slots {
 		if li.Slot > 0 && li.TargetID == v.TargetID {
 			v.Slots = append(v.Slots, newRow(li))
-			if li.State == gormlease.StateLive {
+			if li.State == admin.StateLive {
 				v.Held++
 			}
 		}

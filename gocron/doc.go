@@ -64,7 +64,7 @@
 //
 // # Pause and stop
 //
-// An operator pauses a job, or a role, with gormlease's Repository.Pause
+// An operator pauses a job, or a role, with gormlease's admin.Operator.Pause
 // (or the gormlease CLI's pause) on its target, and lets it run again with
 // Resume:
 //   - A paused job's ticks are skipped: Lock is refused at once with a
@@ -75,7 +75,7 @@
 //     role is paused steps down within half the lease timeout, its Term's
 //     context cancelled with a cause wrapping gormlease.ErrPaused.
 //
-// Repository.RequestStop asks the holder to stop: a Lock's lease is given up
+// admin.Operator.RequestStop asks the holder to stop: a Lock's lease is given up
 // at its next heartbeat (Unlock then returns an error wrapping
 // gormlease.ErrStopRequested; the job itself goes on, as after a loss), and
 // a leader's term ends, its Term's context cancelled with a cause wrapping

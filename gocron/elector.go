@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 )
 
 // ErrNotLeader is what DistributedElector.IsLeader and
@@ -45,7 +46,7 @@ var _ gocron.Elector = (*DistributedElector)(nil)
 // nothing, when ctx is nil or gormlease.NewElector refuses name or an
 // option. Call Close to wait for the campaign to end.
 //
-// While the role is paused (Repository.Pause of target name), no
+// While the role is paused (admin.Operator.Pause of target name), no
 // DistributedElector leads: a campaign waits, holding no connection, until
 // Resume, and a leader whose role is paused during its term steps down, for
 // it reads the role's row at the start of each term and then every half of
@@ -111,7 +112,7 @@ const pauseCheckDefault = time.Second
 // timeout that the row records. A read that fails is not an outcome (the
 // heartbeats judge the lease): the next one is made as planned.
 func (e *DistributedElector) watchPause(term context.Context, end context.CancelCauseFunc) {
-	repo, name := e.elector.Repository(), e.name
+	op, name := admin.New(e.elector.Repository()), e.name
 	every := pauseCheckDefault
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -121,7 +122,7 @@ func (e *DistributedElector) watchPause(term context.Context, end context.Cancel
 			return
 		case <-t.C:
 		}
-		row, found, err := repo.Get(term, name)
+		row, found, err := op.Get(term, name)
 		if err == nil && found {
 			if row.PausedAt != nil {
 				reason := ""
@@ -158,8 +159,8 @@ func (e *DistributedElector) IsLeader(context.Context) error {
 // cancelled, with a cause wrapping gormlease.ErrLeaseLost, when leadership
 // is lost or can no longer be trusted; with one wrapping
 // gormlease.ErrStopRequested when an operator asked the leader to stop
-// (Repository.RequestStop); with one wrapping gormlease.ErrPaused when the
-// role was paused (Repository.Pause; see NewDistributedElector); or with
+// (admin.Operator.RequestStop); with one wrapping gormlease.ErrPaused when
+// the role was paused (admin.Operator.Pause; see NewDistributedElector); or with
 // context.Canceled when the campaign ends. A job that must stop when its
 // leader is deposed runs on it; writes fenced by the term go through
 // Repository().CommitIfOwner with the lease.
@@ -174,9 +175,10 @@ func (e *DistributedElector) Term() (context.Context, error) {
 	return *term, nil
 }
 
-// Leader reports who leads the role now, as the database sees it (see
+// Leader reports who leads the role now, as the database sees it: the
+// role's lease row, and true while its lease is live (see
 // gormlease.Elector.Leader).
-func (e *DistributedElector) Leader(ctx context.Context) (gormlease.LeaseInfo, bool, error) {
+func (e *DistributedElector) Leader(ctx context.Context) (gormlease.JobLease, bool, error) {
 	return e.elector.Leader(ctx)
 }
 

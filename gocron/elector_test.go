@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	gormleasegocron "github.com/gormlease/gormlease/gocron"
 	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/leasetest"
@@ -123,7 +124,7 @@ func TestDistributedElector_EndsWithItsContext(t *testing.T) {
 		require.ErrorIs(t, e.IsLeader(context.Background()), gormleasegocron.ErrNotLeader)
 		info, ok := leasetest.State(t, db, role)
 		require.True(t, ok)
-		assert.Equal(t, gormlease.StateReleased, info.State)
+		assert.Equal(t, admin.StateReleased, info.State)
 		e.Close() // again: returns at once
 	})
 }

@@ -47,7 +47,7 @@ func NewLocker(db *gorm.DB, opts ...gormlease.Option) (*Locker, error) {
 // gocron.Lock that holds it until its Unlock. When another holder's lease
 // on key is live, Lock returns an error wrapping gormlease.ErrLeaseHeld at
 // once, having written nothing, and gocron skips the run. So it does while
-// the job is paused (Repository.Pause): the error, a *gormlease.PausedError,
+// the job is paused (admin.Operator.Pause): the error, a *gormlease.PausedError,
 // matches both ErrPaused and ErrLeaseHeld, and the paused job's ticks are
 // skipped until Resume. A run whose holder an operator asks to stop
 // (RequestStop) ends at its next heartbeat, and Unlock returns an error

@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	gormleasegocron "github.com/gormlease/gormlease/gocron"
 	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/leasetest"
@@ -39,7 +40,7 @@ func TestLocker_LockHoldsUntilUnlock(t *testing.T) {
 		l, key := newLocker(t, db), newKey(t)
 		lock, err := l.Lock(context.Background(), key)
 		require.NoError(t, err)
-		held := leasetest.WaitFor(t, db, key, gormlease.StateLive, 5*time.Second)
+		held := leasetest.WaitFor(t, db, key, admin.StateLive, 5*time.Second)
 		_, err = l.Lock(context.Background(), key)
 		require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
 
@@ -47,14 +48,14 @@ func TestLocker_LockHoldsUntilUnlock(t *testing.T) {
 		time.Sleep(2500 * time.Millisecond)
 		info, ok := leasetest.State(t, db, key)
 		require.True(t, ok)
-		assert.Equal(t, gormlease.StateLive, info.State, "the lease was not renewed")
-		assert.Equal(t, held.Generation, info.Generation)
+		assert.Equal(t, admin.StateLive, info.State, "the lease was not renewed")
+		assert.Equal(t, held.Row.Generation, info.Row.Generation)
 		_, err = l.Lock(context.Background(), key)
 		require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
 
 		require.NoError(t, lock.Unlock(context.Background()))
 		info, _ = leasetest.State(t, db, key)
-		assert.Equal(t, gormlease.StateReleased, info.State, "Unlock returned before the release")
+		assert.Equal(t, admin.StateReleased, info.State, "Unlock returned before the release")
 		require.NoError(t, lock.Unlock(context.Background()), "a second Unlock")
 		again, err := l.Lock(context.Background(), key)
 		require.NoError(t, err)
@@ -78,7 +79,7 @@ func TestLocker_UnlockHonoursMinHold(t *testing.T) {
 		require.ErrorIs(t, err, gormlease.ErrLeaseHeld, "locked again within the minimum hold")
 
 		// The hold's end reads as released: the job ended cleanly.
-		leasetest.WaitFor(t, db, key, gormlease.StateReleased, 10*time.Second)
+		leasetest.WaitFor(t, db, key, admin.StateReleased, 10*time.Second)
 		assert.GreaterOrEqual(t, time.Since(locked), hold, "the hold ended early")
 		again, err := l.Lock(context.Background(), key)
 		require.NoError(t, err)
@@ -99,8 +100,8 @@ func TestLocker_UnlockReportsALostLease(t *testing.T) {
 		require.ErrorIs(t, lock.Unlock(context.Background()), gormlease.ErrLeaseLost)
 		info, ok := leasetest.State(t, db, key)
 		require.True(t, ok)
-		assert.Equal(t, gormlease.StateLive, info.State, "the new holder's lease was released")
-		assert.Equal(t, thief.Generation, info.Generation)
+		assert.Equal(t, admin.StateLive, info.State, "the new holder's lease was released")
+		assert.Equal(t, thief.Generation, info.Row.Generation)
 	})
 }
 
@@ -125,10 +126,10 @@ func TestLocker_ContextBoundsOnlyTheAcquire(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		info, ok := leasetest.State(t, db, key)
 		require.True(t, ok)
-		assert.Equal(t, gormlease.StateLive, info.State, "the lease was released when the Lock's context ended")
+		assert.Equal(t, admin.StateLive, info.State, "the lease was released when the Lock's context ended")
 		require.NoError(t, lock.Unlock(ctx))
 		info, _ = leasetest.State(t, db, key)
-		assert.Equal(t, gormlease.StateReleased, info.State)
+		assert.Equal(t, admin.StateReleased, info.State)
 	})
 }
 
@@ -165,7 +166,7 @@ func TestLocker_OneTimingOptionIsEnough(t *testing.T) {
 			key := newKey(t)
 			lock, err := l.Lock(context.Background(), key)
 			require.NoError(t, err)
-			info := leasetest.WaitFor(t, db, key, gormlease.StateLive, 5*time.Second)
+			info := leasetest.WaitFor(t, db, key, admin.StateLive, 5*time.Second)
 			assert.Equal(t, tc.want, info.Timeout)
 			require.NoError(t, lock.Unlock(context.Background()))
 

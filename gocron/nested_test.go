@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/leasetest"
 )
@@ -32,7 +33,7 @@ func refusedInside(t *testing.T, db *gorm.DB, sched gocron.Scheduler) <-chan job
 	require.NoError(t, err)
 	held, paused := newKey(t), newKey(t)
 	leasetest.Occupy(t, db, held)
-	require.NoError(t, newRepository(t, db).Pause(context.Background(), paused, "maintenance"))
+	require.NoError(t, admin.New(newRepository(t, db)).Pause(context.Background(), paused, "maintenance"))
 	errs := make(chan jobError, 100)
 	for _, other := range []string{held, paused} {
 		_, err := sched.NewJob(gocron.DurationJob(50*time.Millisecond),

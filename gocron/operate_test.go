@@ -16,6 +16,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	gormleasegocron "github.com/gormlease/gormlease/gocron"
 	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/leasetest"
@@ -63,7 +64,7 @@ func TestLocker_PausedJobTicksAreSkipped(t *testing.T) {
 		logs := &warnings{}
 		l, key := newLocker(t, db, gormlease.WithLogger(slog.New(logs))), newKey(t)
 		repo := newRepository(t, db)
-		require.NoError(t, repo.Pause(context.Background(), key, "maintenance"))
+		require.NoError(t, admin.New(repo).Pause(context.Background(), key, "maintenance"))
 
 		sched, err := gocron.NewScheduler(gocron.WithDistributedLocker(l))
 		require.NoError(t, err)
@@ -92,7 +93,7 @@ func TestLocker_PausedJobTicksAreSkipped(t *testing.T) {
 			}
 		}
 		assert.Zero(t, runs.Load(), "a paused job ran")
-		require.NoError(t, repo.Resume(context.Background(), key))
+		require.NoError(t, admin.New(repo).Resume(context.Background(), key))
 		select {
 		case <-ran:
 		case <-time.After(20 * time.Second):
@@ -110,9 +111,9 @@ func TestLocker_RequestStopEndsTheLock(t *testing.T) {
 		l, key := newLocker(t, db), newKey(t)
 		lock, err := l.Lock(context.Background(), key)
 		require.NoError(t, err)
-		leasetest.WaitFor(t, db, key, gormlease.StateLive, 5*time.Second)
-		require.NoError(t, newRepository(t, db).RequestStop(context.Background(), key, "drain"))
-		leasetest.WaitFor(t, db, key, gormlease.StateReleased, 10*time.Second)
+		leasetest.WaitFor(t, db, key, admin.StateLive, 5*time.Second)
+		require.NoError(t, admin.New(newRepository(t, db)).RequestStop(context.Background(), key, "drain"))
+		leasetest.WaitFor(t, db, key, admin.StateReleased, 10*time.Second)
 		err = lock.Unlock(context.Background())
 		require.ErrorIs(t, err, gormlease.ErrStopRequested)
 		assert.NotErrorIs(t, err, gormlease.ErrLeaseLost)
@@ -140,14 +141,14 @@ func TestDistributedElector_PausedRoleHasNoLeader(t *testing.T) {
 		require.NoError(t, err)
 
 		repo := newRepository(t, db)
-		require.NoError(t, repo.Pause(context.Background(), role, "maintenance"))
+		require.NoError(t, admin.New(repo).Pause(context.Background(), role, "maintenance"))
 		select {
 		case <-term.Done():
 		case <-time.After(10 * time.Second):
 			t.Fatal("the leader of a paused role goes on leading")
 		}
 		require.ErrorIs(t, context.Cause(term), gormlease.ErrPaused)
-		leasetest.WaitFor(t, db, role, gormlease.StateReleased, 10*time.Second)
+		leasetest.WaitFor(t, db, role, admin.StateReleased, 10*time.Second)
 		// Longer than a heartbeat interval and a standby's wake-up: nobody
 		// takes the paused role.
 		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
@@ -159,7 +160,7 @@ func TestDistributedElector_PausedRoleHasNoLeader(t *testing.T) {
 		require.NoError(t, err)
 		assert.False(t, leads, "the database shows a leader of a paused role")
 
-		require.NoError(t, repo.Resume(context.Background(), role))
+		require.NoError(t, admin.New(repo).Resume(context.Background(), role))
 		waitLeader(t, electors...)
 		assert.Empty(t, logs.logged(), "the pause was logged as a fault")
 	})
@@ -176,7 +177,7 @@ func TestDistributedElector_RequestStopEndsTheTerm(t *testing.T) {
 		require.NoError(t, err)
 		lease, _ := gormlease.LeaseFromContext(term)
 
-		require.NoError(t, newRepository(t, db).RequestStop(context.Background(), role, "drain"))
+		require.NoError(t, admin.New(newRepository(t, db)).RequestStop(context.Background(), role, "drain"))
 		select {
 		case <-term.Done():
 		case <-time.After(10 * time.Second):

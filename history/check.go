@@ -34,7 +34,7 @@ type Input struct {
 	Results []Result
 	Changes []Change
 	Faults  []Fault
-	// Pauses are the operator's pauses of targets (Repository.Pause, then
+	// Pauses are the operator's pauses of targets (admin.Operator.Pause, then
 	// Resume): no Run may start work on a paused target.
 	Pauses []Pause
 	// Targets are the targets the workers ran on.

@@ -33,7 +33,7 @@
 // that is down, and its open connections are closed: see
 // WorkerConfig.RefuseFile); on SQLite, which has no server to proxy,
 // pauses and crashes. As an operator would, it pauses targets
-// (Repository.Pause), asks their holders to stop (RequestStop) and resumes
+// (admin.Operator.Pause), asks their holders to stop (RequestStop) and resumes
 // them; on a Patroni cluster, it fails the cluster over too, after which
 // the database's records are read on the primary that survived. There the
 // operator acts during each failover, and sends each call again until it

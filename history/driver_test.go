@@ -25,6 +25,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
@@ -143,6 +144,7 @@ func operate(repo *gormlease.Repository, kind, target string, hold time.Duration
 	_ Fault, _ Pause, retries int, lost bool, _ error,
 ) {
 	f := Fault{Kind: kind, Worker: "operator", Start: Micros(time.Now())}
+	op := admin.New(repo)
 	var errs []error
 	send := func(step string, call func(ctx context.Context) error) bool {
 		n, err := land(call)
@@ -156,7 +158,7 @@ func operate(repo *gormlease.Repository, kind, target string, hold time.Duration
 		send("stop", func(ctx context.Context) error {
 			// No live lease: nobody to stop, or an attempt whose answer
 			// was lost stopped it.
-			if err := repo.RequestStop(ctx, target, "history"); !errors.Is(err, gormlease.ErrNoLiveLease) {
+			if err := op.RequestStop(ctx, target, "history"); !errors.Is(err, gormlease.ErrNoLiveLease) {
 				return err
 			}
 			return nil
@@ -166,7 +168,7 @@ func operate(repo *gormlease.Repository, kind, target string, hold time.Duration
 		stop()
 	}
 	p := Pause{Target: target, Sent: Micros(time.Now())}
-	if send("pause", func(ctx context.Context) error { return repo.Pause(ctx, target, "history") }) {
+	if send("pause", func(ctx context.Context) error { return op.Pause(ctx, target, "history") }) {
 		p.Committed = Micros(time.Now())
 	}
 	if kind == OperatePauseThenStop {
@@ -175,7 +177,7 @@ func operate(repo *gormlease.Repository, kind, target string, hold time.Duration
 	time.Sleep(hold)
 	p.Resumed = Micros(time.Now())
 	// The Resume must land, or the target stays paused for good.
-	send("resume", func(ctx context.Context) error { return repo.Resume(ctx, target) })
+	send("resume", func(ctx context.Context) error { return op.Resume(ctx, target) })
 	if settled != nil {
 		// Its nil may come from an old primary that nobody stopped (a
 		// Patroni kill), whose commits the failover throws away: when an
@@ -185,12 +187,12 @@ func operate(repo *gormlease.Repository, kind, target string, hold time.Duration
 		// read the row on its primary, and resume again while it is paused.
 		<-settled
 		send("confirm the resume", func(ctx context.Context) error {
-			row, _, err := repo.Get(ctx, target)
+			row, _, err := op.Get(ctx, target)
 			if err != nil || row.PausedAt == nil {
 				return err
 			}
 			lost = true
-			if err := repo.Resume(ctx, target); err != nil {
+			if err := op.Resume(ctx, target); err != nil {
 				return err
 			}
 			return errors.New("resumed again: read the row again")

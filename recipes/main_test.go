@@ -13,6 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/leasetest"
 	"github.com/gormlease/gormlease/observe"
@@ -106,7 +107,7 @@ var nestedRefusals = []struct {
 	{"Paused", func(t *testing.T, db *gorm.DB, other string) {
 		repo, err := gormlease.NewRepository(db)
 		require.NoError(t, err)
-		require.NoError(t, repo.Pause(context.Background(), other, "maintenance"))
+		require.NoError(t, admin.New(repo).Pause(context.Background(), other, "maintenance"))
 	}},
 }
 

@@ -1,9 +1,10 @@
 // Command opsbench measures the operations of gormlease on PostgreSQL
 // against heartbeats: it lists 1,000,000 rows page by page, then prunes
-// them, while 10,000 live leases heartbeat every second, and reports the
-// listing and pruning rates and every heartbeat round's duration. A
-// heartbeat is missed when a round takes longer than the interval, fails,
-// or reports a lease lost.
+// them (package admin), while a Runner holds 10,000 live leases that its
+// heartbeat group renews every second, and reports the listing and pruning
+// rates and every heartbeat statement's duration. A heartbeat statement is
+// missed when it takes longer than the interval or fails; a lease lost is
+// counted apart.
 //
 //	cd bench && go run ./opsbench [-dsn postgres://...] [-rows 1000000] [-leases 10000] [-out ../docs/performance.md]
 //
@@ -33,7 +34,10 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/bench/internal/opsection"
+	"github.com/gormlease/gormlease/bench/internal/runs"
+	"github.com/gormlease/gormlease/observe"
 )
 
 // listPage is the page size of the listing.
@@ -87,7 +91,7 @@ type results struct {
 	started      time.Time
 	took         time.Duration
 
-	// quiet, listing and pruning are the heartbeat rounds with nothing
+	// quiet, listing and pruning are the heartbeat statements with nothing
 	// else running, while listing, and while pruning.
 	quiet, listing, pruning stats
 
@@ -102,14 +106,14 @@ type results struct {
 func run(dsn string, rows, nLeases int, interval time.Duration) (results, error) {
 	ctx := context.Background()
 	r := results{rows: rows, leases: nLeases, interval: interval, started: time.Now()}
-	admin, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	setup, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		return r, err
 	}
-	if err := admin.Exec("DROP SCHEMA IF EXISTS opsbench CASCADE; CREATE SCHEMA opsbench").Error; err != nil {
+	if err := setup.Exec("DROP SCHEMA IF EXISTS opsbench CASCADE; CREATE SCHEMA opsbench").Error; err != nil {
 		return r, err
 	}
-	if err := admin.Raw("SELECT current_setting('server_version')").Scan(&r.version).Error; err != nil {
+	if err := setup.Raw("SELECT current_setting('server_version')").Scan(&r.version).Error; err != nil {
 		return r, err
 	}
 	sep := "?"
@@ -132,7 +136,10 @@ func run(dsn string, rows, nLeases int, interval time.Duration) (results, error)
 	if err != nil {
 		return r, err
 	}
-	beatRepo, err := gormlease.NewRepository(beatDB)
+	op := admin.New(repo)
+	b := &beater{interval: interval}
+	runner, err := gormlease.NewRunner[string](db, gormlease.WithHeartbeatDB(beatDB),
+		gormlease.WithHeartbeatInterval(interval), gormlease.WithLeaseTimeout(time.Minute), gormlease.WithObserver(b))
 	if err != nil {
 		return r, err
 	}
@@ -144,29 +151,38 @@ FROM generate_series(1, ?) AS i`, rows).Error; err != nil {
 		return r, err
 	}
 	fmt.Printf("seeded %d expired rows in %v\n", rows, time.Since(start).Round(time.Millisecond))
-	leases := make([]gormlease.Lease, 0, nLeases)
-	for i := range nLeases {
-		l, err := repo.Acquire(ctx, fmt.Sprintf("live/%06d", i), time.Minute)
-		if err != nil {
-			return r, err
-		}
-		leases = append(leases, l)
+	start = time.Now()
+	held, err := runs.Hold(ctx, runner, nLeases, "live/")
+	if err == nil {
+		fmt.Printf("holding %d leases after %v\n", nLeases, time.Since(start).Round(time.Millisecond))
+		err = measure(ctx, &r, db, op, b)
 	}
-	if err := db.Exec("VACUUM ANALYZE job_lease").Error; err != nil {
+	held.End() // the Runs end, and release their leases
+	if err != nil {
 		return r, err
 	}
+	r.took = time.Since(r.started)
+	return r, setup.Exec("DROP SCHEMA opsbench CASCADE").Error
+}
 
-	b := &beater{repo: beatRepo, leases: leases, interval: interval}
-	b.start()
-	time.Sleep(5 * interval)
+// measure lists and prunes the table through op while the Runner holds
+// the live leases, and records the heartbeat statements that b saw in
+// each window.
+func measure(ctx context.Context, r *results, db *gorm.DB, op *admin.Operator, b *beater) error {
+	if err := db.Exec("VACUUM ANALYZE job_lease").Error; err != nil {
+		return err
+	}
+	time.Sleep(r.interval + r.interval/4) // every lease renewed once
+	b.take()                              // the statements sent while the leases were taken
+	time.Sleep(5 * r.interval)
 	r.quiet = b.take()
 	fmt.Println("heartbeats, nothing else running:", r.quiet)
 
-	start = time.Now()
-	r.listed, r.pages, err = listAll(ctx, repo, gormlease.ListOptions{Limit: listPage})
+	start := time.Now()
+	var err error
+	r.listed, r.pages, err = listAll(ctx, op, admin.ListOptions{Limit: listPage})
 	if err != nil {
-		b.stop()
-		return r, err
+		return err
 	}
 	r.listTook = time.Since(start)
 	r.listing = b.take()
@@ -175,29 +191,27 @@ FROM generate_series(1, ?) AS i`, rows).Error; err != nil {
 	fmt.Println("heartbeats while listing:", r.listing)
 
 	start = time.Now()
-	r.pruned, err = repo.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour})
+	r.pruned, err = op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour})
 	r.pruneTook = time.Since(start)
 	r.pruning = b.take()
-	b.stop()
 	if err != nil {
-		return r, err
+		return err
 	}
 	fmt.Printf("pruned %d rows in %v: %.0f rows/s\n", r.pruned, r.pruneTook.Round(time.Millisecond), r.pruneRate())
 	fmt.Println("heartbeats while pruning:", r.pruning)
-	r.liveLeft, _, err = listAll(ctx, repo, gormlease.ListOptions{Prefix: "live/", State: gormlease.StateLive, Limit: 10000})
+	r.liveLeft, _, err = listAll(ctx, op, admin.ListOptions{Prefix: "live/", State: admin.StateLive, Limit: 10000})
 	if err != nil {
-		return r, err
+		return err
 	}
-	fmt.Printf("live leases left: %d of %d\n", r.liveLeft, nLeases)
-	r.took = time.Since(r.started)
-	return r, admin.Exec("DROP SCHEMA opsbench CASCADE").Error
+	fmt.Printf("live leases left: %d of %d\n", r.liveLeft, r.leases)
+	return nil
 }
 
 // listAll lists the rows that o chooses, page after page, and counts them
 // and the pages.
-func listAll(ctx context.Context, repo *gormlease.Repository, o gormlease.ListOptions) (listed, pages int, err error) {
+func listAll(ctx context.Context, op *admin.Operator, o admin.ListOptions) (listed, pages int, err error) {
 	for {
-		page, err := repo.List(ctx, o)
+		page, err := op.List(ctx, o)
 		if err != nil {
 			return listed, pages, err
 		}
@@ -205,96 +219,86 @@ func listAll(ctx context.Context, repo *gormlease.Repository, o gormlease.ListOp
 		if len(page) < o.Limit {
 			return listed, pages, nil
 		}
-		o.After = page[len(page)-1].TargetID
+		o.After = page[len(page)-1].Key
 	}
 }
 
 func (r results) listRate() float64  { return float64(r.listed) / r.listTook.Seconds() }
 func (r results) pruneRate() float64 { return float64(r.pruned) / r.pruneTook.Seconds() }
 
-// beater renews leases every interval, as a Runner's heartbeat group does,
-// and records each round.
+// beater is the Runner's Observer: it records each heartbeat statement
+// that the Runner's heartbeat group sends, and each lease the Runner lost.
 type beater struct {
-	repo     *gormlease.Repository
-	leases   []gormlease.Lease
 	interval time.Duration
 
-	mu     sync.Mutex
-	rounds []time.Duration
-	missed int
-	lost   int
-	errs   int
-	done   chan struct{}
-	wg     sync.WaitGroup
+	mu         sync.Mutex
+	statements []time.Duration
+	leases     int // the leases that the statements renewed, or tried to
+	missed     int
+	lost       int
+	errs       int
 }
 
-func (b *beater) start() {
-	b.done = make(chan struct{})
-	b.wg.Go(func() {
-		t := time.NewTicker(b.interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-b.done:
-				return
-			case <-t.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), b.interval)
-			begin := time.Now()
-			lost, err := b.repo.HeartbeatMany(ctx, b.leases)
-			d := time.Since(begin)
-			cancel()
-			b.mu.Lock()
-			b.rounds = append(b.rounds, d)
-			b.lost += len(lost)
-			if err != nil {
-				b.errs++
-			}
-			if d > b.interval || err != nil || len(lost) > 0 {
-				b.missed++
-			}
-			b.mu.Unlock()
+// Start starts no span: only the events count.
+func (b *beater) Start(ctx context.Context, _ observe.Span) (context.Context, func(error)) {
+	return ctx, func(error) {}
+}
+
+// Record records a heartbeat statement, missed when it took longer than
+// the interval or failed, and a lease lost to a takeover or to
+// self-fencing.
+func (b *beater) Record(_ context.Context, e observe.Event) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch e.Kind {
+	case observe.EventHeartbeat:
+		b.statements = append(b.statements, e.Duration)
+		b.leases += e.Leases
+		if e.Err != nil {
+			b.errs++
 		}
-	})
+		if e.Duration > b.interval || e.Err != nil {
+			b.missed++
+		}
+	case observe.EventLeaseLost, observe.EventSelfFenced:
+		b.lost++
+	}
 }
 
-func (b *beater) stop() { close(b.done); b.wg.Wait() }
-
-// stats are the heartbeat rounds of a window, sorted by duration.
+// stats are the heartbeat statements of a window, sorted by duration.
 type stats struct {
-	rounds []time.Duration
-	// missed counts the rounds over the interval, failed, or with a
-	// lease lost.
+	statements []time.Duration
+	// missed counts the statements over the interval, or failed.
 	missed, lost, errs int
 	leases             int
 }
 
-// take returns the rounds since the last take.
+// take returns the statements since the last take.
 func (b *beater) take() stats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := stats{rounds: b.rounds, missed: b.missed, lost: b.lost, errs: b.errs, leases: len(b.leases)}
-	slices.Sort(s.rounds)
-	b.rounds, b.missed, b.lost, b.errs = nil, 0, 0, 0
+	s := stats{statements: b.statements, missed: b.missed, lost: b.lost, errs: b.errs, leases: b.leases}
+	slices.Sort(s.statements)
+	b.statements, b.leases, b.missed, b.lost, b.errs = nil, 0, 0, 0, 0
 	return s
 }
 
-// quantile returns the q quantile of the rounds' durations.
+// quantile returns the q quantile of the statements' durations.
 func (s stats) quantile(q float64) time.Duration {
-	return s.rounds[int(q*float64(len(s.rounds)-1))].Round(time.Millisecond)
+	return s.statements[int(q*float64(len(s.statements)-1))].Round(time.Millisecond)
 }
 
-// durations summarizes the rounds' durations.
+// durations summarizes the statements' durations.
 func (s stats) durations() string {
-	if len(s.rounds) == 0 {
-		return "no round"
+	if len(s.statements) == 0 {
+		return "no statement"
 	}
 	return fmt.Sprintf("p50 %v, p99 %v, max %v", s.quantile(0.5), s.quantile(0.99), s.quantile(1))
 }
 
 func (s stats) String() string {
-	return fmt.Sprintf("%d rounds of %d leases, %s; missed %d, leases lost %d, errors %d",
-		len(s.rounds), s.leases, s.durations(), s.missed, s.lost, s.errs)
+	return fmt.Sprintf("%d statements renewing %d leases in all, %s; missed %d, leases lost %d, errors %d",
+		len(s.statements), s.leases, s.durations(), s.missed, s.lost, s.errs)
 }
 
 // goal is a row of the section's table: met is "" for a figure.
@@ -309,20 +313,20 @@ func yes(ok bool) string {
 
 // missedGoal is the goal of no missed heartbeat while what ran.
 func (r results) missedGoal(what string, s stats) goal {
-	g := goal{measure: fmt.Sprintf("heartbeat rounds missed (over %v, failed, or a lease lost) while %s", r.interval, what), want: "0"}
-	if len(s.rounds) == 0 {
-		g.got, g.met = fmt.Sprintf("no round (%s took under one interval)", what), "n/a"
+	g := goal{measure: fmt.Sprintf("heartbeat statements missed (over %v, or failed) while %s", r.interval, what), want: "0"}
+	if len(s.statements) == 0 {
+		g.got, g.met = fmt.Sprintf("no statement (%s took under one interval)", what), "n/a"
 		return g
 	}
-	g.got = fmt.Sprintf("%d of %d (%s)", s.missed, len(s.rounds), s.durations())
+	g.got = fmt.Sprintf("%d of %d (%s)", s.missed, len(s.statements), s.durations())
 	g.met = yes(s.missed == 0)
 	return g
 }
 
 func (r results) goals() []goal {
 	return []goal{
-		{fmt.Sprintf("heartbeat rounds of %d leases every %v, alone", r.leases, r.interval), "(reference)",
-			fmt.Sprintf("%d missed of %d (%s)", r.quiet.missed, len(r.quiet.rounds), r.quiet.durations()), ""},
+		{fmt.Sprintf("heartbeat statements for %d leases every %v, alone", r.leases, r.interval), "(reference)",
+			fmt.Sprintf("%d missed of %d (%s)", r.quiet.missed, len(r.quiet.statements), r.quiet.durations()), ""},
 		r.missedGoal(fmt.Sprintf("listing %d rows", r.listed), r.listing),
 		{"leases lost while listing", "0", fmt.Sprint(r.listing.lost), yes(r.listing.lost == 0)},
 		{fmt.Sprintf("rows listed per second, pages of %d", listPage), "(figure)",
@@ -348,10 +352,10 @@ func (r results) section() string {
 	for _, g := range r.goals() {
 		p("| %s | %s | %s | %s |\n", g.measure, g.want, g.got, g.met)
 	}
-	p("\n**How it is measured.** One INSERT ... SELECT FROM generate_series writes %d lease rows whose leases expired two hours ago; Repository.Acquire then takes %d leases with a one-minute timeout, and VACUUM ANALYZE runs on the table. "+
-		"A goroutine renews all the live leases with Repository.HeartbeatMany every %[3]v, on a pool of its own (as WithHeartbeatDB gives a Runner), each round with a timeout of %[3]v; a round is missed when it takes longer than that, fails, or reports a lease lost. "+
-		"The heartbeats first run alone for five intervals, for reference. Then Repository.List pages through every row of the table, %[4]d at a time, each page starting after the last page's target ID; then Repository.Prune(ctx, gormlease.PruneOptions{OlderThan: time.Hour}) deletes the expired rows in its default batches, while the live leases must stay, as a List of the live leases checks afterwards. "+
-		"Each window counts the rounds that ended in it. The table lives in a schema of its own on the same server as the main report's, which other processes shared.\n",
+	p("\n**How it is measured.** One INSERT ... SELECT FROM generate_series writes %d lease rows whose leases expired two hours ago; a Runner then takes %d leases with a one-minute timeout, each in a Run whose work waits, and VACUUM ANALYZE runs on the table. "+
+		"The Runner's heartbeat group renews the live leases every %[3]v, on a pool of its own (WithHeartbeatDB), in statements of up to 1,000 leases each spread over the interval, and an Observer (WithObserver) records each statement: one is missed when it takes longer than the interval or fails; a lease lost (the Runner's EventLeaseLost or EventSelfFenced) is counted apart. "+
+		"The heartbeats first run alone for five intervals, for reference. Then admin.Operator.List pages through every row of the table, %[4]d at a time, each page starting after the last page's target ID; then admin.Operator.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour}) deletes the expired rows in its default batches, while the live leases must stay, as a List of the live leases checks afterwards. "+
+		"Each window counts the statements that ended in it. The table lives in a schema of its own on the same server as the main report's, which other processes shared.\n",
 		r.rows, r.leases, r.interval, listPage)
 	return s.String()
 }

@@ -17,6 +17,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	dsnpkg "github.com/gormlease/gormlease/internal/dsn"
 )
 
@@ -124,6 +125,7 @@ type command struct {
 	target string
 	db     *gorm.DB
 	repo   *gormlease.Repository
+	op     *admin.Operator
 }
 
 // listPage is the rows per page of list without -limit.
@@ -240,6 +242,7 @@ func (c *command) run(ctx context.Context, fn func(context.Context, *command) er
 	if err != nil {
 		return err
 	}
+	c.op = admin.New(c.repo)
 	return c.explainMissingTable(ctx, db, fn(ctx, c))
 }
 
@@ -307,22 +310,22 @@ type leaseJSON struct {
 	StopReason    string `json:"stop_reason,omitempty"`
 }
 
-func toJSON(li gormlease.LeaseInfo) leaseJSON {
+func toJSON(li admin.LeaseInfo) leaseJSON {
 	j := leaseJSON{
-		Target: li.TargetID, Slot: li.Slot, State: string(li.State), Generation: li.Generation, Holder: li.Holder,
-		Token: li.LeaseToken.String(), UpdatedAt: li.UpdatedAt, ReleasedAt: li.ReleasedAt,
-		AgeSeconds: li.Age.Seconds(), SavedGeneration: li.SavedGeneration, SavedAt: li.SavedAt, Failure: li.Failure,
-		MinHold: li.MinHold, Paused: li.Paused, PausedAt: li.PausedAt, PauseReason: li.PauseReason,
+		Target: li.TargetID, Slot: li.Slot, State: string(li.State), Generation: li.Row.Generation, Holder: li.Row.Holder,
+		Token: li.Row.LeaseToken.String(), UpdatedAt: li.Row.UpdatedAt, ReleasedAt: li.Row.ReleasedAt,
+		AgeSeconds: li.Age.Seconds(), SavedGeneration: li.Row.SavedGeneration, SavedAt: li.Row.SavedAt, Failure: li.Row.Failure,
+		MinHold: li.MinHold, Paused: li.Paused, PausedAt: li.Row.PausedAt, PauseReason: li.PauseReason,
 		StopRequested: li.StopRequested, StopReason: li.StopReason,
 	}
-	if j.ReleasedAt == nil && li.State == gormlease.StateReleased {
+	if j.ReleasedAt == nil && li.State == admin.StateReleased {
 		end := holdEnd(li)
 		j.ReleasedAt = &end
 	}
-	if li.TimeoutMS != nil {
+	if li.Row.TimeoutMS != nil {
 		t := li.Timeout.Seconds()
 		j.TimeoutSeconds = &t
-		if li.State != gormlease.StateReleased {
+		if li.State != admin.StateReleased {
 			x := li.ExpiresIn.Seconds()
 			j.ExpiresInSecs = &x
 		}
@@ -336,7 +339,7 @@ func listCmd(ctx context.Context, c *command) error {
 		// then never see end short of the limit.
 		return usagef("list: -limit %d: give 1 to 10000 rows per page", c.limit)
 	}
-	o := gormlease.ListOptions{Prefix: c.prefix, State: gormlease.LeaseState(c.state), After: c.after, Limit: c.limit}
+	o := admin.ListOptions{Prefix: c.prefix, State: admin.LeaseState(c.state), After: c.after, Limit: c.limit}
 	var tw *tabwriter.Writer
 	enc := json.NewEncoder(c.env.stdout)
 	if !c.json {
@@ -345,7 +348,7 @@ func listCmd(ctx context.Context, c *command) error {
 	}
 	n, last := 0, ""
 	for {
-		page, err := c.repo.List(ctx, o)
+		page, err := c.op.List(ctx, o)
 		if err != nil {
 			return invalid(err)
 		}
@@ -356,8 +359,8 @@ func listCmd(ctx context.Context, c *command) error {
 				}
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", li.TargetID, state(li), li.Generation, li.Holder,
-				short(li.Age), expiresIn(li), timeout(li), optInt(li.SavedGeneration), slot(li))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", li.TargetID, state(li), li.Row.Generation, li.Row.Holder,
+				short(li.Age), expiresIn(li), timeout(li), optInt(li.Row.SavedGeneration), slot(li))
 		}
 		n += len(page)
 		if len(page) > 0 {
@@ -398,18 +401,18 @@ func showCmd(ctx context.Context, c *command) error {
 	switch {
 	case li.MinHold:
 		fmt.Fprintf(tw, "state:\t%s (a minimum hold: the work has ended; the target stays held, unrenewed, until the hold ends)\n", li.State)
-	case li.State == gormlease.StateReleased && li.ReleasedAt == nil:
+	case li.State == admin.StateReleased && li.Row.ReleasedAt == nil:
 		fmt.Fprintf(tw, "state:\t%s (the work had ended; its minimum hold has passed)\n", li.State)
 	default:
 		fmt.Fprintf(tw, "state:\t%s\n", li.State)
 	}
-	fmt.Fprintf(tw, "generation:\t%d\n", li.Generation)
-	fmt.Fprintf(tw, "holder:\t%s\n", li.Holder)
-	fmt.Fprintf(tw, "token:\t%s\n", li.LeaseToken)
-	fmt.Fprintf(tw, "updated at:\t%s (%s ago)\n", li.UpdatedAt.UTC().Format(time.RFC3339Nano), short(li.Age))
-	if li.ReleasedAt != nil {
-		fmt.Fprintf(tw, "released at:\t%s\n", li.ReleasedAt.UTC().Format(time.RFC3339Nano))
-	} else if li.State == gormlease.StateReleased {
+	fmt.Fprintf(tw, "generation:\t%d\n", li.Row.Generation)
+	fmt.Fprintf(tw, "holder:\t%s\n", li.Row.Holder)
+	fmt.Fprintf(tw, "token:\t%s\n", li.Row.LeaseToken)
+	fmt.Fprintf(tw, "updated at:\t%s (%s ago)\n", li.Row.UpdatedAt.UTC().Format(time.RFC3339Nano), short(li.Age))
+	if li.Row.ReleasedAt != nil {
+		fmt.Fprintf(tw, "released at:\t%s\n", li.Row.ReleasedAt.UTC().Format(time.RFC3339Nano))
+	} else if li.State == admin.StateReleased {
 		fmt.Fprintf(tw, "released at:\t%s (the end of its minimum hold)\n", holdEnd(li).UTC().Format(time.RFC3339Nano))
 	}
 	fmt.Fprintf(tw, "timeout:\t%s\n", timeout(li))
@@ -418,12 +421,12 @@ func showCmd(ctx context.Context, c *command) error {
 	} else {
 		fmt.Fprintf(tw, "expires in:\t%s\n", expiresIn(li))
 	}
-	fmt.Fprintf(tw, "saved generation:\t%s\n", optInt(li.SavedGeneration))
-	if li.Failure != nil {
-		fmt.Fprintf(tw, "failure:\t%s\n", *li.Failure)
+	fmt.Fprintf(tw, "saved generation:\t%s\n", optInt(li.Row.SavedGeneration))
+	if li.Row.Failure != nil {
+		fmt.Fprintf(tw, "failure:\t%s\n", *li.Row.Failure)
 	}
 	if li.Paused {
-		fmt.Fprintf(tw, "paused:\tsince %s: %s\n", li.PausedAt.UTC().Format(time.RFC3339Nano), li.PauseReason)
+		fmt.Fprintf(tw, "paused:\tsince %s: %s\n", li.Row.PausedAt.UTC().Format(time.RFC3339Nano), li.PauseReason)
 	}
 	if li.StopRequested {
 		fmt.Fprintf(tw, "stop requested:\t%s\n", li.StopReason)
@@ -453,7 +456,7 @@ func (c *command) showSlots(ctx context.Context) error {
 	}
 	held := 0
 	for _, li := range slots {
-		if li.State == gormlease.StateLive {
+		if li.State == admin.StateLive {
 			held++
 		}
 	}
@@ -462,20 +465,20 @@ func (c *command) showSlots(ctx context.Context) error {
 	fmt.Fprintf(tw, "slot rows:\t%d, %d held\n", len(slots), held)
 	fmt.Fprintln(tw, "SLOT\tSTATE\tGEN\tHOLDER\tAGE\tEXPIRES IN\tTOKEN")
 	for _, li := range slots {
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\n", li.Slot, state(li), li.Generation, li.Holder,
-			short(li.Age), expiresIn(li), li.LeaseToken)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\n", li.Slot, state(li), li.Row.Generation, li.Row.Holder,
+			short(li.Age), expiresIn(li), li.Row.LeaseToken)
 	}
 	return tw.Flush()
 }
 
 // slotRows reads the rows of c.target's slots, in the order of their
 // numbers.
-func (c *command) slotRows(ctx context.Context) ([]gormlease.LeaseInfo, error) {
-	page, err := c.repo.List(ctx, gormlease.ListOptions{Prefix: c.target + "\x1f", Limit: gormlease.MaxSlots})
+func (c *command) slotRows(ctx context.Context) ([]admin.LeaseInfo, error) {
+	page, err := c.op.List(ctx, admin.ListOptions{Prefix: c.target + "\x1f", Limit: gormlease.MaxSlots})
 	if err != nil {
 		return nil, invalid(err)
 	}
-	var slots []gormlease.LeaseInfo
+	var slots []admin.LeaseInfo
 	for _, li := range page {
 		if li.Slot > 0 && li.TargetID == c.target {
 			slots = append(slots, li)
@@ -486,7 +489,7 @@ func (c *command) slotRows(ctx context.Context) ([]gormlease.LeaseInfo, error) {
 }
 
 // slot is li's slot, or "-" for a row that is not a slot's.
-func slot(li gormlease.LeaseInfo) string {
+func slot(li admin.LeaseInfo) string {
 	if li.Slot == 0 {
 		return "-"
 	}
@@ -495,26 +498,26 @@ func slot(li gormlease.LeaseInfo) string {
 
 // lookup reads c.target's row: the first row under the target as a prefix
 // is the target's own, when it has one.
-func (c *command) lookup(ctx context.Context) (gormlease.LeaseInfo, bool, error) {
-	page, err := c.repo.List(ctx, gormlease.ListOptions{Prefix: c.target, Limit: 1})
+func (c *command) lookup(ctx context.Context) (admin.LeaseInfo, bool, error) {
+	page, err := c.op.List(ctx, admin.ListOptions{Prefix: c.target, Limit: 1})
 	if err != nil {
-		return gormlease.LeaseInfo{}, false, invalid(err)
+		return admin.LeaseInfo{}, false, invalid(err)
 	}
 	if len(page) == 0 || page[0].Key != c.target {
-		return gormlease.LeaseInfo{}, false, nil
+		return admin.LeaseInfo{}, false, nil
 	}
 	return page[0], true, nil
 }
 
 func pruneCmd(ctx context.Context, c *command) error {
 	start := time.Now()
-	opts := gormlease.PruneOptions{OlderThan: c.olderThan.d, BatchSize: c.batch, KeepResults: c.keepResults}
+	opts := admin.PruneOptions{OlderThan: c.olderThan.d, BatchSize: c.batch, KeepResults: c.keepResults}
 	if c.env.terminal {
 		opts.Progress = func(n int64) {
 			fmt.Fprintf(c.env.stderr, "\rpruned %d rows (%.0f rows/s)", n, float64(n)/time.Since(start).Seconds())
 		}
 	}
-	n, err := c.repo.Prune(ctx, opts)
+	n, err := c.op.Prune(ctx, opts)
 	if c.env.terminal && n > 0 {
 		fmt.Fprintln(c.env.stderr)
 	}
@@ -533,7 +536,7 @@ func pruneCmd(ctx context.Context, c *command) error {
 
 // releaseCmd ends by force the lease of c.target, or with -slot that of
 // one slot of it; without -slot, on a semaphore, every slot's lease that
-// is not released (gormlease.Repository.ForceRelease).
+// is not released (admin.Operator.ForceRelease).
 func releaseCmd(ctx context.Context, c *command) error {
 	before, err := c.releasable(ctx)
 	if err != nil {
@@ -542,7 +545,7 @@ func releaseCmd(ctx context.Context, c *command) error {
 	for _, li := range before {
 		fmt.Fprintf(c.env.stdout, "This ends the %s lease on %s held by %q (generation %d, last heartbeat %s ago):\n"+
 			"it gets a new token and generation %d, and is marked released.\n",
-			li.State, c.rowName(li), li.Holder, li.Generation, short(li.Age), li.Generation+1)
+			li.State, c.rowName(li), li.Row.Holder, li.Row.Generation, short(li.Age), li.Row.Generation+1)
 	}
 	fmt.Fprintf(c.env.stdout, "Each holder's heartbeats and save will be refused (lease lost); work in progress stops at its next\n"+
 		"heartbeat. The next acquisition gets a higher generation.\n")
@@ -554,14 +557,14 @@ func releaseCmd(ctx context.Context, c *command) error {
 		return err
 	}
 	if c.slot != 0 {
-		row, err := c.repo.ForceReleaseSlot(ctx, c.target, c.slot)
+		row, err := c.op.ForceReleaseSlot(ctx, c.target, c.slot)
 		if err != nil {
 			return invalid(err)
 		}
 		fmt.Fprintf(c.env.stdout, "Released slot %d of %q: generation %d, token %s.\n", c.slot, c.target, row.Generation, row.LeaseToken)
 		return nil
 	}
-	row, err := c.repo.ForceRelease(ctx, c.target)
+	row, err := c.op.ForceRelease(ctx, c.target)
 	if err != nil {
 		return invalid(err)
 	}
@@ -571,8 +574,8 @@ func releaseCmd(ctx context.Context, c *command) error {
 		return err
 	}
 	for _, li := range after {
-		if li.LeaseToken == row.LeaseToken {
-			fmt.Fprintf(c.env.stdout, "Released %s: generation %d, token %s.\n", c.rowName(li), li.Generation, li.LeaseToken)
+		if li.Row.LeaseToken == row.LeaseToken {
+			fmt.Fprintf(c.env.stdout, "Released %s: generation %d, token %s.\n", c.rowName(li), li.Row.Generation, li.Row.LeaseToken)
 		}
 	}
 	return nil
@@ -581,14 +584,14 @@ func releaseCmd(ctx context.Context, c *command) error {
 // releasable reads the rows that release would end: c.target's own and
 // its slots' (or, with -slot, that slot's) whose lease is not released;
 // it returns an error saying why when there is none.
-func (c *command) releasable(ctx context.Context) ([]gormlease.LeaseInfo, error) {
+func (c *command) releasable(ctx context.Context) ([]admin.LeaseInfo, error) {
 	rows, err := c.rows(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var live []gormlease.LeaseInfo
+	var live []admin.LeaseInfo
 	for _, li := range rows {
-		if li.State != gormlease.StateReleased {
+		if li.State != admin.StateReleased {
 			live = append(live, li)
 		}
 	}
@@ -600,7 +603,7 @@ func (c *command) releasable(ctx context.Context) ([]gormlease.LeaseInfo, error)
 	case len(rows) == 0:
 		return nil, fmt.Errorf("no lease row for %s: never acquired, or pruned; nothing to release", what)
 	case len(live) == 0 && len(rows) == 1:
-		return nil, fmt.Errorf("the lease on %s (generation %d) is released already; nothing to release", what, rows[0].Generation)
+		return nil, fmt.Errorf("the lease on %s (generation %d) is released already; nothing to release", what, rows[0].Row.Generation)
 	case len(live) == 0:
 		return nil, fmt.Errorf("the leases on %s and its %d slots are released already; nothing to release", what, len(rows)-1)
 	}
@@ -610,8 +613,8 @@ func (c *command) releasable(ctx context.Context) ([]gormlease.LeaseInfo, error)
 // rows reads c.target's own row and its slots' rows, or with -slot that
 // slot's row only, those that exist, the own row first and the slots in
 // their order.
-func (c *command) rows(ctx context.Context) ([]gormlease.LeaseInfo, error) {
-	var out []gormlease.LeaseInfo
+func (c *command) rows(ctx context.Context) ([]admin.LeaseInfo, error) {
+	var out []admin.LeaseInfo
 	if c.slot == 0 {
 		li, ok, err := c.lookup(ctx)
 		if err != nil {
@@ -634,7 +637,7 @@ func (c *command) rows(ctx context.Context) ([]gormlease.LeaseInfo, error) {
 }
 
 // rowName names li's row in a sentence: the target, or a slot of it.
-func (c *command) rowName(li gormlease.LeaseInfo) string {
+func (c *command) rowName(li admin.LeaseInfo) string {
 	if li.Slot > 0 {
 		return fmt.Sprintf("slot %d of %q", li.Slot, li.TargetID)
 	}
@@ -672,12 +675,12 @@ func pauseCmd(ctx context.Context, c *command) error {
 	default:
 		fmt.Fprintf(c.env.stdout, "This pauses %q (its lease is %s, generation %d): no Run or Acquire takes it until resume;\n"+
 			"RunWait, Do and Elector.Lead wait. A lease held now runs to its end (stop asks its holder to stop).\n",
-			c.target, li.State, li.Generation)
+			c.target, li.State, li.Row.Generation)
 	}
 	if err := c.confirm("Pause it?", "Not paused.", "pauses"); err != nil {
 		return err
 	}
-	if err := c.repo.Pause(ctx, c.target, c.reason); err != nil {
+	if err := c.op.Pause(ctx, c.target, c.reason); err != nil {
 		return invalid(err)
 	}
 	fmt.Fprintf(c.env.stdout, "Paused %q: %s.\n", c.target, c.reason)
@@ -693,11 +696,11 @@ func resumeCmd(ctx context.Context, c *command) error {
 		return fmt.Errorf("%q is not paused; nothing to resume", c.target)
 	}
 	fmt.Fprintf(c.env.stdout, "This resumes %q, paused since %s (reason %q): it can be acquired again, and those that wait for it are woken.\n",
-		c.target, li.PausedAt.UTC().Format(time.RFC3339), li.PauseReason)
+		c.target, li.Row.PausedAt.UTC().Format(time.RFC3339), li.PauseReason)
 	if err := c.confirm("Resume it?", "Not resumed.", "resumes"); err != nil {
 		return err
 	}
-	if err := c.repo.Resume(ctx, c.target); err != nil {
+	if err := c.op.Resume(ctx, c.target); err != nil {
 		return invalid(err)
 	}
 	fmt.Fprintf(c.env.stdout, "Resumed %q.\n", c.target)
@@ -716,9 +719,9 @@ func stopCmd(ctx context.Context, c *command) error {
 	}
 	var err error
 	if c.slot != 0 {
-		err = c.repo.RequestStopSlot(ctx, c.target, c.slot, c.reason)
+		err = c.op.RequestStopSlot(ctx, c.target, c.slot, c.reason)
 	} else {
-		err = c.repo.RequestStop(ctx, c.target, c.reason)
+		err = c.op.RequestStop(ctx, c.target, c.reason)
 	}
 	if errors.Is(err, gormlease.ErrNoLiveLease) {
 		return fmt.Errorf("%s: no lease is held now; nothing to stop", what)
@@ -747,7 +750,7 @@ func short(d time.Duration) string {
 }
 
 // state is li's state for a table: a minimum hold says so.
-func state(li gormlease.LeaseInfo) string {
+func state(li admin.LeaseInfo) string {
 	s := string(li.State)
 	if li.MinHold {
 		s += " (min hold)"
@@ -763,13 +766,13 @@ func state(li gormlease.LeaseInfo) string {
 
 // holdEnd is when the minimum hold of li, a row that it kept, ended or
 // ends: its last stamp plus the timeout the hold recorded.
-func holdEnd(li gormlease.LeaseInfo) time.Time { return li.UpdatedAt.Add(li.Timeout) }
+func holdEnd(li admin.LeaseInfo) time.Time { return li.Row.UpdatedAt.Add(li.Timeout) }
 
-func expiresIn(li gormlease.LeaseInfo) string {
+func expiresIn(li admin.LeaseInfo) string {
 	switch {
-	case li.State == gormlease.StateReleased:
+	case li.State == admin.StateReleased:
 		return "-"
-	case li.TimeoutMS == nil:
+	case li.Row.TimeoutMS == nil:
 		return "unknown"
 	case li.ExpiresIn < 0:
 		return "expired " + short(-li.ExpiresIn) + " ago"
@@ -777,8 +780,8 @@ func expiresIn(li gormlease.LeaseInfo) string {
 	return short(li.ExpiresIn)
 }
 
-func timeout(li gormlease.LeaseInfo) string {
-	if li.TimeoutMS == nil {
+func timeout(li admin.LeaseInfo) string {
+	if li.Row.TimeoutMS == nil {
 		return "unknown"
 	}
 	return short(li.Timeout)
@@ -791,7 +794,7 @@ func optInt(v *int64) string {
 	return fmt.Sprint(*v)
 }
 
-// minPruneAge is the shortest -older-than: Repository.Prune's minimum.
+// minPruneAge is the shortest -older-than: admin.Operator.Prune's minimum.
 const minPruneAge = time.Minute
 
 // age is the value of -older-than: a Go duration, with a whole or

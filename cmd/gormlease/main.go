@@ -22,13 +22,13 @@
 //
 // release, pause, resume and stop say what they will do and ask for y on
 // stdin, unless -yes. release ends a lease by force, fenced
-// (Repository.ForceRelease): on a semaphore (gormlease.WithSlots), every
+// (admin.Operator.ForceRelease): on a semaphore (gormlease.WithSlots), every
 // slot's lease that is not released, or with -slot N that slot's only
-// (Repository.ForceReleaseSlot). pause stops new acquisitions of the
-// target and its slots until resume (Repository.Pause, Resume); -reason
+// (admin.Operator.ForceReleaseSlot). pause stops new acquisitions of the
+// target and its slots until resume (admin.Operator.Pause, Resume); -reason
 // is recorded in the row. stop asks the current holder to stop at its
-// next heartbeat (Repository.RequestStop): on a semaphore every slot's
-// holder, or with -slot N that slot's (Repository.RequestStopSlot).
+// next heartbeat (admin.Operator.RequestStop): on a semaphore every slot's
+// holder, or with -slot N that slot's (admin.Operator.RequestStopSlot).
 // -slot takes a slot's number, from 1 to 100.
 //
 // Every command takes -dsn (or the GORMLEASE_DSN environment variable):

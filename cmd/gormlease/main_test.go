@@ -23,6 +23,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
@@ -109,7 +110,7 @@ func TestCommand_OnEveryDatabase(t *testing.T) {
 			r = cmd("", "prune", "-older-than", "1h")
 			require.Equal(t, 0, r.code, r.stderr)
 			assert.Contains(t, r.stdout, "pruned 1 lease rows")
-			_, found, err := repo.Get(ctx, "a/old")
+			_, found, err := admin.New(repo).Get(ctx, "a/old")
 			require.NoError(t, err)
 			assert.False(t, found, "a/old was not pruned")
 
@@ -420,10 +421,10 @@ func TestCommand_MinHold(t *testing.T) {
 
 			deadline := time.Now().Add(15 * time.Second)
 			for {
-				page, err := r.Repository().List(ctx, gormlease.ListOptions{Prefix: h2})
+				page, err := admin.New(r.Repository()).List(ctx, admin.ListOptions{Prefix: h2})
 				require.NoError(t, err)
 				require.Len(t, page, 1)
-				if page[0].State == gormlease.StateReleased {
+				if page[0].State == admin.StateReleased {
 					break
 				}
 				require.True(t, time.Now().Before(deadline), "the hold did not end as released: %s", page[0].State)
@@ -544,7 +545,7 @@ func TestCommand_PauseResumeStop(t *testing.T) {
 			assert.Contains(t, r.stdout, "Resumed")
 			r = cmd("", "resume", "-yes", target)
 			assert.Equal(t, 1, r.code, "resume of a target not paused")
-			_, err = repo.ForceRelease(ctx, target)
+			_, err = admin.New(repo).ForceRelease(ctx, target)
 			require.NoError(t, err)
 			r = cmd("", "stop", "-yes", "-reason", "x", target)
 			assert.Equal(t, 1, r.code, "stop without a live lease")

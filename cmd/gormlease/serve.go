@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/console"
 )
 
@@ -34,7 +35,7 @@ func (c *command) serveFlags() {
 func serveCmd(ctx context.Context, c *command) error {
 	// Reading a row first says now, not on the first page, when the
 	// tables are missing or old.
-	if _, err := c.repo.List(ctx, gormlease.ListOptions{Limit: 1}); err != nil {
+	if _, err := c.op.List(ctx, admin.ListOptions{Limit: 1}); err != nil {
 		return invalid(err)
 	}
 	lease, result := c.repo.Tables()

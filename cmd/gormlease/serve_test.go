@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
@@ -78,7 +79,7 @@ func TestCommand_ServeTheConsole(t *testing.T) {
 				return resp.StatusCode
 			}
 			paused := func() bool {
-				page, err := repo.List(ctx, gormlease.ListOptions{Prefix: target, Limit: 1})
+				page, err := admin.New(repo).List(ctx, admin.ListOptions{Prefix: target, Limit: 1})
 				require.NoError(t, err)
 				require.Len(t, page, 1)
 				return page[0].Paused

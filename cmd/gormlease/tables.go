@@ -65,7 +65,7 @@ func (c *command) explainMissingTable(ctx context.Context, db *gorm.DB, err erro
 			"  if the tables have other names, give them with -lease-table and -result-table", c.leaseTable, command, migrate)
 	}
 	// The generation floor table is named after the lease table, as
-	// Repository.Prune names it.
+	// admin.Operator.Prune names it.
 	var missing []string
 	for _, table := range []string{c.resultTable, c.leaseTable + "_floor"} {
 		if !m.HasTable(table) {

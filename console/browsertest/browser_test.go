@@ -19,6 +19,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/console"
 	"github.com/gormlease/gormlease/internal/testdb"
 )
@@ -109,7 +110,7 @@ func rows(t *testing.T, s *testdb.Server, db *gorm.DB) (prefix string) {
 	require.NoError(t, repo.Release(ctx, l))
 	_, err = repo.AcquireSlot(ctx, prefix+"thumbnails", 3, time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, repo.Pause(ctx, prefix+"backup:nightly", "storage migration until 14:00"))
+	require.NoError(t, admin.New(repo).Pause(ctx, prefix+"backup:nightly", "storage migration until 14:00"))
 	return prefix
 }
 
@@ -168,20 +169,20 @@ func TestBrowser_ListAndActOnEveryDatabase(t *testing.T) {
 			screenshot(t, ctx, "target-released")
 			repo, err := gormlease.NewRepository(db)
 			require.NoError(t, err)
-			page, err := repo.List(context.Background(), gormlease.ListOptions{Prefix: target, Limit: 1})
+			page, err := admin.New(repo).List(context.Background(), admin.ListOptions{Prefix: target, Limit: 1})
 			require.NoError(t, err)
 			require.Len(t, page, 1)
-			assert.Equal(t, gormlease.StateReleased, page[0].State)
+			assert.Equal(t, admin.StateReleased, page[0].State)
 
 			// One slot of a semaphore: its own form, on the target's page.
 			// (Held, or expired if this machine is slow: either is released.)
 			thumbs := prefix + "thumbnails"
 			held := func() []string {
-				page, err := repo.List(context.Background(), gormlease.ListOptions{Prefix: thumbs})
+				page, err := admin.New(repo).List(context.Background(), admin.ListOptions{Prefix: thumbs})
 				require.NoError(t, err)
 				var slots []string
 				for _, li := range page {
-					if li.Slot > 0 && li.State != gormlease.StateReleased {
+					if li.Slot > 0 && li.State != admin.StateReleased {
 						slots = append(slots, fmt.Sprint(li.Slot))
 					}
 				}
