@@ -14,9 +14,9 @@ import (
 
 	"github.com/ncruces/go-sqlite3/gormlite"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testkit"
 )
 
 // Report is what the slow external call returns in these examples.
@@ -81,34 +81,8 @@ func ExampleRunner_Run() {
 	// saved {User:user-42 Score:97}
 }
 
-// openDB opens the examples' database as ExampleRunner_Run does: SQLite in
-// a new file of a temporary directory, with the DSN of docs/sqlite.md, and
-// gormlease's tables. Its gorm logger is silent, so that an example prints
-// only its own lines; an application keeps gorm's. closeDB closes the
-// database and removes its file.
-func openDB() (db *gorm.DB, closeDB func()) {
-	dir, err := os.MkdirTemp("", "gormlease-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	db, err = gorm.Open(gormlite.Open("file:"+filepath.Join(dir, "app.db")+
-		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)&_pragma=synchronous(normal)"),
-		&gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		log.Fatal(err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
-		log.Fatal(err)
-	}
-	return db, func() {
-		sqlDB.Close()
-		os.RemoveAll(dir)
-	}
-}
+// openDB opens the examples' database (see testkit.ExampleDB).
+var openDB = testkit.ExampleDB
 
 // Invoice is a row of the application's own table: the database assigns
 // its ID when the saver inserts it.

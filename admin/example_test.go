@@ -5,49 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"os"
-	"path/filepath"
 	"time"
-
-	"github.com/ncruces/go-sqlite3/gormlite"
-	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/admin"
+	"github.com/gormlease/gormlease/internal/testkit"
 )
 
-// exampleDB opens an SQLite database in a directory of its own, with the
-// gormlease tables, as the application's would be; closeDB closes it and
-// removes the directory.
-func exampleDB() (db *gorm.DB, closeDB func()) {
-	dir, err := os.MkdirTemp("", "admin-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	db, err = gorm.Open(gormlite.Open("file:"+filepath.Join(dir, "app.db")+"?_pragma=busy_timeout(10000)"),
-		&gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		log.Fatal(err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
-		log.Fatal(err)
-	}
-	return db, func() {
-		sqlDB.Close()
-		os.RemoveAll(dir)
-	}
-}
+// openDB opens the examples' database: SQLite in a file of its own, with
+// gormlease's tables (see testkit.ExampleDB).
+var openDB = testkit.ExampleDB
 
 // An operator lists the leases under a prefix, with their state on the
 // database's clock, and pauses a target during a deploy: its next Run is
 // refused until Resume.
 func Example() {
-	db, closeDB := exampleDB()
+	db, closeDB := openDB()
 	defer closeDB()
 	ctx := context.Background()
 	runner, err := gormlease.NewRunner[string](db)
@@ -87,7 +60,7 @@ func Example() {
 // An operator ends the lease of one slot of a semaphore whose holder is
 // known to be gone; the other slots' holders keep theirs.
 func ExampleOperator_ForceReleaseSlot() {
-	db, closeDB := exampleDB()
+	db, closeDB := openDB()
 	defer closeDB()
 	repo, err := gormlease.NewRepository(db)
 	if err != nil {
@@ -120,7 +93,7 @@ func ExampleOperator_ForceReleaseSlot() {
 // goroutines that renew held leases and the rows that waiting callers
 // watch. Every count is zero once every call has returned.
 func ExampleReadStats() {
-	db, closeDB := exampleDB()
+	db, closeDB := openDB()
 	defer closeDB()
 	runner, err := gormlease.NewRunner[string](db)
 	if err != nil {
