@@ -179,10 +179,10 @@ func Expire(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableO
 	}
 }
 
-// State returns targetID's row as List reports it, with its state and ages
-// on the database's clock, and whether it is paused (LeaseInfo.Paused,
-// PauseReason) or its holder asked to stop (StopRequested, StopReason); ok
-// is false when there is none.
+// State returns targetID's row as admin.Operator.List reports it: the row
+// (Row), its state and ages on the database's clock, and whether it is
+// paused (Paused, PauseReason) or its holder asked to stop (StopRequested,
+// StopReason); ok is false when there is none.
 func State(t testing.TB, db *gorm.DB, targetID string, opts ...gormlease.TableOption) (info admin.LeaseInfo, ok bool) {
 	t.Helper()
 	repo := repository(t, db, "State", opts)
@@ -223,7 +223,7 @@ func WaitFor(t testing.TB, db *gorm.DB, targetID string, state admin.LeaseState,
 	}
 }
 
-// stateOf reads targetID's row with List: the first row whose ID starts
+// stateOf reads targetID's row with admin.Operator.List: the first row whose ID starts
 // with targetID is targetID's own, when it has one.
 func stateOf(ctx context.Context, t testing.TB, repo *gormlease.Repository, targetID, what string) (admin.LeaseInfo, bool) {
 	t.Helper()
