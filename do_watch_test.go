@@ -29,7 +29,7 @@ func TestDo_NoWatchWhileRunningTheWork(t *testing.T) {
 			return func(ctx context.Context) (string, error) {
 				assert.Zero(t, waiters(t, target).Waits, "the row is watched while the work runs")
 				if s.Name == "postgres" {
-					assert.False(t, repo.Listening(), "a listener holds a connection while the work runs")
+					assert.False(t, listening(t, db), "a listener holds a connection while the work runs")
 				}
 				return "report", nil
 			}

@@ -44,7 +44,7 @@ func listening(t testing.TB, db *gorm.DB) bool {
 	t.Helper()
 	repo, err := gormlease.NewRepository(db)
 	require.NoError(t, err)
-	return repo.Listening()
+	return admin.New(repo).Listening()
 }
 
 // The helpers that the tests of package admin share (see internal/testkit).

@@ -23,15 +23,6 @@ func (r *Runner[T]) watch(targetID string, initial *backend.State) *wait.Watch {
 		r.cfg.operationTimeout, initial)
 }
 
-// Listening reports whether this process has a notification listener for
-// the Repository's pool that listens now (PostgreSQL only): the callers
-// that wait through that pool are then woken by notifications, and poll
-// only to cover a lost one. The listener runs while any caller waits
-// through the pool, on a connection of its own, outside the pool. It is
-// false on the other databases, and through a connection pooler such as
-// PgBouncer, where waiters only poll.
-func (r *Repository) Listening() bool { return wait.Listening(r.db) }
-
 // wake wakes the watch on the row of lease in this process, if there is
 // one: the Runner just ended or saved its generation.
 func (r *Runner[T]) wake(lease Lease) { wait.Wake(r.repo.waitKey, lease.row().TargetID) }

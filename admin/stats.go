@@ -56,3 +56,16 @@ func (o *Operator) Waiters(targetID string) WaitStats {
 	}
 	return out
 }
+
+// Listening reports whether this process has a notification listener for
+// the pool of the Operator's Repository that listens now (PostgreSQL
+// only): the callers that wait through that pool are then woken by
+// notifications, and poll only to cover a lost one. The listener runs
+// while any caller waits through the pool, on a connection of its own. It
+// is false on the other databases, through a connection pooler such as
+// PgBouncer, where waiters only poll, and for an Operator without a
+// Repository. It reads no database.
+func (o *Operator) Listening() bool {
+	r, err := o.parts()
+	return err == nil && wait.Listening(r.DB)
+}
