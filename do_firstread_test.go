@@ -24,18 +24,7 @@ func TestDo_FirstReadsRefusedSharesTheJobThatSavedMeanwhile(t *testing.T) {
 	t.Parallel()
 	eachServerDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		target := newTarget(t)
-		holder := newRunner(t, db)
-		working, finish := make(chan struct{}), make(chan struct{})
-		held := make(chan error, 1)
-		go func() {
-			_, err := holder.Run(context.Background(), target, func(context.Context) (string, error) {
-				close(working)
-				<-finish
-				return "the holder's", nil
-			}, gormlease.SaveJSON[string])
-			held <- err
-		}()
-		<-working
+		finish := holdWhile(t, newRunner(t, db), target, "the holder's", nil)
 
 		proxy := testdb.NewProxy(t, s.Addr)
 		late := newRunner(t, s.OpenVia(t, proxy.Addr()), fast(100*time.Millisecond, 2*time.Second)...)
@@ -51,8 +40,7 @@ func TestDo_FirstReadsRefusedSharesTheJobThatSavedMeanwhile(t *testing.T) {
 		// proxy refused every connection since before the Do began.
 		waitFor(t, 10*time.Second, "the Do watching "+target, func() bool { return waiters(t, target).Waits > 0 })
 
-		close(finish)
-		require.NoError(t, <-held)
+		require.NoError(t, finish())
 		require.NoError(t, proxy.Admit())
 
 		r := <-res
@@ -70,18 +58,7 @@ func TestDo_SharedFailureSaysWhose(t *testing.T) {
 	t.Parallel()
 	eachServerDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		target := newTarget(t)
-		first := newRunner(t, db)
-		working, finish := make(chan struct{}), make(chan struct{})
-		held := make(chan error, 1)
-		go func() {
-			_, err := first.Run(context.Background(), target, func(context.Context) (string, error) {
-				close(working)
-				<-finish
-				return "", errors.New("the first failure")
-			}, gormlease.SaveJSON[string])
-			held <- err
-		}()
-		<-working
+		finish := holdWhile(t, newRunner(t, db), target, "", errors.New("the first failure"))
 
 		proxy := testdb.NewProxy(t, s.Addr)
 		waiter := newRunner(t, s.OpenVia(t, proxy.Addr()), fast(100*time.Millisecond, 2*time.Second)...)
@@ -93,8 +70,7 @@ func TestDo_SharedFailureSaysWhose(t *testing.T) {
 		})
 		waitWatched(t, target) // it read generation 1 live
 		proxy.Refuse()
-		close(finish)
-		require.Error(t, <-held)
+		require.Error(t, finish())
 		_, err := newRunner(t, db).Run(context.Background(), target, func(context.Context) (string, error) {
 			return "", errors.New("the second failure")
 		}, gormlease.SaveJSON[string])
@@ -120,18 +96,7 @@ func TestDo_FirstReadsTimedOutSharesTheJobThatSavedMeanwhile(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		target := newTarget(t)
-		holder := newRunner(t, db)
-		working, finish := make(chan struct{}), make(chan struct{})
-		held := make(chan error, 1)
-		go func() {
-			_, err := holder.Run(context.Background(), target, func(context.Context) (string, error) {
-				close(working)
-				<-finish
-				return "the holder's", nil
-			}, gormlease.SaveJSON[string])
-			held <- err
-		}()
-		<-working
+		finish := holdWhile(t, newRunner(t, db), target, "the holder's", nil)
 
 		busy := s.Open(t, nil)
 		sqlDB, err := busy.DB()
@@ -151,8 +116,7 @@ func TestDo_FirstReadsTimedOutSharesTheJobThatSavedMeanwhile(t *testing.T) {
 		// waited for a connection past its operation timeout.
 		waitFor(t, 10*time.Second, "the Do watching "+target, func() bool { return waiters(t, target).Waits > 0 })
 
-		close(finish)
-		require.NoError(t, <-held)
+		require.NoError(t, finish())
 		require.NoError(t, conn.Close())
 
 		r := <-res
@@ -173,18 +137,7 @@ func TestDo_FirstReadAfterAWaitForAConnectionSharesTheJobThatSavedMeanwhile(t *t
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		target := newTarget(t)
-		holder := newRunner(t, db)
-		working, finish := make(chan struct{}), make(chan struct{})
-		held := make(chan error, 1)
-		go func() {
-			_, err := holder.Run(context.Background(), target, func(context.Context) (string, error) {
-				close(working)
-				<-finish
-				return "the holder's", nil
-			}, gormlease.SaveJSON[string])
-			held <- err
-		}()
-		<-working
+		finish := holdWhile(t, newRunner(t, db), target, "the holder's", nil)
 
 		busy := s.Open(t, nil)
 		sqlDB, err := busy.DB()
@@ -211,8 +164,7 @@ func TestDo_FirstReadAfterAWaitForAConnectionSharesTheJobThatSavedMeanwhile(t *t
 		// made before the call (see Do), and far less than the wait for
 		// the connection, by which the read was judged before.
 		time.Sleep(time.Until(began.Add(time.Second)))
-		close(finish)
-		require.NoError(t, <-held)
+		require.NoError(t, finish())
 		require.NoError(t, conn.Close())
 
 		r := <-res
@@ -221,4 +173,26 @@ func TestDo_FirstReadAfterAWaitForAConnectionSharesTheJobThatSavedMeanwhile(t *t
 		assert.True(t, r.shared, "shared")
 		assert.Zero(t, runs.Load(), "the Do ran the work after the job it began under saved")
 	})
+}
+
+// holdWhile starts a Run of r on target whose work, once it runs, waits
+// until the returned finish is called, then returns value and workErr; it
+// returns once the work runs. finish returns the Run's error.
+func holdWhile(t *testing.T, r *gormlease.Runner[string], target, value string, workErr error) (finish func() error) {
+	t.Helper()
+	working, release := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		_, err := r.Run(context.Background(), target, func(context.Context) (string, error) {
+			close(working)
+			<-release
+			return value, workErr
+		}, gormlease.SaveJSON[string])
+		held <- err
+	}()
+	<-working
+	return func() error {
+		close(release)
+		return <-held
+	}
 }
