@@ -21,7 +21,8 @@
 //     its work with ErrLeaseLost, before anyone can take it over.
 //   - Run returns only after the work has returned, the result was committed
 //     or discarded, and the lease was released (or held, for WithMinHold),
-//     even when ctx was cancelled.
+//     even when ctx was cancelled; a release that fails leaves the lease to
+//     expire, and Run's error says so.
 //   - Only errors that say that the database cannot be reached right now, and
 //     serialization failures, are tried again; every call returns any other
 //     error at once.

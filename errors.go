@@ -12,8 +12,9 @@ import (
 // Sentinel errors. Match them with errors.Is: the errors that gormlease
 // returns wrap them with the target ID and the step that failed.
 var (
-	// ErrLeaseHeld is returned by Runner.Run and Repository.Acquire, at once,
-	// when another holder's lease on the target is live: as a *HeldError, or
+	// ErrLeaseHeld is returned by Runner.Run and the Repository's acquires
+	// (Acquire, AcquireSlot), at once, when another holder's lease on the
+	// target (on a semaphore, on every slot) is live: as a *HeldError, or
 	// alone when the acquire lost a race for the row, or kept meeting
 	// concurrent changes of it (WithStatementAttempts). A *PausedError
 	// matches it too.
@@ -28,14 +29,16 @@ var (
 
 	// ErrCommitUnknown is returned by the fenced commit (CommitIfOwner) when
 	// its COMMIT is not known to be durable: no answer came, or a PostgreSQL
-	// server cut short its wait for its synchronous standbys. Run returns it
-	// only when it cannot settle that itself: check what was saved.
+	// server cut short its wait for its synchronous standbys. Run (and so
+	// RunWait and Do) returns it only when it cannot settle that itself:
+	// check what was saved.
 	ErrCommitUnknown = errors.New("gormlease: commit outcome unknown")
 
-	// ErrNoLiveLease is returned by admin.Operator.ForceRelease when the
-	// target has no live lease to end: it was never acquired, its row was
-	// pruned, or its lease is released already. (ErrLeaseHeld is the
-	// opposite: an acquire found a live lease.)
+	// ErrNoLiveLease is returned by admin.Operator's ForceRelease and
+	// RequestStop (and their Slot forms) when the target has no lease to act
+	// on: it was never acquired, its row was pruned, or its lease is
+	// released already. (ErrLeaseHeld is the opposite: an acquire found a
+	// live lease.)
 	ErrNoLiveLease = errors.New("gormlease: no live lease")
 
 	// ErrMaxHoldExceeded is returned by Runner.Run, as the cause of the

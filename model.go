@@ -48,13 +48,16 @@ type JobLease struct {
 	Failure *string `gorm:"column:failure"`
 	// TimeoutMS is how long, in ms, the lease lives after UpdatedAt, or nil.
 	TimeoutMS *int64 `gorm:"column:timeout_ms"`
-	// HoldGeneration is the generation in a minimum hold (Hold), or nil.
+	// HoldGeneration is the generation in a minimum hold (Repository.Hold),
+	// or nil.
 	HoldGeneration *int64 `gorm:"column:hold_generation"`
-	// PausedAt is when an operator paused the target (Pause), or nil.
+	// PausedAt is when an operator paused the target
+	// (admin.Operator.Pause), or nil.
 	PausedAt *time.Time `gorm:"column:paused_at"`
 	// PauseReason is the reason that Pause recorded, or nil.
 	PauseReason *string `gorm:"column:pause_reason"`
-	// StopGeneration is the generation asked to stop (RequestStop), or nil.
+	// StopGeneration is the generation whose holder an operator asked to
+	// stop (admin.Operator.RequestStop), or nil.
 	StopGeneration *int64 `gorm:"column:stop_generation"`
 	// StopReason is the reason that RequestStop recorded, or nil.
 	StopReason *string `gorm:"column:stop_reason"`

@@ -25,7 +25,8 @@ const (
 	// WithOperationTimeout says otherwise or the lease timeout is shorter.
 	DefaultOperationTimeout = 10 * time.Second
 
-	// MaxSlots is the largest count that WithSlots and AcquireSlot accept.
+	// MaxSlots is the largest count that WithSlots and Repository.AcquireSlot
+	// accept.
 	MaxSlots = backend.MaxSlots
 
 	// defaultSafetyMarginDivisor sets the default safety margin to the lease

@@ -29,9 +29,10 @@ type Runner[T any] struct {
 }
 
 // NewRunner returns a Runner on db, a *gorm.DB from gorm.Open on a supported
-// database, not inside a transaction. It returns an error wrapping
-// ErrInvalidArgument that names the option at fault, and writes nothing;
-// create the tables with AutoMigrate.
+// database, not inside a transaction. For options out of range or at odds
+// with each other it returns an error wrapping ErrInvalidArgument that
+// names the option at fault; it refuses db's settings as NewRepository
+// does. It writes nothing; create the tables with AutoMigrate.
 func NewRunner[T any](db *gorm.DB, opts ...Option) (*Runner[T], error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
@@ -72,10 +73,12 @@ func (r *Runner[T]) Repository() *Repository { return r.repo }
 // Run returns, saving nothing: the lease lost (ErrLeaseLost), WithMaxHold
 // passed (ErrMaxHoldExceeded), or an operator's stop (ErrStopRequested).
 // When work succeeds, save runs in the fenced commit, as CommitIfOwner runs
-// its fn, and the same transaction releases the lease; a lease taken over
-// meanwhile saves nothing (ErrLeaseLost). Otherwise the lease is released
-// on a context that survives ctx's cancellation; with WithMinHold it is held
-// to the hold's end instead, unless an operator asked the holder to stop.
+// its fn, and the same transaction releases the lease (with WithMinHold,
+// while the hold lasts, the lease is held to its end instead); a lease
+// taken over meanwhile saves nothing (ErrLeaseLost). Otherwise the lease is
+// released on a context that survives ctx's cancellation; with WithMinHold
+// it is held to the hold's end instead, unless an operator asked the holder
+// to stop.
 //
 // Run returns only after work has returned, the heartbeat has stopped, and
 // the result was committed or discarded; when work or save calls
@@ -230,7 +233,7 @@ func (r *Runner[T]) commit(ctx context.Context, lease Lease, sent time.Time, sav
 // commitOnce is one fenced commit of lease, with save, under the operation
 // timeout: the save and the release, or, while a minimum hold lasts, the
 // save alone. release reports which. A saver that runs past the timeout
-// gets an error naming it (see Repository.saverEnded).
+// gets an error naming it (see saverEnded in internal/backend/fence.go).
 func (r *Runner[T]) commitOnce(ctx context.Context, lease Lease, sent time.Time,
 	save func(tx *gorm.DB) error,
 ) (release bool, _ error) {
