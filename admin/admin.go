@@ -7,12 +7,13 @@
 // An Operator works on the tables of the gormlease.Repository it is made
 // from, through that Repository's pool, with the same argument checks and
 // errors as the Repository's own steps: an error about bad input wraps
-// gormlease.ErrInvalidArgument and writes nothing, and an action on a
-// target that has no lease to act on returns an error wrapping
-// gormlease.ErrNoLiveLease. Every action is recorded in the target's rows,
-// where the holders' acquires and heartbeats already look, so it reaches
-// holders in every process (see docs/operating.md, and docs/design.md for
-// the statements on each database).
+// gormlease.ErrInvalidArgument and writes nothing, and a stop request or a
+// forced release on a target that has no lease to act on returns an error
+// wrapping gormlease.ErrNoLiveLease (a pause creates the row it needs, and
+// a resume of a target not paused is no error). Every action is recorded in
+// the target's rows, where the holders' acquires and heartbeats already
+// look, so it reaches holders in every process (see docs/operating.md, and
+// docs/design.md for the statements on each database).
 package admin
 
 import (
@@ -32,7 +33,8 @@ type Operator struct {
 // gormlease.NewRepository (with WithTableNames when the tables are not the
 // default ones), or a Runner's or an Elector's (Runner.Repository). It
 // writes nothing. With a nil repo, every method of the Operator returns an
-// error wrapping gormlease.ErrInvalidArgument (Waiters a zero WaitStats).
+// error wrapping gormlease.ErrInvalidArgument (Waiters a zero WaitStats,
+// Listening false).
 func New(repo *gormlease.Repository) *Operator {
 	parts, ok := ops.Parts(repo)
 	return &Operator{repo: parts, ok: ok}

@@ -23,7 +23,8 @@ const (
 	StateExpired LeaseState = "expired"
 	// StateReleased is a lease released by its holder, or by force; or
 	// one whose holder ended its work and kept the target for a minimum
-	// hold (WithMinHold, Repository.Hold) that has passed since.
+	// hold (gormlease.WithMinHold, gormlease.Repository.Hold) that has
+	// passed since.
 	StateReleased LeaseState = "released"
 )
 
@@ -76,7 +77,8 @@ type LeaseInfo struct {
 	Age time.Duration
 	// Timeout is the lease timeout that the row records: the last
 	// acquisition's, or under a minimum hold the rest of the hold that
-	// Hold recorded; 0 when the row records none (see JobLease.TimeoutMS).
+	// Hold recorded; 0 when the row records none (see
+	// gormlease.JobLease.TimeoutMS).
 	Timeout time.Duration
 	// ExpiresIn is, for a row not released, Timeout - Age: how long the
 	// lease lives without another heartbeat, negative once it has expired;
@@ -84,23 +86,25 @@ type LeaseInfo struct {
 	// row, including one whose minimum hold has passed.
 	ExpiresIn time.Duration
 	// MinHold reports that the holder has ended its work and the row is
-	// held, unrenewed, for the rest of its minimum hold (WithMinHold,
-	// Repository.Hold): State is StateLive until ExpiresIn, and
+	// held, unrenewed, for the rest of its minimum hold
+	// (gormlease.WithMinHold, gormlease.Repository.Hold): State is
+	// StateLive until ExpiresIn, and
 	// StateReleased after it, never StateExpired.
 	MinHold bool
 	// Paused reports that the target is paused (Operator.Pause): no
 	// acquisition takes the row until Resume. State still says whether a
 	// lease is held: one held when Pause was called runs to its end.
-	// PauseReason is the reason that Pause recorded.
-	Paused      bool
+	Paused bool
+	// PauseReason is the reason that Pause recorded, or "".
 	PauseReason string
 	// StopRequested reports that an operator asked the row's current
 	// holder to stop (Operator.RequestStop), and the holder has not
-	// released the lease yet; StopReason is the request's reason. (A
-	// request made of an earlier generation leaves its reason in
-	// Row.StopReason, but does not apply.)
+	// released the lease yet. (A request made of an earlier generation
+	// leaves its reason in Row.StopReason, but does not apply.)
 	StopRequested bool
-	StopReason    string
+	// StopReason is the reason of the request that StopRequested reports,
+	// or "".
+	StopReason string
 }
 
 // check returns an error wrapping gormlease.ErrInvalidArgument when o
