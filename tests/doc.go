@@ -3,7 +3,9 @@
 // of every application that imports gormlease: gorm.io/plugin/dbresolver
 // (replica_test.go) and pgregory.net/rapid (model_test.go). It is a module
 // of its own, which uses the root module's packages through a replace
-// directive, and has no code of its own outside its tests.
+// directive; besides its tests it holds only the command dockerpass (below),
+// whose Docker client, github.com/ory/dockertest/v3, is the module's third
+// such library.
 //
 // Its tests reach the same databases as the root module's, through
 // internal/testdb, and run as they do:

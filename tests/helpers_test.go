@@ -14,9 +14,11 @@ import (
 	"github.com/gormlease/gormlease/internal/testdb"
 )
 
-// The helpers below are those of the root module's tests (helpers_test.go,
-// repository_test.go, fault_commit_test.go) that the tests of this module
-// use: test files of another module cannot be imported.
+// The helpers below are copies of those that the tests of this module use:
+// most of internal/testkit (eachDB, eachServer, newTarget, leaseRow, recv,
+// newRunner, newRepository, noSave), which this module could import too, and
+// of the root module's test files (eachServerDB and countRows in
+// helpers_test.go, waitCommitted in fault_commit_test.go), which it cannot.
 
 // eachDB runs fn as a parallel subtest on every supported database.
 func eachDB(t *testing.T, fn func(t *testing.T, s *testdb.Server, db *gorm.DB)) {

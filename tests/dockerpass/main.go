@@ -1,7 +1,8 @@
 // Command dockerpass runs gormlease's tests against PostgreSQL 15 and
 // MariaDB 10.11 in Docker containers: the docker pass of .ci/run.
 //
-// Usage, from any directory of the repository:
+// Usage, from the repository's root (from tests/, go run ./dockerpass);
+// it finds the root module's directory itself:
 //
 //	go run -C tests ./dockerpass [-timeout 30m] [-run regexp] [-skip regexp]
 //	go run -C tests ./dockerpass [-timeout 30m] command [arg...]
@@ -20,7 +21,7 @@
 // in each module's directory; or, when a command is given, that command in
 // the root module's directory. It removes the containers at the end, and
 // exits with the status of the first run that failed, or 1 when a
-// container did not start.
+// container did not start or an interrupt (SIGINT, SIGTERM) ended the runs.
 //
 // All the test processes share the two servers, as they share the local
 // servers without dockerpass: each works in a schema (PostgreSQL) or
