@@ -143,7 +143,7 @@ func ExampleExpire() {
 	// released
 }
 
-// State reads a target's row as List reports it.
+// State reads a target's row as admin.Operator.List reports it.
 func ExampleState() {
 	db, _, closeDB := openDB()
 	defer closeDB()
