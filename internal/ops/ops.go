@@ -66,6 +66,6 @@ var (
 // MaxTargetIDLength is the longest target ID, in bytes, that gormlease
 // accepts: the target_id columns hold 255 bytes on every database
 // (varchar(255) on PostgreSQL, varbinary(255) on MySQL). Package
-// gormlease checks target IDs against it, and admin the keys that List
-// starts from.
+// gormlease checks target IDs against it, and admin the Prefix and the
+// After of List's options.
 const MaxTargetIDLength = 255
