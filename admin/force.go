@@ -78,8 +78,8 @@ func (o *Operator) ForceReleaseSlot(ctx context.Context, targetID string, slot i
 // forceRelease ends the leases of the rows of keys that are not released,
 // under one fresh token, and returns the rows it ended: at least one, or
 // an error wrapping ErrNoLiveLease. step names the operation in its
-// errors. A retry after an error sends the same token, so that it also
-// finds the rows that a run whose outcome was lost ended.
+// errors. The statement is tried again, with the same token, only after
+// a serialization failure, which rolled it back.
 func forceRelease(ctx context.Context, r ops.Repository, step string, keys []string) ([]backend.Row, error) {
 	token, err := uuid.NewRandom()
 	if err != nil {

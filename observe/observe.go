@@ -63,6 +63,7 @@ const (
 
 // Span describes a span as it starts.
 type Span struct {
+	// Kind says which step or statement the span covers.
 	Kind SpanKind
 	// TargetID is the target of the Run; empty for statements that renew
 	// many leases at once.
