@@ -125,26 +125,6 @@ func TestFault_CommitOutcomeUnknown(t *testing.T) {
 	}
 }
 
-// waitCommitted polls, for up to 5 s, until target's lease row shows the
-// fenced commit's release. It runs off the test goroutine, so it cannot fail
-// the test; the test's own checks catch a commit that never took effect.
-func waitCommitted(db *gorm.DB, target string) {
-	pollRow(db, target, "released_at IS NOT NULL")
-}
-
-// pollRow polls, for up to 5 s, until target's lease row meets cond, an
-// SQL condition (see waitCommitted).
-func pollRow(db *gorm.DB, target, cond string) {
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-		var n int64
-		db.Model(&gormlease.JobLease{}).Where("target_id = ? AND "+cond, target).Count(&n)
-		if n == 1 {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // rowLocked reports whether target's lease row is locked by a transaction.
 func rowLocked(t *testing.T, db *gorm.DB, target string) bool {
 	t.Helper()

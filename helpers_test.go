@@ -47,10 +47,11 @@ func listening(t testing.TB, db *gorm.DB) bool {
 	return admin.New(repo).Listening()
 }
 
-// The helpers that the tests of package admin share (see internal/testkit).
+// The helpers that these tests share with those of package admin and of
+// the tests module (see internal/testkit).
 var (
 	eachDB        = testkit.EachDB
-	eachServer    = testkit.EachServer
+	eachServerDB  = testkit.EachServerDB
 	newTarget     = testkit.NewTarget
 	newRunner     = testkit.NewRunner
 	newRepository = testkit.NewRepository
@@ -62,8 +63,11 @@ var (
 	slotKey       = testkit.SlotKey
 	slotSnapshot  = testkit.SlotSnapshot
 	leaseRow      = testkit.LeaseRow
+	countRows     = testkit.CountRows
 	age           = testkit.Age
 	waitFor       = testkit.WaitFor
+	waitCommitted = testkit.WaitCommitted
+	pollRow       = testkit.PollRow
 	goLead        = testkit.GoLead
 	endsWithTest  = testkit.EndsWithTest
 )
@@ -86,28 +90,6 @@ func goRun[T any](t testing.TB, ctx context.Context, r *gormlease.Runner[T], tar
 	work func(context.Context) (T, error), save func(*gorm.DB, T) error,
 ) <-chan runResult[T] {
 	return testkit.GoRun(t, ctx, r, target, work, save)
-}
-
-// eachServerDB runs fn as a parallel subtest on every database server: the
-// databases reached over a network, with sessions and row locks that other
-// sessions can see, as opposed to SQLite's file.
-func eachServerDB(t *testing.T, fn func(t *testing.T, s *testdb.Server, db *gorm.DB)) {
-	t.Helper()
-	var servers []*testdb.Server
-	for _, s := range testdb.All(t) {
-		if s.Addr != "" {
-			servers = append(servers, s)
-		}
-	}
-	eachServer(t, servers, fn)
-}
-
-// countRows counts the rows of model's table for target.
-func countRows(t *testing.T, db *gorm.DB, model any, target string) int64 {
-	t.Helper()
-	var n int64
-	require.NoError(t, db.Model(model).Where("target_id = ?", target).Count(&n).Error)
-	return n
 }
 
 // steal gives target's lease to a stranger, as a takeover by another process

@@ -8,7 +8,8 @@
 // such library.
 //
 // Its tests reach the same databases as the root module's, through
-// internal/testdb, and run as they do:
+// internal/testdb, use the same helpers, those of internal/testkit, and
+// run as they do:
 //
 //	cd tests && go vet ./... && go test -race -count=1 ./...
 //

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/internal/testkit"
 )
 
 // The model-based test drives random interleavings of the lease steps by
@@ -71,7 +72,7 @@ func TestModel_LeaseProtocol(t *testing.T) {
 	t.Parallel()
 	s := testdb.Postgres(t)
 	db := s.DB(t)
-	repo := newRepository(t, db)
+	repo := testkit.NewRepository(t, db)
 	ctx := context.Background()
 
 	rapid.Check(t, func(rt *rapid.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/internal/testkit"
 )
 
 // With dbresolver sending gorm's reads to a replica that lags (here, one
@@ -25,23 +26,23 @@ import (
 // LoadJSON reads where the *gorm.DB it is given sends it, and reads the
 // primary when given db.Clauses(dbresolver.Write).
 func TestReplica_ReadsThatDecideGoToThePrimary(t *testing.T) {
-	eachDB(t, func(t *testing.T, s *testdb.Server, direct *gorm.DB) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, direct *gorm.DB) {
 		ctx := context.Background()
 		db := s.Open(t, nil)
 		useStaleReplica(t, s, db)
-		r := newRunner(t, db)
-		target := newTarget(t)
+		r := testkit.NewRunner(t, db)
+		target := testkit.NewTarget(t)
 
 		// Acquire, fenced commit and release: all on the primary.
 		_, err := r.Run(ctx, target, func(context.Context) (string, error) {
 			return "fresh", nil
 		}, gormlease.SaveJSON[string])
 		require.NoError(t, err)
-		primary := leaseRow(t, direct, target)
+		primary := testkit.LeaseRow(t, direct, target)
 		require.NotNil(t, primary.ReleasedAt)
 
 		// The replica is in use, and stale: gorm's reads through db miss the row.
-		assert.Zero(t, countRows(t, db, &gormlease.JobLease{}, target), "rows of %s read through dbresolver", target)
+		assert.Zero(t, testkit.CountRows(t, db, &gormlease.JobLease{}, target), "rows of %s read through dbresolver", target)
 
 		// Get reads the primary.
 		row, found, err := admin.New(r.Repository()).Get(ctx, target)
@@ -57,7 +58,7 @@ func TestReplica_ReadsThatDecideGoToThePrimary(t *testing.T) {
 		_, err = r.Run(ctx, target, func(context.Context) (string, error) {
 			t.Errorf("work ran on a held lease")
 			return "", nil
-		}, noSave(t))
+		}, testkit.NoSave(t))
 		require.ErrorIs(t, err, gormlease.ErrLeaseHeld)
 		require.NoError(t, r.Repository().Release(ctx, l))
 
@@ -78,7 +79,7 @@ func TestReplica_ReadsThatDecideGoToThePrimary(t *testing.T) {
 // replica has not seen it (reading the replica, Run would answer
 // ErrCommitUnknown).
 func TestReplica_SettleCommitReadsThePrimary(t *testing.T) {
-	eachServerDB(t, func(t *testing.T, s *testdb.Server, direct *gorm.DB) {
+	testkit.EachServerDB(t, func(t *testing.T, s *testdb.Server, direct *gorm.DB) {
 		proxy := testdb.NewProxy(t, s.Addr)
 		db := s.OpenVia(t, proxy.Addr())
 		useStaleReplica(t, s, db)
@@ -94,17 +95,17 @@ func TestReplica_SettleCommitReadsThePrimary(t *testing.T) {
 			go func() {
 				// Cut once the COMMIT took effect: the client never hears.
 				<-tripped
-				waitCommitted(direct, target)
+				testkit.WaitCommitted(direct, target)
 				proxy.Cut()
 				proxy.Restore()
 			}()
 			return gormlease.SaveJSON(tx, v)
 		})
-		recv(t, tripped, time.Second, "the COMMIT to trip the proxy")
+		testkit.Recv(t, tripped, time.Second, "the COMMIT to trip the proxy")
 		require.NoError(t, err, "Run after the connection failed during a COMMIT that took effect")
 		assert.Equal(t, "result", got)
-		assert.EqualValues(t, 1, countRows(t, direct, &gormlease.JobResult{}, target), "results saved")
-		assert.Zero(t, countRows(t, db, &gormlease.JobLease{}, target), "rows of %s read through dbresolver", target)
+		assert.EqualValues(t, 1, testkit.CountRows(t, direct, &gormlease.JobResult{}, target), "results saved")
+		assert.Zero(t, testkit.CountRows(t, db, &gormlease.JobLease{}, target), "rows of %s read through dbresolver", target)
 	})
 }
 

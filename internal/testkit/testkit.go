@@ -1,9 +1,11 @@
 // Package testkit holds the test helpers that the tests of package
-// gormlease and of package admin share: subtests on every database, target
-// IDs of a test's own, Runners, Repositories and Electors that fail the
-// test on error, goroutines that end with the test, and reads and writes of
-// lease rows that stand for other processes. Each helper fails the test,
-// saying what it was doing, rather than returning an error.
+// gormlease, of package admin and of the tests module share: subtests on
+// every database, target IDs of a test's own, Runners, Repositories and
+// Electors that fail the test on error, goroutines that end with the test,
+// and reads and writes of lease rows that stand for other processes. Each
+// helper fails the test, saying what it was doing, rather than returning
+// an error. It also opens the database of the runnable examples
+// (ExampleDB), which have no test to fail.
 package testkit
 
 import (
@@ -37,6 +39,20 @@ func EachServer(t *testing.T, servers []*testdb.Server, fn func(t *testing.T, s 
 			fn(t, s, s.DB(t))
 		})
 	}
+}
+
+// EachServerDB runs fn as a parallel subtest on every database server: the
+// databases reached over a network, with sessions and row locks that other
+// sessions can see, as opposed to SQLite's file.
+func EachServerDB(t *testing.T, fn func(t *testing.T, s *testdb.Server, db *gorm.DB)) {
+	t.Helper()
+	var servers []*testdb.Server
+	for _, s := range testdb.All(t) {
+		if s.Addr != "" {
+			servers = append(servers, s)
+		}
+	}
+	EachServer(t, servers, fn)
 }
 
 var targetSeq atomic.Int64
@@ -141,6 +157,14 @@ func LeaseRow(t *testing.T, db *gorm.DB, target string) gormlease.JobLease {
 	return row
 }
 
+// CountRows counts the rows of model's table for target.
+func CountRows(t *testing.T, db *gorm.DB, model any, target string) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, db.Model(model).Where("target_id = ?", target).Count(&n).Error)
+	return n
+}
+
 // Age sets target's last heartbeat d back on the database's clock.
 func Age(t *testing.T, s *testdb.Server, db *gorm.DB, target string, d time.Duration) {
 	t.Helper()
@@ -156,6 +180,26 @@ func WaitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// WaitCommitted polls, for up to 5 s, until target's lease row shows the
+// fenced commit's release. It runs off the test goroutine, so it cannot fail
+// the test; the test's own checks catch a commit that never took effect.
+func WaitCommitted(db *gorm.DB, target string) {
+	PollRow(db, target, "released_at IS NOT NULL")
+}
+
+// PollRow polls, for up to 5 s, until target's lease row meets cond, an
+// SQL condition (see WaitCommitted).
+func PollRow(db *gorm.DB, target, cond string) {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		var n int64
+		db.Model(&gormlease.JobLease{}).Where("target_id = ? AND "+cond, target).Count(&n)
+		if n == 1 {
+			return
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
