@@ -5,47 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
-	"github.com/ncruces/go-sqlite3/gormlite"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
 	gormleasegocron "github.com/gormlease/gormlease/gocron"
+	"github.com/gormlease/gormlease/internal/testkit"
 )
 
 // openDB opens the database as an application does, and creates the
 // gormlease tables (gormlease.AutoMigrate, once at startup): here SQLite in
-// a new file of a temporary directory, with the DSN of gormlease's
-// docs/sqlite.md; on PostgreSQL, gorm.Open(postgres.Open(dsn), ...).
-// closeDB closes it and removes the file.
-func openDB() (db *gorm.DB, closeDB func()) {
-	dir, err := os.MkdirTemp("", "gocron-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	db, err = gorm.Open(gormlite.Open("file:"+filepath.Join(dir, "app.db")+
-		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)&_pragma=synchronous(normal)"),
-		&gorm.Config{Logger: logger.Discard}) // an application keeps gorm's logger
-	if err != nil {
-		log.Fatal(err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
-		log.Fatal(err)
-	}
-	return db, func() {
-		sqlDB.Close()
-		os.RemoveAll(dir)
-	}
-}
+// a file of its own (see testkit.ExampleDB); on PostgreSQL,
+// gorm.Open(postgres.Open(dsn), ...). closeDB closes it and removes the
+// file.
+var openDB = testkit.ExampleDB
 
 // Every pod runs the same scheduler; the Locker lets one of them run each
 // tick of the job, and WithMinHold keeps a fast job's target held long

@@ -8,7 +8,6 @@ require (
 	github.com/go-co-op/gocron/v2 v2.21.2
 	github.com/google/uuid v1.6.0
 	github.com/gormlease/gormlease v0.0.0-00010101000000-000000000000
-	github.com/ncruces/go-sqlite3/gormlite v0.24.0
 	github.com/stretchr/testify v1.12.1
 	gorm.io/gorm v1.31.2
 )
@@ -25,6 +24,7 @@ require (
 	github.com/jonboulle/clockwork v0.5.0 // indirect
 	github.com/ncruces/go-sqlite3 v0.37.0 // indirect
 	github.com/ncruces/go-sqlite3-wasm/v6 v6.5.35401 // indirect
+	github.com/ncruces/go-sqlite3/gormlite v0.24.0 // indirect
 	github.com/ncruces/julianday v1.0.0 // indirect
 	github.com/robfig/cron/v3 v3.0.1 // indirect
 	go.uber.org/goleak v1.3.0 // indirect

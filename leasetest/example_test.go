@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/admin"
+	"github.com/gormlease/gormlease/internal/testkit"
 	"github.com/gormlease/gormlease/leasetest"
 )
 
@@ -37,33 +36,10 @@ func (t *exampleT) done() {
 	}
 }
 
-// openDB opens your test database: here SQLite in a new file of a
-// temporary directory, with the DSN of docs/sqlite.md, and gormlease's
-// tables. closeDB closes it and removes the file; dsn opens the same
-// database again.
-func openDB() (db *gorm.DB, dsn string, closeDB func()) {
-	dir, err := os.MkdirTemp("", "leasetest-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	dsn = "file:" + filepath.Join(dir, "test.db") +
-		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)&_pragma=synchronous(normal)"
-	db, err = gorm.Open(gormlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		log.Fatal(err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
-		log.Fatal(err)
-	}
-	return db, dsn, func() {
-		sqlDB.Close()
-		os.RemoveAll(dir)
-	}
-}
+// openDB opens your test database: here SQLite in a file of its own, with
+// gormlease's tables (see testkit.ExampleDB). closeDB closes it and removes
+// the file; dsn opens the same database again.
+var openDB = testkit.ExampleDBWithDSN
 
 // refreshReport is the code under test: it makes the report of a user once
 // at a time.

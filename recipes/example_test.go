@@ -7,50 +7,25 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/ncruces/go-sqlite3/gormlite"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/robfig/cron/v3"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/internal/testkit"
 	"github.com/gormlease/gormlease/recipes"
 )
 
 // openDB opens the database as an application does, and creates the
 // gormlease tables (gormlease.AutoMigrate, once at startup): here SQLite in
-// a new file of a temporary directory, with the DSN of gormlease's
-// docs/sqlite.md; on PostgreSQL, gorm.Open(postgres.Open(dsn), ...).
-// closeDB closes it and removes the file.
-func openDB() (db *gorm.DB, closeDB func()) {
-	dir, err := os.MkdirTemp("", "recipes-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	db, err = gorm.Open(gormlite.Open("file:"+filepath.Join(dir, "app.db")+
-		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)&_pragma=synchronous(normal)"),
-		&gorm.Config{Logger: logger.Discard}) // an application keeps gorm's logger
-	if err != nil {
-		log.Fatal(err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
-		log.Fatal(err)
-	}
-	return db, func() {
-		sqlDB.Close()
-		os.RemoveAll(dir)
-	}
-}
+// a file of its own (see testkit.ExampleDB); on PostgreSQL,
+// gorm.Open(postgres.Open(dsn), ...). closeDB closes it and removes the
+// file.
+var openDB = testkit.ExampleDB
 
 // Every pod calls MigrateOnce at startup; one runs the migration, the
 // others wait for it and run nothing.

@@ -20,13 +20,20 @@ import (
 // closeDB closes the database and removes its file. An example has no
 // testing.TB to fail: ExampleDB exits the process on an error.
 func ExampleDB() (db *gorm.DB, closeDB func()) {
+	db, _, closeDB = ExampleDBWithDSN()
+	return db, closeDB
+}
+
+// ExampleDBWithDSN is ExampleDB, and also returns the database's DSN, with
+// which an example opens a second pool on the same database.
+func ExampleDBWithDSN() (db *gorm.DB, dsn string, closeDB func()) {
 	dir, err := os.MkdirTemp("", "gormlease-example")
 	if err != nil {
 		log.Fatal(err)
 	}
-	db, err = gorm.Open(gormlite.Open("file:"+filepath.Join(dir, "app.db")+
-		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)&_pragma=synchronous(normal)"),
-		&gorm.Config{Logger: logger.Discard})
+	dsn = "file:" + filepath.Join(dir, "app.db") +
+		"?_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)&_pragma=synchronous(normal)"
+	db, err = gorm.Open(gormlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -37,7 +44,7 @@ func ExampleDB() (db *gorm.DB, closeDB func()) {
 	if err := gormlease.AutoMigrate(context.Background(), db); err != nil {
 		log.Fatal(err)
 	}
-	return db, func() {
+	return db, dsn, func() {
 		sqlDB.Close()
 		os.RemoveAll(dir)
 	}

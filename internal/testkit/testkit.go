@@ -5,7 +5,8 @@
 // and reads and writes of lease rows that stand for other processes. Each
 // helper fails the test, saying what it was doing, rather than returning
 // an error. It also opens the database of the runnable examples
-// (ExampleDB), which have no test to fail.
+// (ExampleDB), those of the root module and of the modules gocron and
+// recipes alike, which have no test to fail.
 package testkit
 
 import (
