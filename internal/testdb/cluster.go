@@ -95,7 +95,7 @@ func newCluster() (*Cluster, error) {
 			return nil, fmt.Errorf("running as root: %w", err)
 		}
 	}
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err

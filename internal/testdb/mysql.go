@@ -133,13 +133,13 @@ func mysqlConfig() (*mysqldriver.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("GORMLEASE_TEST_MYSQL_DSN: %w", err)
 		}
-		return cfg, ping("mysql", cfg.FormatDSN())
+		return cfg, Ping("mysql", cfg.FormatDSN())
 	}
 	if dockerRequired() {
 		return nil, fmt.Errorf("%s is set, and GORMLEASE_TEST_MYSQL_DSN is not: run the tests with tests/dockerpass", dockerEnv)
 	}
 	cfg := mysqlRoot("127.0.0.1:3306", 5*time.Second)
-	if err := ping("mysql", cfg.FormatDSN()); err != nil {
+	if err := Ping("mysql", cfg.FormatDSN()); err != nil {
 		return nil, fmt.Errorf("no DSN in GORMLEASE_TEST_MYSQL_DSN, and the local server: %w", err)
 	}
 	return cfg, nil

@@ -519,7 +519,7 @@ func (s *NetServer) ping(host string, port int) error {
 	if s.Name == "mysql" {
 		driver, dsn = "mysql", mysqlRoot(net.JoinHostPort(host, strconv.Itoa(port)), 2*time.Second).FormatDSN()
 	}
-	return ping(driver, dsn)
+	return Ping(driver, dsn)
 }
 
 // migrate makes the gormlease tables on s.

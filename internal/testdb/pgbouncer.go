@@ -109,7 +109,7 @@ func NewPgBouncer(tb testing.TB, s *Server, cfg PgBouncerConfig) *PgBouncer {
 		}
 		runAs = []string{"-u", name}
 	}
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		tb.Fatal(err)
 	}

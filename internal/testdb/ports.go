@@ -9,11 +9,13 @@ import (
 	"strings"
 )
 
-// lowestPort is the lowest port that freePorts hands out.
+// lowestPort is the lowest port that FreePort and freePorts hand out.
 const lowestPort = 10000
 
-// freePort returns a port on 127.0.0.1 that nothing listens on; see freePorts.
-func freePort() (int, error) {
+// FreePort returns a port on 127.0.0.1 that nothing listens on, chosen as
+// freePorts chooses them: at random below the kernel's range of ephemeral
+// ports. tests/dockerpass gives such ports to its containers' servers.
+func FreePort() (int, error) {
 	ports, err := freePorts(1)
 	if err != nil {
 		return 0, err

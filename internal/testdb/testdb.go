@@ -421,14 +421,14 @@ func postgresDSN() (string, error) {
 			if p, err := dsn.Parse(s); err != nil || p.Kind != dsn.KindPostgres {
 				return "", fmt.Errorf("%s is not a PostgreSQL DSN (postgres://… or host=… dbname=…): %v", env, err)
 			}
-			return s, ping("pgx", s)
+			return s, Ping("pgx", s)
 		}
 	}
 	if dockerRequired() {
 		return "", fmt.Errorf("%s is set, and GORMLEASE_TEST_POSTGRES_DSN is not: run the tests with tests/dockerpass", dockerEnv)
 	}
 	dsn := "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable connect_timeout=5"
-	if err := ping("pgx", dsn); err != nil {
+	if err := Ping("pgx", dsn); err != nil {
 		return "", fmt.Errorf("no DSN in GORMLEASE_TEST_POSTGRES_DSN, and the local server: %w", err)
 	}
 	return dsn, nil
@@ -442,7 +442,9 @@ func postgresExec(cfg *pgx.ConnConfig, query string) error {
 	return err
 }
 
-func ping(driver, dsn string) error {
+// Ping connects to the database of dsn with driver, a database/sql driver
+// that this package registers ("pgx" or "mysql"), within 5 s.
+func Ping(driver, dsn string) error {
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		return err

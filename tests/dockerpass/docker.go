@@ -14,6 +14,8 @@ import (
 
 	"github.com/ory/dockertest/v3"
 	"github.com/ory/dockertest/v3/docker"
+
+	"github.com/gormlease/gormlease/internal/testdb"
 )
 
 // The containers: dockerpass starts one container per server, in the
@@ -116,8 +118,8 @@ func startContainer(spec containerSpec) (*container, error) {
 		return nil, fmt.Errorf("inspect image %s: %w", spec.image, err)
 	}
 	for try := 1; ; try++ {
-		// Below the kernel's ephemeral range: see freePort.
-		port, err := freePort()
+		// Below the kernel's ephemeral range: see testdb.FreePort.
+		port, err := testdb.FreePort()
 		if err != nil {
 			return nil, err
 		}

@@ -15,6 +15,8 @@ import (
 	"github.com/ory/dockertest/v3/docker"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gormlease/gormlease/internal/testdb"
 )
 
 // dockerRequired reports whether GORMLEASE_TEST_DOCKER asks for the
@@ -161,7 +163,7 @@ func TestDocker_StartupErrorsNameTheCause(t *testing.T) {
 	})
 
 	t.Run("PortInUse", func(t *testing.T) {
-		port, err := freePort()
+		port, err := testdb.FreePort()
 		require.NoError(t, err)
 		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 		require.NoError(t, err)

@@ -37,7 +37,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -51,7 +50,8 @@ import (
 	"time"
 
 	mysqldriver "github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // the pgx driver of database/sql, for ping
+
+	"github.com/gormlease/gormlease/internal/testdb"
 )
 
 // rootModule is the module path of gormlease, whose directory dockerpass
@@ -226,7 +226,7 @@ func postgresSpec(lifetime time.Duration) containerSpec {
 			return []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test", "PGPORT=" + strconv.Itoa(port)}
 		},
 		cmd:      func(int) []string { return []string{"postgres", "-c", "listen_addresses=127.0.0.1"} },
-		ready:    func(port int) error { return ping("pgx", postgresDSN(port)) },
+		ready:    func(port int) error { return testdb.Ping("pgx", postgresDSN(port)) },
 		maxWait:  time.Minute,
 		lifetime: lifetime,
 	}
@@ -247,7 +247,7 @@ func mariadbSpec(lifetime time.Duration) containerSpec {
 		cmd: func(port int) []string {
 			return []string{"--port=" + strconv.Itoa(port), "--bind-address=127.0.0.1"}
 		},
-		ready:    func(port int) error { return ping("mysql", mariadbConfig(port).FormatDSN()) },
+		ready:    func(port int) error { return testdb.Ping("mysql", mariadbConfig(port).FormatDSN()) },
 		maxWait:  2 * time.Minute,
 		lifetime: lifetime,
 	}
@@ -259,16 +259,4 @@ func mariadbConfig(port int) *mysqldriver.Config {
 	cfg := mysqldriver.NewConfig()
 	cfg.User, cfg.Net, cfg.Addr, cfg.Timeout = "root", "tcp", "127.0.0.1:"+strconv.Itoa(port), 5*time.Second
 	return cfg
-}
-
-// ping connects to the database of dsn with driver, within 5 s.
-func ping(driver, dsn string) error {
-	db, err := sql.Open(driver, dsn)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return db.PingContext(ctx)
 }
