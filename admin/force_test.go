@@ -27,8 +27,7 @@ func TestForceRelease_FencesTheHolder(t *testing.T) {
 	t.Parallel()
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		repo, op := newOperator(t, db)
 		target, l := testkit.AcquireNew(t, repo, time.Hour)
 
 		row, err := op.ForceRelease(ctx, target)
@@ -71,8 +70,7 @@ func assertForcedOut(t *testing.T, repo *gormlease.Repository, l gormlease.Lease
 func TestForceRelease_CancelsRunningWork(t *testing.T) {
 	t.Parallel()
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		_, op := newOperator(t, db)
 		r := testkit.NewRunner(t, db, testkit.Fast(50*time.Millisecond, 2*time.Second)...)
 		target := testkit.NewTarget(t)
 		inside := make(chan struct{})

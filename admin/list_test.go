@@ -24,8 +24,7 @@ func TestList_StatesPrefixAndPages(t *testing.T) {
 	t.Parallel()
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		repo, op := newOperator(t, db)
 		base := testkit.NewTarget(t) + "/a%_"
 		live, expired, released := base+"live", base+"old", base+"rel"
 		_, err := repo.Acquire(ctx, live, time.Hour)
@@ -96,8 +95,7 @@ func TestList_StatesPrefixAndPages(t *testing.T) {
 // List refuses options it cannot honour, naming the option.
 func TestList_RejectsBadOptions(t *testing.T) {
 	t.Parallel()
-	repo := testkit.NewRepository(t, testdb.SQLite(t).DB(t))
-	op := admin.New(repo)
+	_, op := newOperator(t, testdb.SQLite(t).DB(t))
 	for _, o := range []admin.ListOptions{
 		{State: "held"}, {Limit: -1}, {Limit: 10001}, {Prefix: "a\x00"},
 	} {
@@ -110,8 +108,7 @@ func TestList_RejectsBadOptions(t *testing.T) {
 func TestGet_ReturnsTimeout(t *testing.T) {
 	t.Parallel()
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		repo, op := newOperator(t, db)
 		target, _ := testkit.AcquireNew(t, repo, 1500*time.Millisecond)
 		row, found, err := op.Get(context.Background(), target)
 		require.NoError(t, err)

@@ -83,8 +83,7 @@ func TestPause_ListShowsIt(t *testing.T) {
 	t.Parallel()
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		_, op := newOperator(t, db)
 		target := testkit.NewTarget(t)
 		require.NoError(t, op.Pause(ctx, target, "maintenance"))
 		page, err := op.List(ctx, admin.ListOptions{Prefix: target})
@@ -259,8 +258,7 @@ func TestRequestStop_AgainWhileHeld(t *testing.T) {
 	t.Parallel()
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		repo, op := newOperator(t, db)
 		target, l := testkit.AcquireNew(t, repo, time.Minute)
 		require.NoError(t, op.RequestStop(ctx, target, "drain"))
 		require.NoError(t, op.RequestStop(ctx, target, "drain"), "asked again")
@@ -276,8 +274,7 @@ func TestRequestStop_NoLiveLease(t *testing.T) {
 	t.Parallel()
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx := context.Background()
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		repo, op := newOperator(t, db)
 		require.ErrorIs(t, op.RequestStop(ctx, testkit.NewTarget(t), "x"), gormlease.ErrNoLiveLease, "never acquired")
 		target, l := testkit.AcquireNew(t, repo, time.Minute)
 		require.NoError(t, repo.Release(ctx, l))
@@ -293,8 +290,7 @@ func TestPause_SurvivesPruneAndForceRelease(t *testing.T) {
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		ctx := context.Background()
 		db := emptyDB(t, s)
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		repo, op := newOperator(t, db)
 		l, err := repo.Acquire(ctx, "paused", time.Minute)
 		require.NoError(t, err)
 		require.NoError(t, op.Pause(ctx, "paused", "keep"))

@@ -11,7 +11,6 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease"
-	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
 	"github.com/gormlease/gormlease/internal/testkit"
 )
@@ -23,8 +22,7 @@ import (
 // paused. Run on many fresh targets, so that the two meet in every order.
 func TestPause_RacingTheSlotRowsLeavesNoSlotFree(t *testing.T) {
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		repo, op := newOperator(t, db)
 		const rounds, n = 60, 3
 		for i := range rounds {
 			target := fmt.Sprintf("%s-%d", testkit.NewTarget(t), i)

@@ -50,8 +50,7 @@ func TestPrune_DeletesOnlyRowsEndedLongAgo(t *testing.T) {
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		ctx := context.Background()
 		db := emptyDB(t, s)
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		repo, op := newOperator(t, db)
 		_, err := repo.Acquire(ctx, "live", time.Minute)
 		require.NoError(t, err)
 		testkit.Age(t, s, db, "live", 50*time.Second) // live, but heartbeat long ago
@@ -97,8 +96,7 @@ func TestPrune_GenerationKeepsIncreasing(t *testing.T) {
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		ctx := context.Background()
 		db := emptyDB(t, s)
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		repo, op := newOperator(t, db)
 		r := testkit.NewRunner(t, db)
 		for range 3 {
 			_, err := r.Run(ctx, "t", func(context.Context) (string, error) { return "v", nil }, gormlease.SaveJSON[string])
@@ -126,8 +124,7 @@ func TestPrune_StopsOnContextDone(t *testing.T) {
 	t.Parallel()
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		db := emptyDB(t, s)
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		repo, op := newOperator(t, db)
 		for _, target := range []string{"a", "b", "c", "d", "e"} {
 			released(t, repo, target)
 			ageRelease(t, s, db, target, 2*time.Hour)
@@ -152,8 +149,7 @@ func TestPrune_StopsOnContextDone(t *testing.T) {
 // naming the field at fault.
 func TestPrune_RejectsBadOptions(t *testing.T) {
 	t.Parallel()
-	repo := testkit.NewRepository(t, testdb.SQLite(t).DB(t))
-	op := admin.New(repo)
+	_, op := newOperator(t, testdb.SQLite(t).DB(t))
 	_, err := op.Prune(context.Background(), admin.PruneOptions{})
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 	assert.Contains(t, err.Error(), "PruneOptions.OlderThan is 0s: give the age")
@@ -176,8 +172,7 @@ func TestPrune_RacesWithAcquireAndAnotherPrune(t *testing.T) {
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		ctx := context.Background()
 		db := emptyDB(t, s)
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		repo, op := newOperator(t, db)
 		const n = 60
 		targets := make([]string, n)
 		before := map[string]int64{}
@@ -239,8 +234,7 @@ func TestPrune_DoWaiterRunsWorkWhenRowIsPruned(t *testing.T) {
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		ctx := context.Background()
 		db := emptyDB(t, s)
-		repo := testkit.NewRepository(t, db)
-		op := admin.New(repo)
+		repo, op := newOperator(t, db)
 		// A target of this subtest's own: the watch hook looks at every
 		// database's waiters.
 		target := testkit.NewTarget(t)
