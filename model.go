@@ -61,6 +61,15 @@ type JobLease struct {
 	StopGeneration *int64 `gorm:"column:stop_generation"`
 	// StopReason is the reason that RequestStop recorded, or nil.
 	StopReason *string `gorm:"column:stop_reason"`
+	// AcquiredAt is the database time at which the current generation was
+	// acquired ("held since"), or nil when the row does not record it.
+	AcquiredAt *time.Time `gorm:"column:acquired_at"`
+	// PausedBy names the operator who paused the target
+	// (admin.Operator.As), or nil.
+	PausedBy *string `gorm:"column:paused_by"`
+	// StopBy names the operator who asked the holder to stop
+	// (admin.Operator.As), or nil.
+	StopBy *string `gorm:"column:stop_by"`
 }
 
 // TableName returns "job_lease".

@@ -27,7 +27,8 @@
 --     ADD COLUMN timeout_ms bigint NULL, ADD COLUMN slots int NULL,
 --     ADD COLUMN hold_generation bigint NULL, ADD COLUMN paused_at datetime(6) NULL,
 --     ADD COLUMN pause_reason varchar(255) NULL, ADD COLUMN stop_generation bigint NULL,
---     ADD COLUMN stop_reason varchar(255) NULL;
+--     ADD COLUMN stop_reason varchar(255) NULL, ADD COLUMN acquired_at datetime(6) NULL,
+--     ADD COLUMN paused_by varchar(255) NULL, ADD COLUMN stop_by varchar(255) NULL;
 --
 -- slots is, in the row of a slot of a semaphore (WithSlots), the
 -- semaphore's count, and NULL in every other row. Only slotted targets use
@@ -44,6 +45,11 @@
 -- stop_generation and stop_reason record Repository.RequestStop: the holder
 -- of that generation stops at its next heartbeat; a later acquisition raises
 -- the generation, so a request never applies to a later lease.
+--
+-- acquired_at is the database time at which the current generation was
+-- acquired ("held since"), written by the acquire's own statement;
+-- paused_by and stop_by name the operator who paused the target and who
+-- asked the holder to stop (admin.Operator.As).
 --
 -- job_lease_floor holds one row: the highest generation that Prune ever
 -- deleted. A target without a row starts above it, so that its generation
@@ -67,6 +73,9 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	pause_reason varchar(255) NULL,
 	stop_generation bigint NULL,
 	stop_reason varchar(255) NULL,
+	acquired_at datetime(6) NULL,
+	paused_by   varchar(255) NULL,
+	stop_by     varchar(255) NULL,
 	PRIMARY KEY (target_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 

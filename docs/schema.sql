@@ -38,7 +38,10 @@ CREATE TABLE IF NOT EXISTS job_lease (
 -- no acquisition takes the row (Resume clears both). stop_generation and
 -- stop_reason record Repository.RequestStop: the holder of that generation
 -- stops at its next heartbeat; a later acquisition raises the generation, so
--- a request never applies to a later lease.
+-- a request never applies to a later lease. acquired_at is the database time
+-- at which the current generation was acquired ("held since"), written by
+-- the acquire's own statement; paused_by and stop_by name the operator who
+-- paused the target and who asked the holder to stop (admin.Operator.As).
 ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS saved_generation bigint,
 	ADD COLUMN IF NOT EXISTS saved_at         timestamptz,
@@ -50,7 +53,10 @@ ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS paused_at        timestamptz,
 	ADD COLUMN IF NOT EXISTS pause_reason     varchar(255),
 	ADD COLUMN IF NOT EXISTS stop_generation  bigint,
-	ADD COLUMN IF NOT EXISTS stop_reason      varchar(255);
+	ADD COLUMN IF NOT EXISTS stop_reason      varchar(255),
+	ADD COLUMN IF NOT EXISTS acquired_at      timestamptz,
+	ADD COLUMN IF NOT EXISTS paused_by        varchar(255),
+	ADD COLUMN IF NOT EXISTS stop_by          varchar(255);
 
 -- job_lease_floor holds one row: the highest generation that Prune ever
 -- deleted. A target without a row starts above it, so that its generation

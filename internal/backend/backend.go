@@ -376,18 +376,23 @@ type Row struct {
 	PauseReason     *string
 	StopGeneration  *int64
 	StopReason      *string
+	AcquiredAt      *time.Time
+	PausedBy        *string
+	StopBy          *string
 }
 
 // RowColumns are the columns of a lease row that Get, List and
 // ForceRelease read, in the order of Row.Columns.
 const RowColumns = "target_id, lease_token, generation, holder, updated_at, released_at," +
-	" saved_generation, saved_at, failure, timeout_ms, hold_generation, paused_at, pause_reason, stop_generation, stop_reason"
+	" saved_generation, saved_at, failure, timeout_ms, hold_generation, paused_at, pause_reason, stop_generation, stop_reason,"+
+	" acquired_at, paused_by, stop_by"
 
 // Columns returns where to scan RowColumns into row.
 func (row *Row) Columns() []any {
 	return []any{&row.TargetID, &row.LeaseToken, &row.Generation, &row.Holder, &row.UpdatedAt, &row.ReleasedAt,
 		&row.SavedGeneration, &row.SavedAt, &row.Failure, &row.TimeoutMS, &row.HoldGeneration,
-		&row.PausedAt, &row.PauseReason, &row.StopGeneration, &row.StopReason}
+		&row.PausedAt, &row.PauseReason, &row.StopGeneration, &row.StopReason,
+		&row.AcquiredAt, &row.PausedBy, &row.StopBy}
 }
 
 // Holds reports whether row holds l: it carries l's token, unreleased.

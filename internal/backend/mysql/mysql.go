@@ -119,6 +119,9 @@ const (
 	pause_reason varchar(255) NULL,
 	stop_generation bigint NULL,
 	stop_reason varchar(255) NULL,
+	acquired_at datetime(6) NULL,
+	paused_by   varchar(255) NULL,
+	stop_by     varchar(255) NULL,
 	PRIMARY KEY (target_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
 
@@ -168,6 +171,9 @@ var addedColumns = []backend.Column{
 	{Name: "pause_reason", DDL: "varchar(255) NULL"},
 	{Name: "stop_generation", DDL: "bigint NULL"},
 	{Name: "stop_reason", DDL: "varchar(255) NULL"},
+	{Name: "acquired_at", DDL: "datetime(6) NULL"},
+	{Name: "paused_by", DDL: "varchar(255) NULL"},
+	{Name: "stop_by", DDL: "varchar(255) NULL"},
 }
 
 // CheckTimes makes sure that the DSN lets the lease rows be read: a

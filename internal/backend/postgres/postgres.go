@@ -167,7 +167,10 @@ ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS paused_at        timestamptz,
 	ADD COLUMN IF NOT EXISTS pause_reason     varchar(255),
 	ADD COLUMN IF NOT EXISTS stop_generation  bigint,
-	ADD COLUMN IF NOT EXISTS stop_reason      varchar(255);
+	ADD COLUMN IF NOT EXISTS stop_reason      varchar(255),
+	ADD COLUMN IF NOT EXISTS acquired_at      timestamptz,
+	ADD COLUMN IF NOT EXISTS paused_by        varchar(255),
+	ADD COLUMN IF NOT EXISTS stop_by          varchar(255);
 CREATE TABLE IF NOT EXISTS job_lease_floor (
 	id         smallint PRIMARY KEY CHECK (id = 1),
 	generation bigint   NOT NULL

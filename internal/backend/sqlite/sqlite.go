@@ -101,6 +101,9 @@ var addedColumns = []backend.Column{
 	{Name: "pause_reason", DDL: "text"},
 	{Name: "stop_generation", DDL: "integer"},
 	{Name: "stop_reason", DDL: "text"},
+	{Name: "acquired_at", DDL: "datetime"},
+	{Name: "paused_by", DDL: "text"},
+	{Name: "stop_by", DDL: "text"},
 }
 
 // schema is the DDL of docs/sqlite.md. The datetime column type makes
@@ -122,7 +125,10 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	paused_at   datetime,
 	pause_reason text,
 	stop_generation integer,
-	stop_reason text
+	stop_reason text,
+	acquired_at datetime,
+	paused_by   text,
+	stop_by     text
 );
 CREATE TABLE IF NOT EXISTS job_lease_floor (
 	id         integer NOT NULL PRIMARY KEY CHECK (id = 1),
