@@ -384,7 +384,7 @@ type Row struct {
 // RowColumns are the columns of a lease row that Get, List and
 // ForceRelease read, in the order of Row.Columns.
 const RowColumns = "target_id, lease_token, generation, holder, updated_at, released_at," +
-	" saved_generation, saved_at, failure, timeout_ms, hold_generation, paused_at, pause_reason, stop_generation, stop_reason,"+
+	" saved_generation, saved_at, failure, timeout_ms, hold_generation, paused_at, pause_reason, stop_generation, stop_reason," +
 	" acquired_at, paused_by, stop_by"
 
 // Columns returns where to scan RowColumns into row.
