@@ -13,6 +13,10 @@ import (
 	"github.com/gormlease/gormlease/internal/heartbeat"
 )
 
+// DefaultStatementAttempts is the default of WithStatementAttempts, which
+// its doc says (5), for the tests.
+const DefaultStatementAttempts = defaultStatementAttempts
+
 // PostgresSchema exposes the PostgreSQL DDL to the black-box tests.
 var PostgresSchema = postgres.Schema
 

@@ -215,20 +215,20 @@ func WithSlots(n int) Option {
 	return option(func(c *config) { c.slots = n; c.slotsSet = true })
 }
 
-// DefaultStatementAttempts is how often a statement that meets a
+// defaultStatementAttempts is how often a statement that meets a
 // serialization failure or a deadlock is tried in all, unless
 // WithStatementAttempts says otherwise.
-const DefaultStatementAttempts = backend.StatementAttempts
+const defaultStatementAttempts = backend.StatementAttempts
 
-// MaxStatementAttempts bounds WithStatementAttempts.
-const MaxStatementAttempts = 100
+// maxStatementAttempts bounds WithStatementAttempts.
+const maxStatementAttempts = 100
 
 // WithStatementAttempts sets how often a single statement of the lease (an
 // acquire, a heartbeat, a release, the making of slot rows) is tried in all
 // when it fails with a serialization failure or a deadlock. After the last,
 // an acquire is refused with ErrLeaseHeld, and a heartbeat or release whose
 // row still holds the lease returns an error that wraps the failure. n is
-// from 1 to MaxStatementAttempts; the default is DefaultStatementAttempts.
+// from 1 to 100; the default is 5.
 func WithStatementAttempts(n int) RepositoryOption {
 	return repositoryOption(func(c *config) { c.attempts = n })
 }
@@ -270,7 +270,7 @@ func newConfig(opts []Option) (config, error) {
 		operationTimeout:  DefaultOperationTimeout,
 		holder:            defaultHolder(),
 		tables:            defaultTables,
-		attempts:          DefaultStatementAttempts,
+		attempts:          defaultStatementAttempts,
 	}
 	for i, o := range opts {
 		if o == nil {
@@ -342,8 +342,8 @@ func (c config) validate() error {
 		return invalidf("WithMinHold: min hold must be > 0, got %v", c.minHold)
 	case c.slotsSet && (c.slots < 1 || c.slots > MaxSlots):
 		return invalidf("WithSlots: n must be between 1 and %d, got %d", MaxSlots, c.slots)
-	case c.attempts < 1 || c.attempts > MaxStatementAttempts:
-		return invalidf("WithStatementAttempts: n must be between 1 and %d, got %d", MaxStatementAttempts, c.attempts)
+	case c.attempts < 1 || c.attempts > maxStatementAttempts:
+		return invalidf("WithStatementAttempts: n must be between 1 and %d, got %d", maxStatementAttempts, c.attempts)
 	}
 	if c.heartbeatDBSet && c.heartbeatDB == nil {
 		return invalidf("WithHeartbeatDB: db is nil")
