@@ -430,7 +430,7 @@ func (r *Runner[T]) heldError(targetID string, st backend.State) *HeldError {
 	if timeout <= 0 {
 		timeout = r.cfg.leaseTimeout
 	}
-	return newHeldError(targetID, backend.NewHeld(st.Holder, st.Generation, timeout, st.Age))
+	return newHeldError(targetID, backend.NewHeld(st.Holder, st.Generation, timeout, st.Age).Since(st.HeldFor, st.MinHold))
 }
 
 // waitSlotFree is waitEnded for a Runner with slots: it waits until a read

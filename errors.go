@@ -70,15 +70,43 @@ var (
 
 // HeldError is the error of an acquire refused by a live lease: it matches
 // ErrLeaseHeld, and describes the lease (with WithSlots, the slot that frees
-// first) as the refusing statement saw it. RunWait, Do and Elector.Lead wrap
-// it with their context's error when that ends while they wait. An HTTP
-// handler can answer 409 Conflict with a Retry-After of ExpiresIn, rounded
-// up: the lease may end sooner (released) or later (renewed).
+// first) as the refusing statement saw it, on the database's clock, with no
+// statement of its own. RunWait, Do and Elector.Lead wrap it with their
+// context's error when that ends while they wait. An HTTP handler answers
+// 409 Conflict with Retry-After: int(RetryAfter().Seconds()).
 type HeldError struct {
 	Target     string        // the target asked for
 	Holder     string        // the live lease's holder (WithHolder)
 	Generation int64         // the live lease's generation
 	ExpiresIn  time.Duration // how long it lives without another heartbeat, on the database's clock
+	// HeldFor is how long the lease has been held, since the acquire that
+	// began its generation, on the database's clock; 0 when the row does
+	// not record it (a row acquired before the acquired_at column existed).
+	HeldFor time.Duration
+
+	// minHold reports that the holder has ended its work and only a
+	// minimum hold (WithMinHold) keeps the lease, for ExpiresIn.
+	minHold bool
+}
+
+// RetryAfter is a wait to tell a client that was refused, derived from
+// what the row records, in whole seconds: as long again as the holder has
+// held the lease so far (HeldFor), at least 1 s, and at most ExpiresIn
+// rounded up (at least 1 s), which the lease cannot outlive without another
+// heartbeat. Under a minimum hold (WithMinHold, Repository.Hold), which
+// lasts exactly ExpiresIn, it is ExpiresIn rounded up. A job that usually
+// takes seconds is so retried after seconds, not after the lease timeout,
+// while its holder is alive and renewing it; a row that does not record
+// HeldFor gives 1 s. The lease may still end sooner (released) or later
+// (renewed again).
+func (e *HeldError) RetryAfter() time.Duration {
+	limit := max(e.ExpiresIn, time.Second)
+	limit = (limit + time.Second - 1) / time.Second * time.Second
+	if e.minHold {
+		return limit
+	}
+	wait := (max(e.HeldFor, time.Second) + time.Second - 1) / time.Second * time.Second
+	return min(wait, limit)
 }
 
 // Error says which target is held, by whom, at which generation, and for
@@ -100,7 +128,8 @@ func (e *HeldError) Unwrap() error { return ErrLeaseHeld }
 
 // newHeldError is the HeldError of an acquire of targetID refused by h.
 func newHeldError(targetID string, h *backend.Held) *HeldError {
-	return &HeldError{Target: targetID, Holder: h.Holder, Generation: h.Generation, ExpiresIn: h.ExpiresIn}
+	return &HeldError{Target: targetID, Holder: h.Holder, Generation: h.Generation, ExpiresIn: h.ExpiresIn, HeldFor: h.HeldFor,
+		minHold: h.MinHold}
 }
 
 // PausedError is the error of an acquire refused because its target is

@@ -15,9 +15,9 @@ import (
 	"github.com/gormlease/gormlease"
 )
 
-// A refused Run says who holds the target and for how long, with no
-// round trip of its own: enough for an HTTP handler to answer 409 Conflict
-// with a Retry-After. Here pod-a holds the lease through a Repository, as
+// A refused Run says who holds the target, since when and until when, with
+// no round trip of its own: enough for an HTTP handler to answer 409
+// Conflict with a Retry-After from RetryAfter. Here pod-a holds the lease through a Repository, as
 // another process's Run would, and pod-b's Run is refused.
 func ExampleHeldError() {
 	dir, err := os.MkdirTemp("", "gormlease-example")
@@ -55,9 +55,11 @@ func ExampleHeldError() {
 		func(*gorm.DB, string) error { return nil })
 	var held *gormlease.HeldError
 	if errors.As(err, &held) {
-		fmt.Printf("409 Conflict: %q in progress on %s (generation %d), retry in about %v\n",
-			held.Target, held.Holder, held.Generation, held.ExpiresIn.Round(time.Minute))
+		// Retry-After: as long again as pod-a has held it, here just
+		// now, so 1 s; not the hour that its lease could still live.
+		fmt.Printf("409 Conflict: %q in progress on %s (generation %d), Retry-After: %d\n",
+			held.Target, held.Holder, held.Generation, int(held.RetryAfter().Seconds()))
 	}
 	// Output:
-	// 409 Conflict: "report:user-42" in progress on pod-a (generation 1), retry in about 1h0m0s
+	// 409 Conflict: "report:user-42" in progress on pod-a (generation 1), Retry-After: 1
 }

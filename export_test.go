@@ -17,6 +17,12 @@ import (
 // its doc says (5), for the tests.
 const DefaultStatementAttempts = defaultStatementAttempts
 
+// NewHeldError is a HeldError of target that expires in expires, held for
+// heldFor, under a minimum hold or not.
+func NewHeldError(target string, expires, heldFor time.Duration, minHold bool) *HeldError {
+	return &HeldError{Target: target, ExpiresIn: expires, HeldFor: heldFor, minHold: minHold}
+}
+
 // PostgresSchema exposes the PostgreSQL DDL to the black-box tests.
 var PostgresSchema = postgres.Schema
 

@@ -461,7 +461,7 @@ func (r *Repository) slotsRefused(ctx context.Context, targetID string, n int) (
 		case !row.Live:
 			again = true
 		default:
-			if h := backend.NewHeld(row.Holder, row.Generation, row.Timeout, row.Age); first == nil || h.ExpiresIn < first.ExpiresIn {
+			if h := backend.NewHeld(row.Holder, row.Generation, row.Timeout, row.Age).Since(row.HeldFor, row.MinHold); first == nil || h.ExpiresIn < first.ExpiresIn {
 				first = h
 			}
 		}

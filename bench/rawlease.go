@@ -21,7 +21,8 @@ const (
 	rawAcquireSQL = `
 WITH cur AS (
 	SELECT generation, holder, released_at IS NULL AS unreleased, clock_timestamp() - updated_at AS age,
-		COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) AS micros, paused_at IS NOT NULL AS paused, pause_reason
+		COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) AS micros, paused_at IS NOT NULL AS paused, pause_reason,
+		clock_timestamp() - acquired_at AS held, COALESCE(hold_generation = generation, false) AS minhold
 	FROM raw_lease WHERE target_id = CAST($1 AS varchar)
 ), took AS (
 UPDATE raw_lease AS l SET
@@ -29,6 +30,7 @@ UPDATE raw_lease AS l SET
 	generation  = l.generation + 1,
 	holder      = CAST($3 AS varchar),
 	updated_at  = clock_timestamp(),
+	acquired_at = clock_timestamp(),
 	released_at = NULL,
 	failure     = NULL,
 	waiting     = false,
@@ -39,16 +41,17 @@ WHERE l.target_id = CAST($1 AS varchar)
   AND (CAST($5 AS bigint) < 0 OR (l.generation = $5 AND (NOT CAST($7 AS boolean) OR l.released_at IS NULL)))
 RETURNING l.generation
 ), ins AS (
-	INSERT INTO raw_lease (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+	INSERT INTO raw_lease (target_id, lease_token, generation, holder, updated_at, acquired_at, released_at, timeout_ms)
 	SELECT CAST($1 AS varchar), CAST($2 AS uuid),
 		COALESCE((SELECT generation FROM raw_lease_floor WHERE id = 1), 0) + 1,
-		CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
+		CAST($3 AS varchar), clock_timestamp(), clock_timestamp(), NULL, CAST($6 AS bigint)
 	WHERE NOT EXISTS (SELECT 1 FROM cur) AND CAST($5 AS bigint) <= 0
 	ON CONFLICT (target_id) DO NOTHING
 	RETURNING generation
 )
 SELECT COALESCE((SELECT generation FROM took), (SELECT generation FROM ins)), cur.holder, cur.generation, COALESCE(cur.unreleased AND cur.age <= cur.micros * interval '1 microsecond', false),
-	CAST(EXTRACT(EPOCH FROM cur.age) AS double precision), cur.micros, COALESCE(cur.paused, false), cur.pause_reason
+	CAST(EXTRACT(EPOCH FROM cur.age) AS double precision), cur.micros, COALESCE(cur.paused, false), cur.pause_reason,
+	CAST(EXTRACT(EPOCH FROM cur.held) AS double precision), COALESCE(cur.minhold, false)
 FROM (VALUES (1)) AS one (x) LEFT JOIN cur ON true`
 	rawRelease     = `UPDATE raw_lease SET released_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
 	rawSaveRelease = `UPDATE raw_lease SET released_at = clock_timestamp(), saved_generation = generation, saved_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`

@@ -269,13 +269,20 @@ type Acquired struct {
 }
 
 // Held is a live lease, as a statement read it, with its remaining life
-// on the database's clock.
+// and the time since its acquisition on the database's clock.
 type Held struct {
 	Holder     string
 	Generation int64
 	// ExpiresIn is how long the lease lives without another heartbeat:
 	// within (0, its timeout].
 	ExpiresIn time.Duration
+	// HeldFor is how long the generation has been held, since its
+	// acquisition (acquired_at); 0 when the row does not record it.
+	HeldFor time.Duration
+	// MinHold reports that the holder has ended its work and the lease
+	// is only a minimum hold (hold_generation is the row's generation):
+	// it lasts ExpiresIn, with no heartbeat to renew it.
+	MinHold bool
 }
 
 // NewHeld is the Held of a live lease of holder at generation, whose
@@ -285,6 +292,14 @@ type Held struct {
 // databases record, and at most timeout.
 func NewHeld(holder string, generation int64, timeout, age time.Duration) *Held {
 	return &Held{Holder: holder, Generation: generation, ExpiresIn: min(max(timeout-age, time.Microsecond), timeout)}
+}
+
+// Since records in h that its generation was acquired heldFor ago, on
+// the database's clock (0, or less, when the row does not record it), and
+// whether the lease is a minimum hold; it returns h.
+func (h *Held) Since(heldFor time.Duration, minHold bool) *Held {
+	h.HeldFor, h.MinHold = max(heldFor, 0), minHold
+	return h
 }
 
 // SlotArgs are the values of one AcquireSlot.
@@ -313,6 +328,11 @@ type SlotRow struct {
 	// the pause's reason.
 	Paused      bool
 	PauseReason string
+	// HeldFor is the time since the generation's acquisition (0 when the
+	// row does not record it), and MinHold whether the lease is a minimum
+	// hold (see Held).
+	HeldFor time.Duration
+	MinHold bool
 }
 
 // A semaphore's slots are lease rows of their own, one per slot, keyed by
@@ -441,6 +461,12 @@ type State struct {
 	// stop (RequestStop): a generation released so was given up, not
 	// failed, and its waiters take over rather than share its failure.
 	Stopped bool
+	// HeldFor is the time since the generation's acquisition
+	// (acquired_at), 0 when the row does not record it; MinHold reports
+	// that its holder ended its work and holds the row for a minimum hold
+	// (see Held).
+	HeldFor time.Duration
+	MinHold bool
 	// Read is when the read's answer came, on this process's clock: the
 	// database took its ages (Age, SavedAge) before then. It is set by the
 	// waiters' reads (internal/wait, Runner.Do), and zero elsewhere.

@@ -473,8 +473,10 @@ func TimeoutMillis(d time.Duration) int64 {
 
 // ScanState scans a waiter's state from a row of generation, released,
 // saved generation, failure, age, saved age, waiting, timeout_ms, holder,
-// whether it is paused and the pause's reason, and whether its generation
-// was asked to stop, in that order, as each backend's State selects them.
+// whether it is paused and the pause's reason, whether its generation
+// was asked to stop, the seconds since its acquisition (NULL when the row
+// records none) and whether it is a minimum hold (HoldFor), in that
+// order, as each backend's State selects them.
 func ScanState(ctx context.Context, db *gorm.DB, query, targetID string) (State, error) {
 	var (
 		st            State
@@ -482,10 +484,11 @@ func ScanState(ctx context.Context, db *gorm.DB, query, targetID string) (State,
 		age, savedAge sql.NullFloat64
 		timeoutMS     sql.NullInt64
 		reason        sql.NullString
+		heldFor       sql.NullFloat64
 	)
 	found, err := QueryRow(ctx, db, query, []any{targetID},
 		&st.Generation, &st.Released, &st.SavedGeneration, &failure, &age, &savedAge, &st.Waiting, &timeoutMS, &st.Holder,
-		&st.Paused, &reason, &st.Stopped)
+		&st.Paused, &reason, &st.Stopped, &heldFor, &st.MinHold)
 	if err != nil || !found {
 		return State{}, err
 	}
@@ -498,6 +501,7 @@ func ScanState(ctx context.Context, db *gorm.DB, query, targetID string) (State,
 		st.SavedAge = Seconds(savedAge.Float64)
 	}
 	st.Timeout = time.Duration(timeoutMS.Int64) * time.Millisecond
+	st.HeldFor = max(Seconds(heldFor.Float64), 0)
 	return st, nil
 }
 
@@ -507,13 +511,19 @@ func in(n int) string {
 }
 
 // slotColumns are what SlotRows and SetSlots read of a slot row: with its
-// state, its lease and age, so that a refused AcquireSlot tells which slot
-// frees first without another read.
+// state, its lease and age, the time since its acquisition and whether it
+// is a minimum hold, so that a refused AcquireSlot tells which slot frees
+// first without another read.
 func (c *Common) slotColumns() string {
 	age := c.d.SecondsSince("updated_at")
 	return "target_id, COALESCE(slots, 0), " + StateExpr(age) + " = 'live', holder, generation, COALESCE(timeout_ms, 0), " + age +
-		", paused_at IS NOT NULL, COALESCE(pause_reason, '')"
+		", paused_at IS NOT NULL, COALESCE(pause_reason, ''), " + c.d.SecondsSince("acquired_at") + ", " + MinHoldExpr
 }
+
+// MinHoldExpr is an SQL expression for whether a lease row is a minimum
+// hold (HoldFor): its holder ended its work and recorded the hold for the
+// row's generation. It is never NULL.
+const MinHoldExpr = "COALESCE(hold_generation = generation, false)"
 
 // ScanSlots reads, and closes, the rows of SlotRowsQuery's statement.
 func ScanSlots(rows *sql.Rows) ([]SlotRow, error) {
@@ -525,14 +535,17 @@ func ScanSlots(rows *sql.Rows) ([]SlotRow, error) {
 			r         SlotRow
 			timeoutMS int64
 			age       sql.NullFloat64
+			heldFor   sql.NullFloat64
 		)
-		if err := rows.Scan(&key, &r.Slots, &r.Live, &r.Holder, &r.Generation, &timeoutMS, &age, &r.Paused, &r.PauseReason); err != nil {
+		if err := rows.Scan(&key, &r.Slots, &r.Live, &r.Holder, &r.Generation, &timeoutMS, &age, &r.Paused, &r.PauseReason,
+			&heldFor, &r.MinHold); err != nil {
 			return nil, err
 		}
 		if _, slot, ok := ParseSlotKey(key); ok {
 			r.Slot = slot
 			r.Timeout = time.Duration(timeoutMS) * time.Millisecond
 			r.Age = Seconds(age.Float64)
+			r.HeldFor = max(Seconds(heldFor.Float64), 0)
 			out = append(out, r)
 		}
 	}

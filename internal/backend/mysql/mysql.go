@@ -80,7 +80,7 @@ func New(t backend.Tables) *Backend {
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	TIMESTAMPDIFF(MICROSECOND, updated_at, UTC_TIMESTAMP(6)) / 1e6,
 	TIMESTAMPDIFF(MICROSECOND, saved_at, UTC_TIMESTAMP(6)) / 1e6, false, timeout_ms, holder, paused_at IS NOT NULL, pause_reason,
-	COALESCE(stop_generation = generation, false)
+	COALESCE(stop_generation = generation, false), TIMESTAMPDIFF(MICROSECOND, acquired_at, UTC_TIMESTAMP(6)) / 1e6, ` + backend.MinHoldExpr + `
 FROM ` + t.Lease + ` WHERE target_id = ?`,
 	}
 }
@@ -220,6 +220,7 @@ const takeOverSQL = `UPDATE job_lease SET
 	generation  = LAST_INSERT_ID(generation + 1),
 	holder      = ?,
 	updated_at  = UTC_TIMESTAMP(6),
+	acquired_at = UTC_TIMESTAMP(6),
 	released_at = NULL,
 	failure     = NULL,
 	timeout_ms  = ?
@@ -234,11 +235,13 @@ WHERE target_id = ?
 // holder, the generation, whether it is still live and its age in
 // microseconds, and its timeout in microseconds (the caller's, its one
 // argument after the target, for a row that records none), whether it is
-// paused, and the pause's reason.
+// paused, the pause's reason, the microseconds since its acquisition
+// (NULL when it records none), and whether it is a minimum hold.
 const heldSQL = `SELECT holder, generation,
 	released_at IS NULL AND updated_at >= UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND,
 	TIMESTAMPDIFF(MICROSECOND, updated_at, UTC_TIMESTAMP(6)), COALESCE(timeout_ms * 1000, ?),
-	paused_at IS NOT NULL, COALESCE(pause_reason, '')
+	paused_at IS NOT NULL, COALESCE(pause_reason, ''),
+	TIMESTAMPDIFF(MICROSECOND, acquired_at, UTC_TIMESTAMP(6)), ` + backend.MinHoldExpr + `
 FROM job_lease WHERE target_id = ?`
 
 // insertSQL creates the row of a target never acquired before, or whose
@@ -250,8 +253,8 @@ FROM job_lease WHERE target_id = ?`
 // also let through values that do not fit, but Acquire has checked them
 // against the columns' sizes.
 const insertSQL = `INSERT IGNORE INTO job_lease
-	(target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
-SELECT ?, ?, LAST_INSERT_ID(COALESCE(MAX(generation), 0) + 1), ?, UTC_TIMESTAMP(6), NULL, ?
+	(target_id, lease_token, generation, holder, updated_at, acquired_at, released_at, timeout_ms)
+SELECT ?, ?, LAST_INSERT_ID(COALESCE(MAX(generation), 0) + 1), ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, ?
 FROM job_lease_floor`
 
 // Server is what Backend knows of its server, which it asks once.
@@ -352,7 +355,9 @@ const takenSQL = "job_lease.lease_token = VALUES(lease_token)"
 //     changed nothing: its token says whether the acquire took it, and for
 //     a refusal it is the lease that refused: the holder, the generation,
 //     whether it is live, its age and timeout in microseconds, whether it
-//     is paused and the pause's reason.
+//     is paused and the pause's reason, the microseconds since its
+//     acquisition (NULL when it records none) and whether it is a minimum
+//     hold.
 //
 // The INSERT reads the floor as every INSERT ... SELECT does under
 // REPEATABLE READ, with a shared lock, so that a Prune, which locks the
@@ -363,8 +368,8 @@ const takenSQL = "job_lease.lease_token = VALUES(lease_token)"
 // acquire from a generation above 0 must never make a row, which this
 // statement cannot promise: it is takeOverSQL's.
 const upsertSQL = `INSERT INTO job_lease
-	(target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
-SELECT ?, ?, COALESCE(MAX(generation), 0) + 1, ?, UTC_TIMESTAMP(6), NULL, ?
+	(target_id, lease_token, generation, holder, updated_at, acquired_at, released_at, timeout_ms)
+SELECT ?, ?, COALESCE(MAX(generation), 0) + 1, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), NULL, ?
 FROM job_lease_floor
 ON DUPLICATE KEY UPDATE
 	lease_token = IF(job_lease.paused_at IS NULL
@@ -374,13 +379,15 @@ ON DUPLICATE KEY UPDATE
 	generation  = IF(` + takenSQL + `, job_lease.generation + 1, job_lease.generation),
 	holder      = IF(` + takenSQL + `, VALUES(holder), job_lease.holder),
 	updated_at  = IF(` + takenSQL + `, VALUES(updated_at), job_lease.updated_at),
+	acquired_at = IF(` + takenSQL + `, VALUES(acquired_at), job_lease.acquired_at),
 	released_at = IF(` + takenSQL + `, NULL, job_lease.released_at),
 	failure     = IF(` + takenSQL + `, NULL, job_lease.failure),
 	timeout_ms  = IF(` + takenSQL + `, VALUES(timeout_ms), job_lease.timeout_ms)
 RETURNING lease_token, generation, holder,
 	released_at IS NULL AND updated_at >= UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND,
 	TIMESTAMPDIFF(MICROSECOND, updated_at, UTC_TIMESTAMP(6)), COALESCE(timeout_ms * 1000, ?),
-	paused_at IS NOT NULL, COALESCE(pause_reason, '')`
+	paused_at IS NOT NULL, COALESCE(pause_reason, ''),
+	TIMESTAMPDIFF(MICROSECOND, acquired_at, UTC_TIMESTAMP(6)), ` + backend.MinHoldExpr
 
 // Acquire takes the lease. On MariaDB 10.5 or later (Server) every acquire
 // but one from a generation above 0 is upsertSQL, one statement whatever
@@ -423,11 +430,12 @@ func (b *Backend) upsert(ctx context.Context, db *gorm.DB, a backend.AcquireArgs
 	r := new(struct {
 		token, holder, reason  string
 		generation, age, limit int64
-		live, paused           bool
+		live, paused, minHold  bool
+		heldFor                sql.NullInt64
 	})
 	found, err := backend.QueryRow(ctx, db, b.upsertSQL,
 		[]any{a.TargetID, token, a.Holder, backend.TimeoutMillis(a.Timeout), micros, a.From, a.From, micros, micros},
-		&r.token, &r.generation, &r.holder, &r.live, &r.age, &r.limit, &r.paused, &r.reason)
+		&r.token, &r.generation, &r.holder, &r.live, &r.age, &r.limit, &r.paused, &r.reason, &r.heldFor, &r.minHold)
 	switch {
 	case err != nil:
 		return backend.Acquired{}, fmt.Errorf("acquire: %w", err)
@@ -441,7 +449,8 @@ func (b *Backend) upsert(ctx context.Context, db *gorm.DB, a backend.AcquireArgs
 		got.PauseReason = r.reason
 	}
 	if r.live {
-		got.Held = backend.NewHeld(r.holder, r.generation, time.Duration(r.limit)*time.Microsecond, time.Duration(r.age)*time.Microsecond)
+		got.Held = backend.NewHeld(r.holder, r.generation, time.Duration(r.limit)*time.Microsecond, time.Duration(r.age)*time.Microsecond).
+			Since(time.Duration(r.heldFor.Int64)*time.Microsecond, r.minHold)
 	}
 	return got, nil
 }
@@ -507,18 +516,20 @@ func (b *Backend) acquireUpdate(ctx context.Context, db *gorm.DB, a backend.Acqu
 // acquire was refused either way.
 func (b *Backend) held(ctx context.Context, db *gorm.DB, targetID string, micros int64) (backend.Acquired, error) {
 	var (
-		holder, reason    string
-		gen, age, timeout int64
-		live, paused      bool
+		holder, reason        string
+		gen, age, timeout     int64
+		live, paused, minHold bool
+		heldFor               sql.NullInt64
 	)
 	found, err := backend.QueryRow(ctx, db, b.heldSQL, []any{micros, micros, targetID}, &holder, &gen, &live, &age, &timeout,
-		&paused, &reason)
+		&paused, &reason, &heldFor, &minHold)
 	if err != nil || !found {
 		return backend.Acquired{}, nil // refused all the same: the read only says by whom
 	}
 	got := backend.Acquired{Paused: paused, PauseReason: reason}
 	if live {
-		got.Held = backend.NewHeld(holder, gen, time.Duration(timeout)*time.Microsecond, time.Duration(age)*time.Microsecond)
+		got.Held = backend.NewHeld(holder, gen, time.Duration(timeout)*time.Microsecond, time.Duration(age)*time.Microsecond).
+			Since(time.Duration(heldFor.Int64)*time.Microsecond, minHold)
 	}
 	return got, nil
 }
@@ -576,6 +587,7 @@ const slotSQL = `UPDATE job_lease SET
 	generation  = LAST_INSERT_ID((generation + 1) * ` + slotFactorSQL + ` + CAST(SUBSTRING(target_id, ?) AS UNSIGNED)) DIV ` + slotFactorSQL + `,
 	holder      = ?,
 	updated_at  = UTC_TIMESTAMP(6),
+	acquired_at = UTC_TIMESTAMP(6),
 	released_at = NULL,
 	failure     = NULL,
 	timeout_ms  = ?

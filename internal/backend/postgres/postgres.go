@@ -67,7 +67,7 @@ func New(t backend.Tables) *Backend {
 		slotSQL:      t.Expand(slotSQL),
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	EXTRACT(EPOCH FROM clock_timestamp() - updated_at), EXTRACT(EPOCH FROM clock_timestamp() - saved_at), waiting, timeout_ms, holder, paused_at IS NOT NULL, pause_reason,
-	COALESCE(stop_generation = generation, false)
+	COALESCE(stop_generation = generation, false), EXTRACT(EPOCH FROM clock_timestamp() - acquired_at), ` + backend.MinHoldExpr + `
 FROM ` + t.Lease + ` WHERE target_id = $1`,
 		readSavedSQL: `SELECT COALESCE(saved_generation, 0), lease_token, released_at IS NOT NULL FROM ` + t.Lease +
 			` WHERE target_id = $1 FOR UPDATE`,
@@ -267,13 +267,16 @@ RETURNING l.generation`
 // takeOverSetSQL is the SET list of every takeover, of a target's row
 // (TakeOverSQL) or of a slot's (slotSQL): a fresh token ($2), the next
 // generation, the caller's holder name ($3) and timeout in milliseconds
-// ($6), the database's time, and the last lease's release, failure and
-// waiters cleared. A column that a takeover sets is added here, once.
+// ($6), the database's time as the last heartbeat and as the acquisition
+// of the new generation (acquired_at, "held since"), and the last lease's
+// release, failure and waiters cleared. A column that a takeover sets is
+// added here, once.
 const takeOverSetSQL = `
 	lease_token = CAST($2 AS uuid),
 	generation  = l.generation + 1,
 	holder      = CAST($3 AS varchar),
 	updated_at  = clock_timestamp(),
+	acquired_at = clock_timestamp(),
 	released_at = NULL,
 	failure     = NULL,
 	waiting     = false,
@@ -292,12 +295,14 @@ const freeSQL = `(paused_at IS NULL AND (released_at IS NOT NULL
 // unreleased, its age on the database's clock (one reading of
 // clock_timestamp(), which judges the row and measures what is left of it
 // alike), and its timeout in microseconds, the caller's for a row that
-// records none, and whether it is paused, with the pause's reason. Its
-// arguments are the target ($1) and the caller's timeout in microseconds
-// ($4).
+// records none, and whether it is paused, with the pause's reason, the
+// time since its acquisition (NULL when it records none), and whether it
+// is a minimum hold. Its arguments are the target ($1) and the caller's
+// timeout in microseconds ($4).
 const curSQL = `cur AS (
 	SELECT generation, holder, released_at IS NULL AS unreleased, clock_timestamp() - updated_at AS age,
-		COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) AS micros, paused_at IS NOT NULL AS paused, pause_reason
+		COALESCE(timeout_ms * 1000, CAST($4 AS bigint)) AS micros, paused_at IS NOT NULL AS paused, pause_reason,
+		clock_timestamp() - acquired_at AS held, ` + backend.MinHoldExpr + ` AS minhold
 	FROM job_lease WHERE target_id = CAST($1 AS varchar)
 )`
 
@@ -312,9 +317,11 @@ const pausedSQL = `COALESCE(cur.paused, false)`
 // (NULL when it took nothing), on one row whatever it did: the row that cur
 // read: holder, generation, whether it is live, its age in seconds and its
 // timeout in microseconds (NULLs without a row), whether it is paused and
-// the pause's reason.
+// the pause's reason, the seconds since its acquisition ("held for", NULL
+// when it records none) and whether it is a minimum hold.
 const refusalSQL = `cur.holder, cur.generation, ` + liveSQL + `,
-	CAST(EXTRACT(EPOCH FROM cur.age) AS double precision), cur.micros, ` + pausedSQL + `, cur.pause_reason
+	CAST(EXTRACT(EPOCH FROM cur.age) AS double precision), cur.micros, ` + pausedSQL + `, cur.pause_reason,
+	CAST(EXTRACT(EPOCH FROM cur.held) AS double precision), COALESCE(cur.minhold, false)
 FROM (VALUES (1)) AS one (x) LEFT JOIN cur ON true`
 
 // AcquireSQL is every acquire of a target, in one statement and one round
@@ -344,10 +351,10 @@ FROM (VALUES (1)) AS one (x) LEFT JOIN cur ON true`
 const AcquireSQL = `
 WITH ` + curSQL + `, took AS (` + TakeOverSQL + `
 ), ins AS (
-	INSERT INTO job_lease (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
+	INSERT INTO job_lease (target_id, lease_token, generation, holder, updated_at, acquired_at, released_at, timeout_ms)
 	SELECT CAST($1 AS varchar), CAST($2 AS uuid),
 		COALESCE((SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1,
-		CAST($3 AS varchar), clock_timestamp(), NULL, CAST($6 AS bigint)
+		CAST($3 AS varchar), clock_timestamp(), clock_timestamp(), NULL, CAST($6 AS bigint)
 	WHERE NOT EXISTS (SELECT 1 FROM cur) AND CAST($5 AS bigint) <= 0
 	ON CONFLICT (target_id) DO NOTHING
 	RETURNING generation
@@ -426,13 +433,15 @@ func (b *Backend) acquireAnswer(ctx context.Context, db *gorm.DB, query string, 
 	a := new(struct {
 		taken, generation, micros sql.NullInt64
 		holder, reason            sql.NullString
-		live, paused              bool
-		age                       sql.NullFloat64
+		live, paused, minHold     bool
+		age, heldFor              sql.NullFloat64
 	})
-	if _, err := backend.QueryRow(ctx, db, query, args, &a.taken, &a.holder, &a.generation, &a.live, &a.age, &a.micros, &a.paused, &a.reason); err != nil {
+	if _, err := backend.QueryRow(ctx, db, query, args, &a.taken, &a.holder, &a.generation, &a.live, &a.age, &a.micros, &a.paused, &a.reason,
+		&a.heldFor, &a.minHold); err != nil {
 		return backend.Acquired{}, false, false, err
 	}
 	taken, generation, micros, holder, reason, live, paused, age := a.taken, a.generation, a.micros, a.holder, a.reason, a.live, a.paused, a.age
+	since := backend.Seconds(a.heldFor.Float64)
 	switch {
 	case taken.Valid:
 		return backend.Acquired{Taken: true, Generation: taken.Int64}, true, false, nil
@@ -440,7 +449,7 @@ func (b *Backend) acquireAnswer(ctx context.Context, db *gorm.DB, query string, 
 		got := backend.Acquired{Paused: true, PauseReason: reason.String}
 		if live {
 			timeout := time.Duration(micros.Int64) * time.Microsecond
-			got.Held = backend.NewHeld(holder.String, generation.Int64, timeout, backend.Seconds(age.Float64))
+			got.Held = backend.NewHeld(holder.String, generation.Int64, timeout, backend.Seconds(age.Float64)).Since(since, a.minHold)
 		}
 		return got, true, false, nil
 	case !live:
@@ -451,7 +460,7 @@ func (b *Backend) acquireAnswer(ctx context.Context, db *gorm.DB, query string, 
 		return backend.Acquired{}, generation.Valid, raced, nil
 	}
 	timeout := time.Duration(micros.Int64) * time.Microsecond
-	return backend.Acquired{Held: backend.NewHeld(holder.String, generation.Int64, timeout, backend.Seconds(age.Float64))}, true, false, nil
+	return backend.Acquired{Held: backend.NewHeld(holder.String, generation.Int64, timeout, backend.Seconds(age.Float64)).Since(since, a.minHold)}, true, false, nil
 }
 
 // slotSQL takes a free slot in one statement. The subquery picks one of

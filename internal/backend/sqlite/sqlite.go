@@ -77,7 +77,7 @@ func New(t backend.Tables) *Backend {
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	(julianday('now') - julianday(updated_at)) * 86400.0,
 	(julianday('now') - julianday(saved_at)) * 86400.0, 0, timeout_ms, holder, paused_at IS NOT NULL, pause_reason,
-	COALESCE(stop_generation = generation, false)
+	COALESCE(stop_generation = generation, false), (julianday('now') - julianday(acquired_at)) * 86400.0, ` + backend.MinHoldExpr + `
 FROM ` + t.Lease + ` WHERE target_id = ?`,
 	}
 }
@@ -165,8 +165,8 @@ func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
 // a generation that is gone. The statement holds the write lock from its
 // start, so no Prune can commit while it runs.
 const acquireSQL = `
-INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, released_at, timeout_ms)
-SELECT ?1, ?2, COALESCE((SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1, ?3, ` + now + `, NULL, ?6
+INSERT INTO job_lease AS l (target_id, lease_token, generation, holder, updated_at, acquired_at, released_at, timeout_ms)
+SELECT ?1, ?2, COALESCE((SELECT generation FROM job_lease_floor WHERE id = 1), 0) + 1, ?3, ` + now + `, ` + now + `, NULL, ?6
 WHERE NOT EXISTS (
 	SELECT 1 FROM job_lease
 	WHERE target_id = ?1 AND released_at IS NULL
@@ -177,6 +177,7 @@ ON CONFLICT (target_id) DO UPDATE SET
 	generation  = l.generation + 1,
 	holder      = excluded.holder,
 	updated_at  = excluded.updated_at,
+	acquired_at = excluded.acquired_at,
 	released_at = NULL,
 	failure     = NULL,
 	timeout_ms  = excluded.timeout_ms
@@ -189,12 +190,15 @@ RETURNING generation`
 // heldSQL reads the live lease, or the pause, that refused an acquire: the
 // holder, the generation, whether it is live, its age in seconds and its
 // timeout in seconds, the caller's (the second argument) for a row that
-// records none, whether it is paused and the pause's reason.
+// records none, whether it is paused and the pause's reason, the seconds
+// since its acquisition (NULL when it records none) and whether it is a
+// minimum hold.
 const heldSQL = `
 SELECT holder, generation,
 	released_at IS NULL AND (julianday('now') - julianday(updated_at)) * 86400.0 <= COALESCE(timeout_ms / 1000.0, ?2),
 	(julianday('now') - julianday(updated_at)) * 86400.0, COALESCE(timeout_ms / 1000.0, ?2),
-	paused_at IS NOT NULL, COALESCE(pause_reason, '')
+	paused_at IS NOT NULL, COALESCE(pause_reason, ''),
+	(julianday('now') - julianday(acquired_at)) * 86400.0, ` + backend.MinHoldExpr + `
 FROM job_lease WHERE target_id = ?1`
 
 // Acquire runs acquireSQL and, when it refused, heldSQL: SQLite's RETURNING
@@ -211,19 +215,21 @@ func (b *Backend) Acquire(ctx context.Context, db *gorm.DB, a backend.AcquireArg
 		return backend.Acquired{Taken: ok, Generation: generation}, err
 	}
 	var (
-		holder, reason string
-		live, paused   bool
-		age, timeout   float64
-		heldGeneration int64
+		holder, reason        string
+		live, paused, minHold bool
+		age, timeout          float64
+		heldFor               sql.NullFloat64
+		heldGeneration        int64
 	)
 	found, err := backend.QueryRow(ctx, db, b.heldSQL, []any{a.TargetID, a.Timeout.Seconds()}, &holder, &heldGeneration, &live,
-		&age, &timeout, &paused, &reason)
+		&age, &timeout, &paused, &reason, &heldFor, &minHold)
 	if err != nil || !found {
 		return backend.Acquired{}, nil // refused all the same: the read only says by whom
 	}
 	got := backend.Acquired{Paused: paused, PauseReason: reason}
 	if live {
-		got.Held = backend.NewHeld(holder, heldGeneration, backend.Seconds(timeout), backend.Seconds(age))
+		got.Held = backend.NewHeld(holder, heldGeneration, backend.Seconds(timeout), backend.Seconds(age)).
+			Since(backend.Seconds(heldFor.Float64), minHold)
 	}
 	return got, nil
 }
@@ -241,6 +247,7 @@ UPDATE job_lease SET
 	generation  = generation + 1,
 	holder      = ?3,
 	updated_at  = ` + now + `,
+	acquired_at = ` + now + `,
 	released_at = NULL,
 	failure     = NULL,
 	timeout_ms  = ?5
