@@ -25,7 +25,8 @@
 //     expire, and Run's error says so.
 //   - Only errors that say that the database cannot be reached right now, and
 //     serialization failures, are tried again; every call returns any other
-//     error at once.
+//     error at once: a missing table or column as ErrMissingTables, which
+//     Repository.CheckTables finds at startup.
 //
 // # What is not guaranteed
 //

@@ -62,6 +62,16 @@ var (
 	// match ErrLeaseLost.
 	ErrStopRequested = errors.New("gormlease: stop requested")
 
+	// ErrMissingTables: a table (the lease table, its generation floor, the
+	// result table) or a column that gormlease reads or writes does not
+	// exist. Every step of a Runner, an Elector or a Repository (and of
+	// admin.Operator) that meets one returns, at once and without retrying
+	// or waiting, an error that wraps it, names the table (and the column)
+	// when the database or the statement says which, and says how to make
+	// them: create the tables with AutoMigrate, or run `gormlease migrate`.
+	// Repository.CheckTables finds them all at startup.
+	ErrMissingTables = backend.ErrMissingTables
+
 	// ErrInvalidArgument is wrapped by every error about bad input: a bad
 	// target ID, a nil function or database, an option out of range or at
 	// odds with another. Nothing was written then.

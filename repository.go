@@ -693,6 +693,21 @@ func (r *Repository) readSaved(ctx context.Context, l Lease) (saved backend.Save
 	return r.backend.ReadSaved(ctx, r.db, l.row().TargetID)
 }
 
+// CheckTables is a startup check that the tables exist: it reads, in one
+// statement that reads no row, every column that gormlease uses of the
+// lease table, its generation floor and the result table (WithTableNames).
+// It returns nil when they all exist, and otherwise an error that wraps
+// ErrMissingTables and names every table and column missing: create them
+// with AutoMigrate, or run `gormlease migrate`. It writes nothing. Other
+// errors (a database out of reach) are returned as they are, without
+// retrying.
+func (r *Repository) CheckTables(ctx context.Context) error {
+	if err := r.backend.CheckTables(ctx, r.db); err != nil {
+		return wrapf(err, "check tables")
+	}
+	return nil
+}
+
 // Tables returns the names of the tables the Repository works on: the
 // lease table and the result table (see WithTableNames).
 func (r *Repository) Tables() (lease, result string) { return r.tables.lease, r.tables.result }

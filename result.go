@@ -7,6 +7,8 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
+
+	"github.com/gormlease/gormlease/internal/backend"
 )
 
 // ErrNoResult is returned by LoadJSON when no result was saved for the target.
@@ -37,7 +39,7 @@ func SaveJSON[T any](tx *gorm.DB, result T) error {
 		return invalidf("SaveJSON: result of %q has a NUL character (\\u0000 at byte %d of its JSON), which PostgreSQL's jsonb cannot store",
 			l.TargetID, at)
 	}
-	return tx.Table(v.tables.result).Clauses(clause.OnConflict{
+	err = tx.Table(v.tables.result).Clauses(clause.OnConflict{
 		Columns:   []clause.Column{{Name: "target_id"}},
 		DoUpdates: clause.AssignmentColumns([]string{"data", "generation", "updated_at"}),
 	}).Create(map[string]any{
@@ -46,6 +48,7 @@ func SaveJSON[T any](tx *gorm.DB, result T) error {
 		"generation": l.Generation,
 		"updated_at": gorm.Expr(b.Now()),
 	}).Error
+	return backend.MissingTablesIn(err, v.tables.result)
 }
 
 // jsonNUL returns the offset of the first \u0000 escape in the JSON text
@@ -86,7 +89,7 @@ func LoadJSON[T any](ctx context.Context, db *gorm.DB, targetID string, opts ...
 	}
 	var rows []JobResult
 	if err := db.WithContext(ctx).Table(cfg.tables.result).Where("target_id = ?", targetID).Limit(1).Find(&rows).Error; err != nil {
-		return value, JobResult{}, wrapf(err, "load result of %q", targetID)
+		return value, JobResult{}, wrapf(backend.MissingTablesIn(err, cfg.tables.result), "load result of %q", targetID)
 	}
 	if len(rows) == 0 {
 		return value, JobResult{}, wrapf(ErrNoResult, "load result of %q", targetID)

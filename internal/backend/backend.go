@@ -52,6 +52,10 @@ type Backend interface {
 	// Migrate creates the tables when they do not exist, and adds the
 	// columns that a table made by an earlier version lacks.
 	Migrate(ctx context.Context, db *gorm.DB) error
+	// CheckTables reads no row, but every column that the steps use, of
+	// every table: nil when they all exist, a *MissingTablesError that
+	// names each one missing otherwise. It writes nothing.
+	CheckTables(ctx context.Context, db *gorm.DB) error
 
 	// Acquire takes the lease on a.TargetID, in as few statements as the
 	// database allows, when there is no row, the row is released, or its

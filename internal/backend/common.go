@@ -55,6 +55,9 @@ type Dialect struct {
 	// InsertIgnore begins, and IgnoreSuffix ends, an INSERT that skips the
 	// rows whose key exists.
 	InsertIgnore, IgnoreSuffix string
+	// LeaseColumns are the lease table's columns that this database's
+	// statements alone use, each after ", ", for CheckTables.
+	LeaseColumns string
 }
 
 // Common is the part of a Backend that is the same SQL on every database,

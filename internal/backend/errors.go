@@ -141,7 +141,8 @@ func AnsweredByServer(err error) bool {
 //     for, and its "interrupted", a statement whose context ended.
 //
 // Every other error is one that waiting cannot cure, and the step returns it
-// at once: any other answer of the server (a missing table, bad SQL, a
+// at once: any other answer of the server (a missing table or column, which
+// the statements return as a *MissingTablesError, bad SQL, a
 // permission, a serialization failure, which the steps retry apart from
 // this), SQLite's other errors ("no such table", bad SQL), and a pool that
 // was closed (sql: database is closed, sql.ErrConnDone), which an error of
@@ -153,7 +154,7 @@ func AnsweredByServer(err error) bool {
 // commit).
 func Unreachable(err error) bool {
 	switch {
-	case err == nil, poolClosed(err):
+	case err == nil, poolClosed(err), errors.Is(err, ErrMissingTables):
 		return false
 	case AnsweredByServer(err):
 		state := SQLState(err)

@@ -55,6 +55,10 @@ func InTx(db *gorm.DB) bool {
 
 // Exec runs query, a statement that returns no rows, and returns its result
 // and the number of rows it affected.
+//
+// Exec, ExecOn, QueryRow and Query return the error of a statement that met
+// a missing table or column as a *MissingTablesError (see MissingTables),
+// so that every step, and the admin package's, reports it alike.
 func Exec(ctx context.Context, db *gorm.DB, query string, args ...any) (sql.Result, int64, error) {
 	pool, err := ConnPool(db)
 	if err != nil {
@@ -77,7 +81,7 @@ func ExecOn(ctx context.Context, db *gorm.DB, pool gorm.ConnPool, query string, 
 	if end != nil {
 		end(err)
 	}
-	return res, rows, err
+	return res, rows, MissingTables(err, query)
 }
 
 // QueryRow runs query, a statement that returns at most one row, and scans
@@ -110,7 +114,7 @@ func QueryRow(ctx context.Context, db *gorm.DB, query string, args []any, dest .
 	if end != nil {
 		end(err)
 	}
-	return found, err
+	return found, MissingTables(err, query)
 }
 
 // scanFirst scans the first of rows, if any, into dest and closes rows, as
@@ -140,7 +144,7 @@ func Query(ctx context.Context, db *gorm.DB, query string, args ...any) (*sql.Ro
 	if end != nil {
 		end(err) // when the query has answered; reading its rows is not counted
 	}
-	return rows, err
+	return rows, MissingTables(err, query)
 }
 
 // StartStatement starts the span of query, on db, for a statement that a

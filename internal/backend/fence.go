@@ -295,7 +295,7 @@ func (c *Common) LockRead(ctx context.Context, tx *gorm.DB, l Lease) (bool, erro
 	err := Quiet(tx.WithContext(ctx)).Table(c.tables.Lease).Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).
 		Where("target_id = ?", l.TargetID).Limit(1).Find(&rows).Error
 	if err != nil {
-		return false, err
+		return false, MissingTablesIn(err, c.tables.Lease)
 	}
 	return len(rows) == 1 && rows[0].LeaseToken == l.Token && rows[0].ReleasedAt == nil, nil
 }

@@ -126,6 +126,7 @@ func dialect(t backend.Tables) backend.Dialect {
 		SlotsTx:      &sql.TxOptions{Isolation: sql.LevelReadCommitted},
 		InsertIgnore: "INSERT INTO",
 		IgnoreSuffix: " ON CONFLICT (target_id) DO NOTHING",
+		LeaseColumns: ", waiting",
 	}
 }
 
