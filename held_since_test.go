@@ -81,7 +81,7 @@ func TestAcquire_RecordsHeldSince(t *testing.T) {
 		requireAcquiredNow(t, s, db, target, "released row, acquired again")
 		backdateAcquired(t, s, db, target, time.Hour)
 		require.NoError(t, repo.Release(ctx, l))
-		l, err = other.Acquire(ctx, target, time.Minute)
+		_, err = other.Acquire(ctx, target, time.Minute)
 		require.NoError(t, err)
 		requireAcquiredNow(t, s, db, target, "released row, acquired by another")
 
