@@ -45,8 +45,9 @@ func requireAcquiredNow(t *testing.T, s *testdb.Server, db *gorm.DB, target, wha
 
 // The acquire's own statement records when each generation began
 // (acquired_at, "held since"): a new row, a released row acquired again, an
-// expired lease taken over, an AcquireFrom, a slot; heartbeats (single and
-// batched) and a minimum hold leave it as it is.
+// expired lease taken over, an AcquireFrom (of a generation, or of none), a
+// slot; heartbeats (single and batched) and a minimum hold leave it as it
+// is.
 func TestAcquire_RecordsHeldSince(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
@@ -97,6 +98,12 @@ func TestAcquire_RecordsHeldSince(t *testing.T) {
 		require.NoError(t, err)
 		requireAcquiredNow(t, s, db, target, "expired lease taken over from its generation")
 		require.NoError(t, other.Release(ctx, l))
+
+		// A new row from generation 0 (on MariaDB, MySQL's INSERT).
+		fresh := newTarget(t)
+		_, err = gormlease.AcquireFrom(other, ctx, fresh, time.Minute, 0)
+		require.NoError(t, err)
+		requireAcquiredNow(t, s, db, fresh, "new row from generation 0")
 
 		// A slot.
 		slots := newTarget(t)
