@@ -101,9 +101,9 @@ type HeldError struct {
 
 // RetryAfter is a wait to tell a client that was refused, derived from
 // what the row records, in whole seconds: as long again as the holder has
-// held the lease so far (HeldFor), at least 1 s, and at most ExpiresIn
-// rounded up (at least 1 s), which the lease cannot outlive without another
-// heartbeat. Under a minimum hold (WithMinHold, Repository.Hold), which
+// held the lease so far (HeldFor, rounded up), at least 1 s, and at most
+// ExpiresIn rounded up (at least 1 s), which the lease cannot outlive
+// without another heartbeat. Under a minimum hold (WithMinHold, Repository.Hold), which
 // lasts exactly ExpiresIn, it is ExpiresIn rounded up. A job that usually
 // takes seconds is so retried after seconds, not after the lease timeout,
 // while its holder is alive and renewing it; a row that does not record
