@@ -180,6 +180,25 @@ func TestHeldError_RetryAfter(t *testing.T) {
 		assert.GreaterOrEqual(t, held.HeldFor, time.Second, "held for, RunWait")
 		assert.LessOrEqual(t, held.RetryAfter(), 2*time.Second+heldSinceMargin, "retry after, RunWait")
 
+		// A Run of pod-a, alive and beating under the default timeout
+		// (2 minutes), about a second into its job.
+		job := newTarget(t)
+		started, finish := make(chan struct{}), make(chan struct{})
+		done := goRun(t, ctx, newRunner(t, db, gormlease.WithHolder("pod-a")), job, func(context.Context) (string, error) {
+			close(started)
+			<-finish
+			return "", nil
+		}, func(*gorm.DB, string) error { return nil })
+		recv(t, started, 30*time.Second, "the job to start")
+		backdateAcquired(t, s, db, job, time.Second)
+		_, err = r.Run(ctx, job, work, noSave(t))
+		held = requireHeld(t, err, job, "pod-a", generationOf(t, db, job), gormlease.DefaultLeaseTimeout)
+		assert.GreaterOrEqual(t, held.HeldFor, time.Second, "held for, a Run's job")
+		assert.GreaterOrEqual(t, held.RetryAfter(), time.Second)
+		assert.LessOrEqual(t, held.RetryAfter(), 2*time.Second+heldSinceMargin, "retry after, a Run's job")
+		close(finish)
+		recv(t, done, 30*time.Second, "the job to end")
+
 		// leasetest.Occupy's hour-long lease, just acquired: about 1 s.
 		occupied := newTarget(t)
 		leasetest.Occupy(t, db, occupied)
