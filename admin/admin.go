@@ -27,6 +27,10 @@ import (
 type Operator struct {
 	repo ops.Repository
 	ok   bool // repo was made from a Repository
+	// name is the operator that As named, recorded with each action ("":
+	// none); badName is why As refused it.
+	name    string
+	badName error
 }
 
 // New returns an Operator on repo's tables and pool: a Repository from
@@ -40,11 +44,43 @@ func New(repo *gormlease.Repository) *Operator {
 	return &Operator{repo: parts, ok: ok}
 }
 
+// maxOperatorLength is the longest operator name that As accepts, in
+// bytes: the paused_by and stop_by columns hold 255.
+const maxOperatorLength = 255
+
+// As returns an Operator on the same Repository that records name as the
+// operator of its actions: Pause records it in the rows' paused_by
+// (gormlease.JobLease.PausedBy, LeaseInfo.PausedBy) and Resume clears it
+// with the pause; RequestStop and RequestStopSlot record it in stop_by
+// (JobLease.StopBy, LeaseInfo.StopBy); ForceRelease and ForceReleaseSlot
+// write the failure "released by force by operator NAME" (cut to the 255
+// bytes that the column holds) instead of "released by force by an
+// operator". An Operator made by New records no name (NULL), and o itself
+// is unchanged. name must be 1 to 255 bytes of valid UTF-8 without NUL:
+// otherwise every method of the returned Operator returns an error
+// wrapping gormlease.ErrInvalidArgument and writes nothing (Waiters a zero
+// WaitStats, Listening false). It writes nothing itself.
+func (o *Operator) As(name string) *Operator {
+	as := &Operator{}
+	if o != nil {
+		*as = *o
+	}
+	as.name, as.badName = name, nil
+	if problem := ops.CheckText(name, maxOperatorLength); problem != "" {
+		as.badName = ops.Invalidf("admin: operator name %q %s", ops.TruncateUTF8(name, 40), problem)
+	}
+	return as
+}
+
 // parts returns the Repository that o operates on, or an error wrapping
-// gormlease.ErrInvalidArgument when it has none.
+// gormlease.ErrInvalidArgument when it has none, or its operator's name
+// was refused.
 func (o *Operator) parts() (ops.Repository, error) {
-	if o == nil || !o.ok {
+	switch {
+	case o == nil || !o.ok:
 		return ops.Repository{}, ops.Invalidf("admin: the Operator has no Repository: make it with admin.New(repo)")
+	case o.badName != nil:
+		return ops.Repository{}, o.badName
 	}
 	return o.repo, nil
 }

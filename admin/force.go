@@ -12,15 +12,28 @@ import (
 )
 
 // forcedReleaseFailure is the failure that ForceRelease records in the
-// lease row: what callers of Runner.Do that waited for the job read in
-// their SharedJobError.
+// lease row, without an operator's name (As): what callers of Runner.Do
+// that waited for the job read in their SharedJobError.
 const forcedReleaseFailure = "released by force by an operator"
+
+// maxFailureLength is the most bytes that the failure column holds.
+const maxFailureLength = 255
+
+// forcedFailure is the failure that ForceRelease records for the
+// operator named by ("" for none).
+func forcedFailure(by string) string {
+	if by == "" {
+		return forcedReleaseFailure
+	}
+	return ops.TruncateUTF8("released by force by operator "+by, maxFailureLength)
+}
 
 // ForceRelease ends the lease on targetID, whoever holds it, live or
 // expired: for a holder known to be gone, whose lease should not wait out
 // its timeout. It is fenced as a takeover is: the row gets a fresh token
 // that no one holds, the next generation, its release time and the failure
-// "released by force by an operator" (the Message of the
+// "released by force by an operator", or "released by force by operator
+// NAME" from an Operator made by As (the Message of the
 // *gormlease.SharedJobError that callers of Runner.Do waiting for the job
 // get), so that the holder's later heartbeat, fenced commit and release
 // fail with gormlease.ErrLeaseLost. The row is kept, and a pause stays. On
@@ -37,7 +50,7 @@ func (o *Operator) ForceRelease(ctx context.Context, targetID string) (gormlease
 	if err := ops.CheckTargetID(targetID); err != nil {
 		return gormlease.JobLease{}, err
 	}
-	rows, err := forceRelease(ctx, r, fmt.Sprintf("force release %q", targetID), operatedKeys(targetID))
+	rows, err := forceRelease(ctx, r, o.name, fmt.Sprintf("force release %q", targetID), operatedKeys(targetID))
 	if err != nil {
 		return gormlease.JobLease{}, err
 	}
@@ -67,7 +80,7 @@ func (o *Operator) ForceReleaseSlot(ctx context.Context, targetID string, slot i
 	if err := checkSlot("force release", targetID, slot); err != nil {
 		return gormlease.JobLease{}, err
 	}
-	rows, err := forceRelease(ctx, r, fmt.Sprintf("force release %q slot %d", targetID, slot),
+	rows, err := forceRelease(ctx, r, o.name, fmt.Sprintf("force release %q slot %d", targetID, slot),
 		[]string{backend.SlotKey(targetID, slot)})
 	if err != nil {
 		return gormlease.JobLease{}, err
@@ -77,17 +90,18 @@ func (o *Operator) ForceReleaseSlot(ctx context.Context, targetID string, slot i
 
 // forceRelease ends the leases of the rows of keys that are not released,
 // under one fresh token, and returns the rows it ended: at least one, or
-// an error wrapping ErrNoLiveLease. step names the operation in its
-// errors. The statement is tried again, with the same token, only after
-// a serialization failure, which rolled it back.
-func forceRelease(ctx context.Context, r ops.Repository, step string, keys []string) ([]backend.Row, error) {
+// an error wrapping ErrNoLiveLease, by the operator by ("" for none). step
+// names the operation in its errors. The statement is tried again, with
+// the same token, only after a serialization failure, which rolled it
+// back.
+func forceRelease(ctx context.Context, r ops.Repository, by, step string, keys []string) ([]backend.Row, error) {
 	token, err := uuid.NewRandom()
 	if err != nil {
 		return nil, ops.Wrapf(err, "%s: mint token", step)
 	}
 	var rows []backend.Row
 	err = r.Retry(ctx, func(ctx context.Context) (err error) {
-		rows, err = r.Backend.ForceRelease(ctx, r.DB, keys, token, forcedReleaseFailure)
+		rows, err = r.Backend.ForceRelease(ctx, r.DB, keys, token, forcedFailure(by))
 		return err
 	})
 	switch {

@@ -53,10 +53,11 @@ func checkSlot(step, targetID string, slot int) error {
 // and Elector.Lead wait, holding no connection, until the target is
 // resumed or their context ends. A lease held when Pause is called runs to
 // its end (RequestStop stops it too). The reason, at most 255 bytes of
-// valid UTF-8 without NUL ("" is allowed), and the time are recorded in
-// the rows; pausing a target that has no row creates it, and pausing a
-// paused target updates its reason. A paused row is never pruned, and
-// ForceRelease leaves the pause in place.
+// valid UTF-8 without NUL ("" is allowed), the time and the operator (see
+// As; none without it) are recorded in the rows; pausing a target that
+// has no row creates it, and pausing a paused target updates its reason
+// and operator. A paused row is never pruned, and ForceRelease leaves the
+// pause in place.
 func (o *Operator) Pause(ctx context.Context, targetID, reason string) error {
 	r, err := o.parts()
 	if err != nil {
@@ -70,7 +71,7 @@ func (o *Operator) Pause(ctx context.Context, targetID, reason string) error {
 	}
 	keys := operatedKeys(targetID)
 	err = r.Retry(ctx, func(ctx context.Context) error {
-		return r.Backend.Pause(ctx, r.DB, keys, reason)
+		return r.Backend.Pause(ctx, r.DB, keys, reason, o.name)
 	})
 	if err != nil {
 		return ops.Wrapf(err, "pause %q", targetID)
@@ -80,7 +81,8 @@ func (o *Operator) Pause(ctx context.Context, targetID, reason string) error {
 
 // Resume lets targetID, and its slots, be acquired again, and wakes those
 // that wait for it: at once in this process, and within their poll, or by
-// notification on PostgreSQL, in others. Resuming a target that is not
+// notification on PostgreSQL, in others. It clears the pause's time,
+// reason and operator from the rows. Resuming a target that is not
 // paused is not an error; the rows are written all the same, so that a nil
 // return means the resume is as durable as any write.
 func (o *Operator) Resume(ctx context.Context, targetID string) error {
@@ -112,9 +114,11 @@ func (o *Operator) Resume(ctx context.Context, targetID string) error {
 // so that a waiting RunWait, Do or standby Elector takes over (Pause first
 // to keep anyone from starting again). The request applies to the leases
 // not released when it is made, expired ones included, never to a later
-// one; a holder that is not a Runner sees it only in its row (Get). It
-// returns an error wrapping gormlease.ErrNoLiveLease when every row of the
-// target is released, or there is none.
+// one; a holder that is not a Runner sees it only in its row (Get). The
+// reason (as Pause's) and the operator (see As; none without it) are
+// recorded with the request. It returns an error wrapping
+// gormlease.ErrNoLiveLease when every row of the target is released, or
+// there is none.
 func (o *Operator) RequestStop(ctx context.Context, targetID, reason string) error {
 	r, err := o.parts()
 	if err != nil {
@@ -123,7 +127,7 @@ func (o *Operator) RequestStop(ctx context.Context, targetID, reason string) err
 	if err := ops.CheckTargetID(targetID); err != nil {
 		return err
 	}
-	return requestStop(ctx, r, targetID, "stop %q", reason, operatedKeys(targetID))
+	return requestStop(ctx, r, o.name, targetID, "stop %q", reason, operatedKeys(targetID))
 }
 
 // RequestStopSlot is RequestStop for the holder of one slot of targetID, a
@@ -141,18 +145,18 @@ func (o *Operator) RequestStopSlot(ctx context.Context, targetID string, slot in
 	if err := checkSlot("stop", targetID, slot); err != nil {
 		return err
 	}
-	return requestStop(ctx, r, targetID, "stop %q slot "+strconv.Itoa(slot), reason, []string{backend.SlotKey(targetID, slot)})
+	return requestStop(ctx, r, o.name, targetID, "stop %q slot "+strconv.Itoa(slot), reason, []string{backend.SlotKey(targetID, slot)})
 }
 
-// requestStop records a request to stop the leases of keys, step naming
-// it (with targetID) in its errors.
-func requestStop(ctx context.Context, r ops.Repository, targetID, step, reason string, keys []string) error {
+// requestStop records a request to stop the leases of keys, by the
+// operator by ("" for none), step naming it (with targetID) in its errors.
+func requestStop(ctx context.Context, r ops.Repository, by, targetID, step, reason string, keys []string) error {
 	if err := checkReason("stop", targetID, reason); err != nil {
 		return err
 	}
 	var n int64
 	err := r.Retry(ctx, func(ctx context.Context) (err error) {
-		n, err = r.Backend.RequestStop(ctx, r.DB, keys, reason)
+		n, err = r.Backend.RequestStop(ctx, r.DB, keys, reason, by)
 		return err
 	})
 	switch {

@@ -58,6 +58,10 @@ type PruneOptions struct {
 	// Prune's goroutine, with the number of lease rows deleted so far. By
 	// default Prune reports only its total, when it returns.
 	Progress func(deleted int64)
+	// DryRun deletes nothing: Prune counts, in one statement, the lease
+	// rows that it would delete now, and returns that count (Progress is
+	// not called). The options are checked as for a real prune.
+	DryRun bool
 }
 
 // Prune deletes the lease rows that were released, or whose lease expired
@@ -71,7 +75,8 @@ type PruneOptions struct {
 // safe to run at any time, from several processes at once, while leases
 // are acquired, renewed and released: a row acquired meanwhile stays.
 //
-// It returns the number of lease rows deleted, also when it stops early:
+// With opts.DryRun it deletes nothing, and returns the number of rows it
+// would delete now. Otherwise it returns the number of lease rows deleted, also when it stops early:
 // when ctx is done, with an error wrapping ctx.Err(), or on a database
 // error. Options it cannot honour return an error wrapping
 // gormlease.ErrInvalidArgument that names the field, and delete nothing.
@@ -91,6 +96,17 @@ func (o *Operator) Prune(ctx context.Context, opts PruneOptions) (deleted int64,
 		return 0, ops.Invalidf("prune: PruneOptions.OlderThan %v is less than the minimum, %v", opts.OlderThan, minPruneAge)
 	case batchSize < 1 || batchSize > maxPruneBatchSize:
 		return 0, ops.Invalidf("prune: PruneOptions.BatchSize %d is not between 1 and %d", batchSize, maxPruneBatchSize)
+	}
+	if opts.DryRun {
+		var n int64
+		err := r.Retry(ctx, func(ctx context.Context) (err error) {
+			n, err = r.Backend.PruneCount(ctx, r.DB, opts.OlderThan)
+			return err
+		})
+		if err != nil {
+			return 0, ops.Wrapf(err, "prune (dry run)")
+		}
+		return n, nil
 	}
 	after := ""
 	for {

@@ -51,6 +51,14 @@
 -- paused_by and stop_by name the operator who paused the target and who
 -- asked the holder to stop (admin.Operator.As).
 --
+-- job_lease_paused (the lease table's name with _paused) indexes paused_at,
+-- so that an operator's list of the paused targets (admin's StatePaused)
+-- reads the paused rows only, not the whole table. InnoDB writes it only when
+-- paused_at changes (Pause, Resume), never on a heartbeat, acquire or
+-- release. A table made by an earlier version lacks it; AutoMigrate adds it,
+-- or run:
+--   CREATE INDEX job_lease_paused ON job_lease (paused_at);
+--
 -- job_lease_floor holds one row: the highest generation that Prune ever
 -- deleted. A target without a row starts above it, so that its generation
 -- still increases after its row was pruned. Its name is the lease table's
@@ -76,7 +84,8 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	acquired_at datetime(6) NULL,
 	paused_by   varchar(255) NULL,
 	stop_by     varchar(255) NULL,
-	PRIMARY KEY (target_id)
+	PRIMARY KEY (target_id),
+	KEY job_lease_paused (paused_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
 CREATE TABLE IF NOT EXISTS job_lease_floor (

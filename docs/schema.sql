@@ -58,6 +58,13 @@ ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS paused_by        varchar(255),
 	ADD COLUMN IF NOT EXISTS stop_by          varchar(255);
 
+-- job_lease_paused holds the paused rows only, by key: an operator's list of
+-- the paused targets (admin's StatePaused) reads it, not the whole table.
+-- Heartbeats, acquires and releases change neither target_id nor paused_at,
+-- so they stay HOT updates; only Pause and Resume write the index. Its name
+-- is the lease table's with _paused appended.
+CREATE INDEX IF NOT EXISTS job_lease_paused ON job_lease (target_id) WHERE paused_at IS NOT NULL;
+
 -- job_lease_floor holds one row: the highest generation that Prune ever
 -- deleted. A target without a row starts above it, so that its generation
 -- still increases after its row was pruned. Its name is the lease table's

@@ -159,29 +159,39 @@ type Backend interface {
 	// changes no row that already records n.
 	SetSlots(ctx context.Context, db *gorm.DB, targetID string, n int) (conflict int, err error)
 
-	// List reads the rows that q chooses, with their state and age on the
-	// database's clock, in one statement.
+	// List reads the rows that q chooses, with their state and ages on the
+	// database's clock, in one statement, in q.Order's order: every filter
+	// and the order are the statement's, never the caller's.
 	List(ctx context.Context, db *gorm.DB, q ListQuery) ([]Listed, error)
+	// Count counts the rows whose key starts with prefix ("" for all) in
+	// each state, in one statement on the database's clock.
+	Count(ctx context.Context, db *gorm.DB, prefix string) (Counts, error)
 	// PruneBatch deletes, in one transaction, up to q.BatchSize prunable
 	// rows whose target IDs come after q.After, with their result rows
 	// unless q.KeepResults, and raises the generation floor above them. It
 	// returns the targets deleted and whether more rows may follow.
 	PruneBatch(ctx context.Context, db *gorm.DB, q PruneQuery) (deleted []string, more bool, err error)
+	// PruneCount counts, in one statement, the rows that PruneBatch would
+	// delete now (rows that others hold locked included), deleting
+	// nothing.
+	PruneCount(ctx context.Context, db *gorm.DB, olderThan time.Duration) (int64, error)
 
 	// Pause marks the rows of keys (a target's, and its slots') paused,
-	// with reason, in one transaction, creating the first key's row,
-	// released at the generation floor, when it has none. A row already
-	// paused keeps the time of its pause and gets the new reason.
-	Pause(ctx context.Context, db *gorm.DB, keys []string, reason string) error
-	// Resume clears the pause of the rows of keys, in one statement that
-	// notifies their waiters where the backend can (Capabilities.Notify).
-	// It reports how many rows were paused.
+	// with reason and the operator by (NULL when ""), in one transaction,
+	// creating the first key's row, released at the generation floor, when
+	// it has none. A row already paused keeps the time of its pause and
+	// gets the new reason and operator.
+	Pause(ctx context.Context, db *gorm.DB, keys []string, reason, by string) error
+	// Resume clears the pause of the rows of keys, with its reason and
+	// operator, in one statement that notifies their waiters where the
+	// backend can (Capabilities.Notify). It reports how many rows were
+	// paused.
 	Resume(ctx context.Context, db *gorm.DB, keys []string) (int64, error)
 	// RequestStop records, in one statement, a request to stop in those
 	// rows of keys whose lease is not released: stop_generation becomes
-	// their generation, and stop_reason reason. It reports how many rows
-	// it changed.
-	RequestStop(ctx context.Context, db *gorm.DB, keys []string, reason string) (int64, error)
+	// their generation, stop_reason reason and stop_by the operator by
+	// (NULL when ""). It reports how many rows it changed.
+	RequestStop(ctx context.Context, db *gorm.DB, keys []string, reason, by string) (int64, error)
 
 	// Now is an SQL expression for the database's current time, in the
 	// form the tables hold it, read when the statement runs.
@@ -488,20 +498,59 @@ func (st State) Live(fallback time.Duration) bool {
 	return st.Found && !st.Released && st.Age <= timeout
 }
 
-// ListQuery chooses the rows of a List: those after After, starting with
-// Prefix, whose key is Key (any when ""), in State (all when ""), up to
-// Limit, in the order of their target IDs.
+// ListQuery chooses the rows of a List: those starting with Prefix, whose
+// key is Key (any when ""), in State ("live", "expired", "released", or
+// "paused" for the rows paused whatever their state; all when ""), whose
+// holder is Holder (any when ""), up to Limit, in Order, after the row
+// whose sort value is AfterSort and whose key is After ("" starts at the
+// first).
 type ListQuery struct {
-	After, Prefix, Key, State string
-	Limit                     int
+	After, Prefix, Key, State, Holder string
+	Order                             ListOrder
+	// AfterSort is, with an Order other than ByKey and After, the sort
+	// value (Listed.Sort) of the row After: nil for a row that sorts
+	// last, without one.
+	AfterSort *int64
+	Limit     int
 }
 
+// ListOrder is the order of a List's rows; each breaks ties by key.
+type ListOrder uint8
+
+const (
+	// ByKey orders the rows by key.
+	ByKey ListOrder = iota
+	// ByAge orders them by their last heartbeat (updated_at), oldest
+	// first.
+	ByAge
+	// ByHeldSince orders the rows whose lease is not released by their
+	// acquisition (acquired_at), oldest first, then the others.
+	ByHeldSince
+	// ByExpiry orders the rows whose lease is not released by when it
+	// expires (updated_at plus timeout_ms), soonest first, then the others.
+	ByExpiry
+)
+
 // Listed is a row that List read, with its state ("live", "expired" or
-// "released") and age.
+// "released") and ages.
 type Listed struct {
 	Row   Row
 	State string
 	Age   time.Duration
+	// HeldFor is the time since Row.AcquiredAt; 0 when it is NULL.
+	HeldFor time.Duration
+	// Sort is the row's value in the List's order, in microseconds since
+	// the Unix epoch (ByAge, ByHeldSince, ByExpiry), for ListQuery's
+	// AfterSort; nil in the order by key, and for a row without one,
+	// which sorts last.
+	Sort *int64
+}
+
+// Counts are the rows that Count counted: Total in all, Live, Expired and
+// Released by state (they add up to Total), Paused and StopRequested
+// across states.
+type Counts struct {
+	Total, Live, Expired, Released, Paused, StopRequested int64
 }
 
 // Live reports whether l's lease was live when it was read.

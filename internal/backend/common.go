@@ -58,6 +58,24 @@ type Dialect struct {
 	// LeaseColumns are the lease table's columns that this database's
 	// statements alone use, each after ", ", for CheckTables.
 	LeaseColumns string
+
+	// The operator's reads (List, Count) judge and order the rows with
+	// these:
+	//   - Fresh is an SQL condition that col, a timestamp column, is at
+	//     most ms (SQL for a number of milliseconds) old at the time the
+	//     statement started, as SecondsSince measures it.
+	//   - AddMillis is an SQL timestamp: ts, a timestamp, plus ms (SQL for
+	//     a number of milliseconds).
+	//   - SortKey is an SQL value, ordered as ts is, of ts, a timestamp or
+	//     AddMillis' result, or NULL; KeyMicros is that value as an integer
+	//     of microseconds since the Unix epoch, exactly, and MicrosKey the
+	//     value whose KeyMicros is its argument (a statement's ?), so that a
+	//     page's last row can be found again by the value read.
+	Fresh     func(col, ms string) string
+	AddMillis func(ts, ms string) string
+	SortKey   func(ts string) string
+	KeyMicros func(key string) string
+	MicrosKey string
 }
 
 // Common is the part of a Backend that is the same SQL on every database,
@@ -233,14 +251,51 @@ func StateExpr(age string) string {
 		" ELSE 'expired' END"
 }
 
-// List reads the rows that q chooses.
+// listState is the SQL for a row's state, as StateExpr, with the
+// dialect's Fresh test of a live lease: one comparison of timestamps per
+// row, where the database has it, rather than an age computed for each.
+func (c *Common) listState() string {
+	return "CASE WHEN released_at IS NOT NULL THEN 'released'" +
+		" WHEN timeout_ms IS NOT NULL AND " + c.d.Fresh("updated_at", "timeout_ms") + " THEN 'live'" +
+		" WHEN hold_generation = generation THEN 'released'" +
+		" ELSE 'expired' END"
+}
+
+// sortKey is the SQL of a row's value in order o (see ListOrder), with
+// state the SQL of its state; "" for ByKey.
+func (c *Common) sortKey(o ListOrder, state string) string {
+	d := c.d
+	switch o {
+	case ByAge:
+		return d.SortKey("updated_at")
+	case ByHeldSince:
+		return "CASE WHEN " + state + " = 'released' THEN NULL ELSE " + d.SortKey("acquired_at") + " END"
+	case ByExpiry:
+		return "CASE WHEN " + state + " = 'released' THEN NULL ELSE " +
+			d.SortKey(d.AddMillis("updated_at", "COALESCE(timeout_ms, 0)")) + " END"
+	}
+	return ""
+}
+
+// List reads the rows that q chooses, in one statement of two parts: the
+// inner query chooses the page's keys (and sort values), reading only the
+// columns that its conditions and order need, and the outer one reads the
+// page's rows by key, with their states and ages.
 func (c *Common) List(ctx context.Context, db *gorm.DB, q ListQuery) ([]Listed, error) {
-	age := c.d.SecondsSince("updated_at")
-	state := StateExpr(age)
+	state := c.listState()
+	key := c.sortKey(q.Order, state)
 	var where []string
 	var args []any
-	if q.After != "" {
+	switch {
+	case q.After == "":
+	case key == "":
 		where, args = append(where, "target_id > ?"), append(args, q.After)
+	case q.AfterSort == nil:
+		where, args = append(where, "("+key+" IS NULL AND target_id > ?)"), append(args, q.After)
+	default:
+		v := c.d.MicrosKey
+		where = append(where, "("+key+" > "+v+" OR ("+key+" = "+v+" AND target_id > ?) OR "+key+" IS NULL)")
+		args = append(args, *q.AfterSort, *q.AfterSort, q.After)
 	}
 	if q.Prefix != "" {
 		cond, cargs, err := c.prefixCondition(ctx, db, q.Prefix)
@@ -252,14 +307,33 @@ func (c *Common) List(ctx context.Context, db *gorm.DB, q ListQuery) ([]Listed, 
 	if q.Key != "" {
 		where, args = append(where, "target_id = ?"), append(args, q.Key)
 	}
-	if q.State != "" {
+	switch q.State {
+	case "":
+	case "paused":
+		// As the partial index on the paused rows is written.
+		where = append(where, "paused_at IS NOT NULL")
+	default:
 		where, args = append(where, state+" = ?"), append(args, q.State)
 	}
-	query := "SELECT " + RowColumns + ", " + age + ", " + state + " FROM " + c.tables.Lease
-	if len(where) > 0 {
-		query += " WHERE " + strings.Join(where, " AND ")
+	if q.Holder != "" {
+		where, args = append(where, "holder = ?"), append(args, q.Holder)
 	}
-	query += " ORDER BY target_id LIMIT " + strconv.Itoa(q.Limit)
+	inner := "SELECT target_id AS list_key"
+	outerSort, order, outerOrder := "NULL", "target_id", "p.list_key"
+	if key != "" {
+		inner += ", " + key + " AS list_sort"
+		outerSort = c.d.KeyMicros("p.list_sort")
+		order = "CASE WHEN " + key + " IS NULL THEN 1 ELSE 0 END, " + key + ", target_id"
+		outerOrder = "CASE WHEN p.list_sort IS NULL THEN 1 ELSE 0 END, p.list_sort, p.list_key"
+	}
+	inner += " FROM " + c.tables.Lease
+	if len(where) > 0 {
+		inner += " WHERE " + strings.Join(where, " AND ")
+	}
+	inner += " ORDER BY " + order + " LIMIT " + strconv.Itoa(q.Limit)
+	query := "SELECT " + RowColumns + ", " + c.d.SecondsSince("updated_at") + ", " + state + ", " +
+		c.d.SecondsSince("acquired_at") + ", " + outerSort +
+		" FROM (" + inner + ") p JOIN " + c.tables.Lease + " ON target_id = p.list_key ORDER BY " + outerOrder
 	rows, err := Query(ctx, db, c.d.Rebind(query), args...)
 	if err != nil {
 		return nil, err
@@ -268,16 +342,41 @@ func (c *Common) List(ctx context.Context, db *gorm.DB, q ListQuery) ([]Listed, 
 	var out []Listed
 	for rows.Next() {
 		var (
-			l    Listed
-			secs sql.NullFloat64
+			l          Listed
+			secs, held sql.NullFloat64
+			sort       sql.NullInt64
 		)
-		if err := rows.Scan(append(l.Row.Columns(), &secs, &l.State)...); err != nil {
+		if err := rows.Scan(append(l.Row.Columns(), &secs, &l.State, &held, &sort)...); err != nil {
 			return nil, err
 		}
 		l.Age = Seconds(secs.Float64)
+		l.HeldFor = Seconds(held.Float64)
+		if sort.Valid {
+			l.Sort = &sort.Int64
+		}
 		out = append(out, l)
 	}
 	return out, rows.Err()
+}
+
+// Count counts the rows under prefix in each state, in one statement.
+func (c *Common) Count(ctx context.Context, db *gorm.DB, prefix string) (Counts, error) {
+	query := "SELECT " + c.listState() + " AS st, paused_at, released_at, stop_generation, generation FROM " + c.tables.Lease
+	var args []any
+	if prefix != "" {
+		cond, cargs, err := c.prefixCondition(ctx, db, prefix)
+		if err != nil {
+			return Counts{}, err
+		}
+		query, args = query+" WHERE "+cond, cargs
+	}
+	sum := func(cond string) string { return "COALESCE(SUM(CASE WHEN " + cond + " THEN 1 ELSE 0 END), 0)" }
+	query = "SELECT COUNT(*), " + sum("st = 'live'") + ", " + sum("st = 'expired'") + ", " + sum("st = 'released'") + ", " +
+		sum("paused_at IS NOT NULL") + ", " + sum("released_at IS NULL AND stop_generation = generation") +
+		" FROM (" + query + ") c"
+	var n Counts
+	_, err := QueryRow(ctx, db, c.d.Rebind(query), args, &n.Total, &n.Live, &n.Expired, &n.Released, &n.Paused, &n.StopRequested)
+	return n, err
 }
 
 // prefixCondition returns the SQL condition, and its arguments, that keeps
@@ -403,6 +502,14 @@ func (c *Common) PruneBatch(ctx context.Context, db *gorm.DB, q PruneQuery) (del
 		return nil, false, err
 	}
 	return deleted, more, nil
+}
+
+// PruneCount counts the rows that PruneBatch would delete now.
+func (c *Common) PruneCount(ctx context.Context, db *gorm.DB, olderThan time.Duration) (int64, error) {
+	secs := olderThan.Seconds()
+	var n int64
+	_, err := QueryRow(ctx, db, c.d.Rebind("SELECT COUNT(*) FROM "+c.tables.Lease+" WHERE "+c.prunable()), []any{secs, secs}, &n)
+	return n, err
 }
 
 // Column is a column that a later version added to the lease table.
@@ -655,7 +762,7 @@ func (c *Common) lockSlots(ctx context.Context, tx *gorm.DB, targetID string) ([
 // of keys missing, skipping those that exist by now. A new slot row is
 // released, by no one, at the generation floor: its first acquire is the
 // floor's next generation, as a new target's is. It is paused, with the
-// reason, when targetID's own row is (see Pause): a semaphore made after
+// reason and operator, when targetID's own row is (see Pause): a semaphore made after
 // its target was paused is paused too.
 func (c *Common) writeSlots(ctx context.Context, tx *gorm.DB, targetID string, n int, change, missing []string) error {
 	t := c.tables
@@ -673,25 +780,25 @@ func (c *Common) writeSlots(ctx context.Context, tx *gorm.DB, targetID string, n
 		return fmt.Errorf("read the generation floor: %w", err)
 	}
 	var paused bool
-	var reason sql.NullString
+	var reason, by sql.NullString
 	// A locking read, which waits for a Pause of the target that has
 	// written its row but not committed yet, and which a Pause that comes
 	// later waits for in turn (see Pause).
-	if _, err := QueryRow(ctx, tx, c.d.Rebind("SELECT paused_at IS NOT NULL, pause_reason FROM "+t.Lease+" WHERE target_id = ?"+c.d.Lock),
-		[]any{targetID}, &paused, &reason); err != nil {
+	if _, err := QueryRow(ctx, tx, c.d.Rebind("SELECT paused_at IS NOT NULL, pause_reason, paused_by FROM "+t.Lease+" WHERE target_id = ?"+c.d.Lock),
+		[]any{targetID}, &paused, &reason, &by); err != nil {
 		return fmt.Errorf("read the target's pause: %w", err)
 	}
 	pausedAt := "NULL"
 	if paused {
 		pausedAt = c.d.Now
 	}
-	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, '', "+c.d.Now+", "+c.d.Now+", ?, "+pausedAt+", ?), ", len(missing)), ", ")
-	args := make([]any, 0, 5*len(missing))
+	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, '', "+c.d.Now+", "+c.d.Now+", ?, "+pausedAt+", ?, ?), ", len(missing)), ", ")
+	args := make([]any, 0, 6*len(missing))
 	for _, key := range missing {
-		args = append(args, key, uuid.Nil.String(), floor, n, reason)
+		args = append(args, key, uuid.Nil.String(), floor, n, reason, by)
 	}
 	if _, _, err := Exec(ctx, tx, c.d.Rebind(c.d.InsertIgnore+" "+t.Lease+
-		" (target_id, lease_token, generation, holder, updated_at, released_at, slots, paused_at, pause_reason) VALUES "+
+		" (target_id, lease_token, generation, holder, updated_at, released_at, slots, paused_at, pause_reason, paused_by) VALUES "+
 		values+c.d.IgnoreSuffix), args...); err != nil {
 		return fmt.Errorf("create the slot rows: %w", err)
 	}
@@ -704,7 +811,7 @@ func (c *Common) writeSlots(ctx context.Context, tx *gorm.DB, targetID string, n
 // target never acquired can be paused too; then it stamps the pause on
 // every row of keys that exists. A row paused already keeps the time of its
 // pause and gets the new reason.
-func (c *Common) Pause(ctx context.Context, db *gorm.DB, keys []string, reason string) error {
+func (c *Common) Pause(ctx context.Context, db *gorm.DB, keys []string, reason, by string) error {
 	t, now := c.tables, c.d.Now
 	return db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := c.lockTarget(ctx, tx, keys[0]); err != nil {
@@ -722,8 +829,8 @@ func (c *Common) Pause(ctx context.Context, db *gorm.DB, keys []string, reason s
 		if _, err := QueryRow(ctx, tx, c.d.Rebind("SELECT 1 FROM "+t.Lease+" WHERE target_id = ?"+c.d.Lock), []any{keys[0]}, new(int)); err != nil {
 			return fmt.Errorf("lock the row: %w", err)
 		}
-		if _, _, err := Exec(ctx, tx, c.d.Rebind("UPDATE "+t.Lease+" SET paused_at = COALESCE(paused_at, "+now+"), pause_reason = ?"+
-			" WHERE "+in(len(keys))), append([]any{reason}, keyArgs(keys)...)...); err != nil {
+		if _, _, err := Exec(ctx, tx, c.d.Rebind("UPDATE "+t.Lease+" SET paused_at = COALESCE(paused_at, "+now+"), pause_reason = ?,"+
+			" paused_by = ? WHERE "+in(len(keys))), append([]any{reason, nullable(by)}, keyArgs(keys)...)...); err != nil {
 			return fmt.Errorf("mark the rows paused: %w", err)
 		}
 		return nil
@@ -749,7 +856,7 @@ func (c *Common) lockTarget(ctx context.Context, tx *gorm.DB, targetID string) e
 // an isolated old primary that kept the lost one (PostgreSQL writes a row
 // whose values do not change).
 func (c *Common) Resume(ctx context.Context, db *gorm.DB, keys []string) (int64, error) {
-	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+c.tables.Lease+" SET paused_at = NULL, pause_reason = NULL WHERE "+
+	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+c.tables.Lease+" SET paused_at = NULL, pause_reason = NULL, paused_by = NULL WHERE "+
 		in(len(keys))+c.d.Notify), keyArgs(keys)...)
 	return n, err
 }
@@ -759,14 +866,22 @@ func (c *Common) Resume(ctx context.Context, db *gorm.DB, keys []string) (int64,
 // counts the rows a statement changed, not those it found: a request made
 // again with the same reason changes none, so a count of 0 is checked by a
 // read.)
-func (c *Common) RequestStop(ctx context.Context, db *gorm.DB, keys []string, reason string) (int64, error) {
+func (c *Common) RequestStop(ctx context.Context, db *gorm.DB, keys []string, reason, by string) (int64, error) {
 	t := c.tables
-	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+t.Lease+" SET stop_generation = generation, stop_reason = ? WHERE "+
-		in(len(keys))+" AND released_at IS NULL"), append([]any{reason}, keyArgs(keys)...)...)
+	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+t.Lease+" SET stop_generation = generation, stop_reason = ?, stop_by = ? WHERE "+
+		in(len(keys))+" AND released_at IS NULL"), append([]any{reason, nullable(by)}, keyArgs(keys)...)...)
 	if err != nil || n > 0 {
 		return n, err
 	}
 	_, err = QueryRow(ctx, db, c.d.Rebind("SELECT COUNT(*) FROM "+t.Lease+" WHERE "+in(len(keys))+" AND released_at IS NULL"),
 		keyArgs(keys), &n)
 	return n, err
+}
+
+// nullable is s as a statement's argument: NULL when "".
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }

@@ -29,3 +29,16 @@ func (t Tables) Expand(query string) string {
 	}
 	return strings.NewReplacer(DefaultLeaseTable, t.Lease, DefaultResultTable, t.Result).Replace(query)
 }
+
+// PausedIndex names the index of the paused rows of the lease table (the
+// operator's List of StatePaused reads it): the lease table's name, without
+// its schema, with "_paused" appended, as a CREATE INDEX names it; and, in
+// schema, the schema that qualifies the lease table's name, with its dot,
+// or "".
+func (t Tables) PausedIndex() (name, schema string) {
+	schema, table := "", t.Lease
+	if i := strings.LastIndexByte(table, '.'); i >= 0 {
+		schema, table = table[:i+1], table[i+1:]
+	}
+	return table + "_paused", schema
+}

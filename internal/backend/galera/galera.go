@@ -266,11 +266,11 @@ func (b *Backend) ForceRelease(ctx context.Context, db *gorm.DB, keys []string, 
 
 // Pause marks the rows paused once the node has caught up (see catchUp):
 // a slot row made on another node a moment before is paused too.
-func (b *Backend) Pause(ctx context.Context, db *gorm.DB, keys []string, reason string) error {
+func (b *Backend) Pause(ctx context.Context, db *gorm.DB, keys []string, reason, by string) error {
 	if err := b.catchUp(ctx, db, keys[0]); err != nil {
 		return err
 	}
-	return b.Backend.Pause(ctx, db, keys, reason)
+	return b.Backend.Pause(ctx, db, keys, reason, by)
 }
 
 // Resume clears the pause once the node has caught up (see catchUp): on a
@@ -287,11 +287,11 @@ func (b *Backend) Resume(ctx context.Context, db *gorm.DB, keys []string) (int64
 // catchUp): on a node that had not applied an acquire made elsewhere, the
 // statement would find no live lease, and RequestStop report
 // ErrNoLiveLease while the holder goes on.
-func (b *Backend) RequestStop(ctx context.Context, db *gorm.DB, keys []string, reason string) (int64, error) {
+func (b *Backend) RequestStop(ctx context.Context, db *gorm.DB, keys []string, reason, by string) (int64, error) {
 	if err := b.catchUp(ctx, db, keys[0]); err != nil {
 		return 0, err
 	}
-	return b.Backend.RequestStop(ctx, db, keys, reason)
+	return b.Backend.RequestStop(ctx, db, keys, reason, by)
 }
 
 // catchUp makes a causal read of key's row, on a Galera node: it returns

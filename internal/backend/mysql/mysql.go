@@ -62,12 +62,19 @@ func New(t backend.Tables) *Backend {
 		// target's row waits for (see backend.Dialect.LockTarget).
 		SlotsTx:      &sql.TxOptions{Isolation: sql.LevelRepeatableRead},
 		InsertIgnore: "INSERT IGNORE INTO",
+		Fresh: func(col, ms string) string {
+			return col + " >= UTC_TIMESTAMP(6) - INTERVAL " + ms + " * 1000 MICROSECOND"
+		},
+		AddMillis: func(ts, ms string) string { return "(" + ts + " + INTERVAL " + ms + " * 1000 MICROSECOND)" },
+		SortKey:   func(ts string) string { return ts },
+		KeyMicros: func(key string) string { return "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + key + ")" },
+		MicrosKey: "TIMESTAMPADD(MICROSECOND, ?, CAST('1970-01-01 00:00:00' AS DATETIME(6)))",
 	}
 	return &Backend{
 		Common:      backend.NewCommon(d, t),
 		Kit:         backend.NewKit(d, t, func(col string) string { return "(" + col + " - INTERVAL ? MICROSECOND)" }),
 		lease:       t.Lease,
-		leaseDDL:    t.Expand(leaseTable),
+		leaseDDL:    leaseDDL(t),
 		resultDDL:   t.Expand(resultTable),
 		takeOverSQL: t.Expand(takeOverSQL),
 		slotSQL:     t.Expand(slotSQL),
@@ -122,7 +129,8 @@ const (
 	acquired_at datetime(6) NULL,
 	paused_by   varchar(255) NULL,
 	stop_by     varchar(255) NULL,
-	PRIMARY KEY (target_id)
+	PRIMARY KEY (target_id),
+	KEY job_lease_paused (paused_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
 
 	floorTable = `CREATE TABLE IF NOT EXISTS job_lease_floor (
@@ -155,7 +163,46 @@ func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
 		}
 	}
 	// MySQL has no ADD COLUMN IF NOT EXISTS (MariaDB has).
-	return backend.AddMissingColumns(db, b.lease, addedColumns)
+	if err := backend.AddMissingColumns(db, b.lease, addedColumns); err != nil {
+		return err
+	}
+	return addPausedIndex(ctx, db, backend.Tables{Lease: b.lease})
+}
+
+// leaseDDL is leaseTable for tables t: the index's name is never
+// qualified by the schema.
+func leaseDDL(t backend.Tables) string {
+	index, _ := t.PausedIndex()
+	return strings.Replace(t.Expand(leaseTable), " KEY "+t.Lease+"_paused ", " KEY "+index+" ", 1)
+}
+
+// addPausedIndex adds the index of the paused rows (job_lease_paused, on
+// paused_at, which InnoDB's secondary index extends with the key) to a
+// lease table made before it. InnoDB writes a secondary index only when a
+// statement changes its columns: heartbeats, acquires and releases do not
+// touch it, Pause and Resume do. MySQL has no CREATE INDEX IF NOT EXISTS:
+// the catalog is read first, and an index that a concurrent migration
+// made meanwhile (error 1061, a duplicate key name) is no error.
+func addPausedIndex(ctx context.Context, db *gorm.DB, t backend.Tables) error {
+	index, schema := t.PausedIndex()
+	table := strings.TrimPrefix(t.Lease, schema)
+	var n int64
+	if _, err := backend.QueryRow(ctx, db, "SELECT COUNT(*) FROM information_schema.statistics"+
+		" WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE()) AND table_name = ? AND index_name = ?",
+		[]any{strings.TrimSuffix(schema, "."), table, index}, &n); err != nil {
+		return fmt.Errorf("look for index %s: %w", index, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	err := db.WithContext(ctx).Exec("CREATE INDEX " + index + " ON " + t.Lease + " (paused_at)").Error
+	if number, ok := backend.MySQLErrorNumber(err); ok && number == 1061 {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create index %s: %w", index, err)
+	}
+	return nil
 }
 
 // addedColumns are the columns that later versions added to job_lease,

@@ -59,7 +59,7 @@ type Backend struct {
 func New(t backend.Tables) *Backend {
 	b := &Backend{
 		lease:        t.Lease,
-		schemaSQL:    t.Expand(Schema),
+		schemaSQL:    schemaSQL(t),
 		acquireSQL:   t.Expand(AcquireSQL),
 		rowSQL:       t.Expand(AcquireRowSQL),
 		takeOverSQL:  t.Expand(TakeOverSQL),
@@ -127,6 +127,15 @@ func dialect(t backend.Tables) backend.Dialect {
 		InsertIgnore: "INSERT INTO",
 		IgnoreSuffix: " ON CONFLICT (target_id) DO NOTHING",
 		LeaseColumns: ", waiting",
+		// Timestamps compared and ordered as they are: an age in seconds
+		// (EXTRACT gives a numeric) costs twice as much a row.
+		Fresh: func(col, ms string) string {
+			return col + " >= statement_timestamp() - " + ms + " * interval '1 millisecond'"
+		},
+		AddMillis: func(ts, ms string) string { return "(" + ts + " + " + ms + " * interval '1 millisecond')" },
+		SortKey:   func(ts string) string { return ts },
+		KeyMicros: func(key string) string { return "CAST(EXTRACT(EPOCH FROM " + key + ") * 1000000 AS bigint)" },
+		MicrosKey: "(TIMESTAMPTZ 'epoch' + CAST(? AS bigint) * interval '1 microsecond')",
 	}
 }
 
@@ -147,7 +156,11 @@ func (b *Backend) Capabilities() backend.Capabilities {
 
 // Schema is the DDL of docs/schema.sql. updated_at and released_at
 // stay unindexed and the fill factor leaves room on each page, so that
-// heartbeats and releases are HOT updates that touch no index.
+// heartbeats and releases are HOT updates that touch no index. The one
+// index of the operator's reads, job_lease_paused, holds the paused rows
+// only, by key: heartbeats, acquires and releases change neither the key
+// nor paused_at, its condition, so they stay HOT; only Pause and Resume
+// change it.
 const Schema = `
 CREATE TABLE IF NOT EXISTS job_lease (
 	target_id   varchar(255) PRIMARY KEY,
@@ -172,6 +185,7 @@ ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS acquired_at      timestamptz,
 	ADD COLUMN IF NOT EXISTS paused_by        varchar(255),
 	ADD COLUMN IF NOT EXISTS stop_by          varchar(255);
+CREATE INDEX IF NOT EXISTS job_lease_paused ON job_lease (target_id) WHERE paused_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS job_lease_floor (
 	id         smallint PRIMARY KEY CHECK (id = 1),
 	generation bigint   NOT NULL
@@ -183,6 +197,13 @@ CREATE TABLE IF NOT EXISTS job_result (
 	generation bigint       NOT NULL,
 	updated_at timestamptz  NOT NULL
 );`
+
+// schemaSQL is Schema for tables t. The index takes its schema from the
+// table, so its name in CREATE INDEX is never qualified.
+func schemaSQL(t backend.Tables) string {
+	index, _ := t.PausedIndex()
+	return strings.Replace(t.Expand(Schema), " "+t.Lease+"_paused ON ", " "+index+" ON ", 1)
+}
 
 // migrateLock is the advisory lock key that serialises concurrent
 // migrations: CREATE TABLE IF NOT EXISTS alone can fail with a unique

@@ -17,6 +17,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -31,6 +32,7 @@ type Backend struct {
 	backend.Kit
 	lease                                         string
 	schemaSQL, acquireSQL, heartbeatSQL, stateSQL string
+	indexSQL                                      string
 	slotSQL, heldSQL                              string
 }
 
@@ -64,12 +66,25 @@ func New(t backend.Tables) *Backend {
 		SlotsTx:      &sql.TxOptions{Isolation: sql.LevelSerializable},
 		InsertIgnore: "INSERT INTO",
 		IgnoreSuffix: " ON CONFLICT (target_id) DO NOTHING",
+		Fresh: func(col, ms string) string {
+			return "(julianday('now') - julianday(" + col + ")) * 86400000.0 <= " + ms
+		},
+		// A julian day number, which julianday() reads back as it is.
+		AddMillis: func(ts, ms string) string { return "(julianday(" + ts + ") + " + ms + " / 86400000.0)" },
+		// Whole milliseconds (what the text holds) since the Unix epoch,
+		// as microseconds: an integer that compares exactly.
+		SortKey: func(ts string) string {
+			return "(CAST(round((julianday(" + ts + ") - 2440587.5) * 86400000.0) AS INTEGER) * 1000)"
+		},
+		KeyMicros: func(key string) string { return key },
+		MicrosKey: "CAST(? AS INTEGER)",
 	}
 	return &Backend{
 		Common:       backend.NewCommon(d, t),
 		Kit:          backend.NewKit(d, t, earlierText),
 		lease:        t.Lease,
 		schemaSQL:    t.Expand(schema),
+		indexSQL:     pausedIndex(t),
 		acquireSQL:   t.Expand(acquireSQL),
 		heartbeatSQL: t.Expand(heartbeatBatchSQL),
 		slotSQL:      t.Expand(slotSQL),
@@ -142,6 +157,16 @@ CREATE TABLE IF NOT EXISTS job_result (
 	updated_at datetime     NOT NULL
 );`
 
+// pausedIndex is the DDL of the index of the paused rows, by key (see
+// docs/sqlite.md), for tables t: it comes after the columns that
+// AddMissingColumns adds, paused_at among them. SQLite qualifies the
+// index's name, not its table's, with the schema.
+func pausedIndex(t backend.Tables) string {
+	index, schema := t.PausedIndex()
+	table := strings.TrimPrefix(t.Lease, schema)
+	return "CREATE INDEX IF NOT EXISTS " + schema + index + " ON " + table + " (target_id) WHERE paused_at IS NOT NULL"
+}
+
 // Migrate runs the DDL in one write transaction: a concurrent Migrate
 // waits for it.
 func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
@@ -149,7 +174,10 @@ func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
 		if err := tx.Exec(b.schemaSQL).Error; err != nil {
 			return err
 		}
-		return backend.AddMissingColumns(tx, b.lease, addedColumns)
+		if err := backend.AddMissingColumns(tx, b.lease, addedColumns); err != nil {
+			return err
+		}
+		return tx.Exec(b.indexSQL).Error
 	}, b.TxOptions())
 }
 
