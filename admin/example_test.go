@@ -111,3 +111,80 @@ func ExampleReadStats() {
 	// heartbeat goroutines while the work runs: 1
 	// after: {HeartbeatGroups:0 WatchedRows:0}
 }
+
+// An on-call engineer acts under their own name (the console passes the
+// signed-in user), so that the row says who paused a target, and counts
+// the rows of each state before listing the paused ones.
+func ExampleOperator_As() {
+	db, closeDB := openDB()
+	defer closeDB()
+	repo, err := gormlease.NewRepository(db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, target := range []string{"sync:eu", "sync:us", "sync:ap"} {
+		if _, err := repo.Acquire(ctx, target, time.Minute); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	op := admin.New(repo).As("alice@example.com")
+	if err := op.Pause(ctx, "sync:us", "vendor outage"); err != nil {
+		log.Fatal(err)
+	}
+	counts, err := op.Count(ctx, "sync:")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%d rows: %d live, %d paused\n", counts.Total, counts.Live, counts.Paused)
+	paused, err := op.List(ctx, admin.ListOptions{Prefix: "sync:", State: admin.StatePaused})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, li := range paused {
+		fmt.Println(li.TargetID, li.State, "paused by", li.PausedBy+":", li.PauseReason)
+	}
+	// Output:
+	// 3 rows: 3 live, 1 paused
+	// sync:us live paused by alice@example.com: vendor outage
+}
+
+// The rows that have gone longest without a heartbeat come first in
+// OrderAge; each page goes on from the Cursor of the last row of the one
+// before.
+func ExampleOperator_List_order() {
+	db, closeDB := openDB()
+	defer closeDB()
+	repo, err := gormlease.NewRepository(db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, target := range []string{"etl:c", "etl:a", "etl:b"} {
+		if _, err := repo.Acquire(ctx, target, time.Minute); err != nil {
+			log.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond) // SQLite's clock counts milliseconds
+	}
+
+	op := admin.New(repo)
+	opts := admin.ListOptions{Prefix: "etl:", Order: admin.OrderAge, Limit: 2}
+	for {
+		page, err := op.List(ctx, opts)
+		if err != nil {
+			log.Fatal(err)
+		}
+		for _, li := range page {
+			fmt.Println(li.TargetID)
+		}
+		if len(page) < opts.Limit {
+			break
+		}
+		opts.After = page[len(page)-1].Cursor
+	}
+	// Output:
+	// etl:c
+	// etl:a
+	// etl:b
+}

@@ -44,7 +44,8 @@ func ageRelease(t *testing.T, s *testdb.Server, db *gorm.DB, target string, d ti
 
 // Prune deletes the rows released, or expired by the timeout they
 // recorded, more than olderThan ago, with their results, and nothing else:
-// not a live lease, not one released or expired more recently.
+// not a live lease, not one released or expired more recently. A dry run
+// first counts those rows, and deletes nothing.
 func TestPrune_DeletesOnlyRowsEndedLongAgo(t *testing.T) {
 	t.Parallel()
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
@@ -69,9 +70,21 @@ func TestPrune_DeletesOnlyRowsEndedLongAgo(t *testing.T) {
 		require.NoError(t, err)
 		testkit.Age(t, s, db, "long-timeout", 2*time.Hour) // live: its own timeout is 3 h
 
+		var progress []int64
+		dry, err := op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour, DryRun: true,
+			Progress: func(n int64) { progress = append(progress, n) }})
+		require.NoError(t, err)
+		assert.EqualValues(t, 2, dry, "a dry run counts the rows that a prune deletes")
+		assert.Empty(t, progress, "a dry run's progress")
+		counts, err := op.Count(ctx, "")
+		require.NoError(t, err)
+		assert.EqualValues(t, 6, counts.Total, "rows after a dry run")
+		_, _, err = gormlease.LoadJSON[string](ctx, db, "old-released")
+		require.NoError(t, err, "the result after a dry run")
+
 		deleted, err := op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour})
 		require.NoError(t, err)
-		assert.EqualValues(t, 2, deleted)
+		assert.Equal(t, dry, deleted, "what the dry run counted")
 		rest, err := op.List(ctx, admin.ListOptions{})
 		require.NoError(t, err)
 		var ids []string
@@ -85,6 +98,9 @@ func TestPrune_DeletesOnlyRowsEndedLongAgo(t *testing.T) {
 		deleted, err = op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour})
 		require.NoError(t, err)
 		assert.Zero(t, deleted, "a second Prune")
+		dry, err = op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour, DryRun: true})
+		require.NoError(t, err)
+		assert.Zero(t, dry, "a dry run after the Prune")
 	})
 }
 
