@@ -95,10 +95,12 @@ func TestList_Orders(t *testing.T) {
 		acquire("g", time.Hour, 5*time.Minute, 4*time.Hour)       // no timeout recorded, set below
 		copyTimes(t, db, p+"b", p+"f")
 		require.NoError(t, db.Model(&gormlease.JobLease{}).Where("target_id = ?", p+"g").Update("timeout_ms", nil).Error)
-		l, err := repo.Acquire(ctx, p+"d", time.Hour) // released, acquired long ago
-		require.NoError(t, err)
-		require.NoError(t, repo.Release(ctx, l))
-		setAcquired(t, s, db, p+"d", 5*time.Hour)
+		for _, name := range []string{"d", "h"} { // released, acquired long ago
+			l, err := repo.Acquire(ctx, p+name, time.Hour)
+			require.NoError(t, err)
+			require.NoError(t, repo.Release(ctx, l))
+			setAcquired(t, s, db, p+name, 5*time.Hour)
+		}
 
 		keys := func(names ...string) []string {
 			out := make([]string, len(names))
@@ -107,13 +109,23 @@ func TestList_Orders(t *testing.T) {
 			}
 			return out
 		}
-		for order, want := range map[admin.Order][]string{
-			admin.OrderKey:       keys("a", "b", "c", "d", "e", "f", "g"),
-			admin.OrderAge:       keys("c", "g", "b", "f", "e", "a", "d"),
-			admin.OrderHeldSince: keys("g", "c", "b", "f", "a", "d", "e"),
-			admin.OrderExpiry:    keys("c", "g", "b", "f", "e", "a", "d"),
+		type listing struct {
+			order admin.Order
+			state admin.LeaseState
+		}
+		for l, want := range map[listing][]string{
+			{admin.OrderKey, ""}:                        keys("a", "b", "c", "d", "e", "f", "g", "h"),
+			{admin.OrderAge, ""}:                        keys("c", "g", "b", "f", "e", "a", "d", "h"),
+			{admin.OrderHeldSince, ""}:                  keys("g", "c", "b", "f", "a", "d", "e", "h"),
+			{admin.OrderExpiry, ""}:                     keys("c", "g", "b", "f", "e", "a", "d", "h"),
+			{admin.OrderHeldSince, admin.StateLive}:     keys("b", "f", "a", "e"),
+			{admin.OrderExpiry, admin.StateLive}:        keys("b", "f", "e", "a"),
+			{admin.OrderHeldSince, admin.StateReleased}: keys("d", "h"),
+			{admin.OrderExpiry, admin.StateReleased}:    keys("d", "h"),
+			{admin.OrderAge, admin.StateExpired}:        keys("c", "g"),
 		} {
-			opts := admin.ListOptions{Prefix: p, Order: order}
+			order := l.order
+			opts := admin.ListOptions{Prefix: p, Order: order, State: l.state}
 			all, err := op.List(ctx, opts)
 			require.NoError(t, err)
 			var got []string
@@ -123,9 +135,9 @@ func TestList_Orders(t *testing.T) {
 					assert.Equal(t, li.Key, li.Cursor, "in key order the cursor is the key")
 				}
 			}
-			assert.Equal(t, want, got, "order %q", order)
+			assert.Equal(t, want, got, "order %q, state %q", order, l.state)
 			for _, limit := range []int{1, 2, 3} {
-				assert.Equal(t, want, listAll(t, op, opts, limit, nil), "order %q, %d a page", order, limit)
+				assert.Equal(t, want, listAll(t, op, opts, limit, nil), "order %q, state %q, %d a page", order, l.state, limit)
 			}
 		}
 

@@ -67,15 +67,18 @@ type Dialect struct {
 	//   - AddMillis is an SQL timestamp: ts, a timestamp, plus ms (SQL for
 	//     a number of milliseconds).
 	//   - SortKey is an SQL value, ordered as ts is, of ts, a timestamp or
-	//     AddMillis' result, or NULL; KeyMicros is that value as an integer
-	//     of microseconds since the Unix epoch, exactly, and MicrosKey the
-	//     value whose KeyMicros is its argument (a statement's ?), so that a
-	//     page's last row can be found again by the value read.
+	//     AddMillis' result, never NULL: LastKey, which sorts after every
+	//     other, stands for NULL. KeyMicros is a sort key as an integer of
+	//     microseconds since the Unix epoch, exactly (NULL for LastKey), and
+	//     MicrosKey the sort key whose KeyMicros is its argument (a
+	//     statement's ?), so that a page's last row is found again by the
+	//     value read.
 	Fresh     func(col, ms string) string
 	AddMillis func(ts, ms string) string
 	SortKey   func(ts string) string
 	KeyMicros func(key string) string
 	MicrosKey string
+	LastKey   string
 }
 
 // Common is the part of a Backend that is the same SQL on every database,
@@ -261,18 +264,23 @@ func (c *Common) listState() string {
 		" ELSE 'expired' END"
 }
 
-// sortKey is the SQL of a row's value in order o (see ListOrder), with
-// state the SQL of its state; "" for ByKey.
-func (c *Common) sortKey(o ListOrder, state string) string {
+// sortKey is the SQL of a row's value in order o (see ListOrder), never
+// NULL (the dialect's LastKey sorts last); "" for ByKey. The orders of
+// leases not released judge the state as listState does, in one CASE.
+func (c *Common) sortKey(o ListOrder) string {
 	d := c.d
+	unreleased := func(ts string) string {
+		return "COALESCE(CASE WHEN released_at IS NOT NULL THEN NULL" +
+			" WHEN timeout_ms IS NOT NULL AND " + d.Fresh("updated_at", "timeout_ms") + " THEN " + ts +
+			" WHEN hold_generation = generation THEN NULL ELSE " + ts + " END, " + d.LastKey + ")"
+	}
 	switch o {
 	case ByAge:
 		return d.SortKey("updated_at")
 	case ByHeldSince:
-		return "CASE WHEN " + state + " = 'released' THEN NULL ELSE " + d.SortKey("acquired_at") + " END"
+		return unreleased(d.SortKey("acquired_at"))
 	case ByExpiry:
-		return "CASE WHEN " + state + " = 'released' THEN NULL ELSE " +
-			d.SortKey(d.AddMillis("updated_at", "COALESCE(timeout_ms, 0)")) + " END"
+		return unreleased(d.SortKey(d.AddMillis("updated_at", "COALESCE(timeout_ms, 0)")))
 	}
 	return ""
 }
@@ -283,19 +291,25 @@ func (c *Common) sortKey(o ListOrder, state string) string {
 // page's rows by key, with their states and ages.
 func (c *Common) List(ctx context.Context, db *gorm.DB, q ListQuery) ([]Listed, error) {
 	state := c.listState()
-	key := c.sortKey(q.Order, state)
+	key := c.sortKey(q.Order)
+	if q.State == "released" && (q.Order == ByHeldSince || q.Order == ByExpiry) {
+		// Every released row sorts last: their order is the key's, which
+		// the primary key's index reads in order, rather than the whole
+		// table sorted.
+		key = c.d.LastKey
+	}
 	var where []string
 	var args []any
 	switch {
 	case q.After == "":
 	case key == "":
 		where, args = append(where, "target_id > ?"), append(args, q.After)
+	case key == c.d.LastKey && q.AfterSort == nil:
+		where, args = append(where, "target_id > ?"), append(args, q.After)
 	case q.AfterSort == nil:
-		where, args = append(where, "("+key+" IS NULL AND target_id > ?)"), append(args, q.After)
+		where, args = append(where, "("+key+", target_id) > ("+c.d.LastKey+", ?)"), append(args, q.After)
 	default:
-		v := c.d.MicrosKey
-		where = append(where, "("+key+" > "+v+" OR ("+key+" = "+v+" AND target_id > ?) OR "+key+" IS NULL)")
-		args = append(args, *q.AfterSort, *q.AfterSort, q.After)
+		where, args = append(where, "("+key+", target_id) > ("+c.d.MicrosKey+", ?)"), append(args, *q.AfterSort, q.After)
 	}
 	if q.Prefix != "" {
 		cond, cargs, err := c.prefixCondition(ctx, db, q.Prefix)
@@ -323,8 +337,7 @@ func (c *Common) List(ctx context.Context, db *gorm.DB, q ListQuery) ([]Listed, 
 	if key != "" {
 		inner += ", " + key + " AS list_sort"
 		outerSort = c.d.KeyMicros("p.list_sort")
-		order = "CASE WHEN " + key + " IS NULL THEN 1 ELSE 0 END, " + key + ", target_id"
-		outerOrder = "CASE WHEN p.list_sort IS NULL THEN 1 ELSE 0 END, p.list_sort, p.list_key"
+		order, outerOrder = key+", target_id", "p.list_sort, p.list_key"
 	}
 	inner += " FROM " + c.tables.Lease
 	if len(where) > 0 {

@@ -34,6 +34,10 @@ type Backend struct {
 	server atomic.Pointer[Server]
 }
 
+// mysqlLast is the largest datetime(6): the sort key of the rows that sort
+// last in an operator's List (backend.Dialect.LastKey).
+const mysqlLast = "CAST('9999-12-31 23:59:59.999999' AS DATETIME(6))"
+
 // New returns the MySQL backend for tables t.
 func New(t backend.Tables) *Backend {
 	d := backend.Dialect{
@@ -67,8 +71,11 @@ func New(t backend.Tables) *Backend {
 		},
 		AddMillis: func(ts, ms string) string { return "(" + ts + " + INTERVAL " + ms + " * 1000 MICROSECOND)" },
 		SortKey:   func(ts string) string { return ts },
-		KeyMicros: func(key string) string { return "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + key + ")" },
+		KeyMicros: func(key string) string {
+			return "CASE WHEN " + key + " < " + mysqlLast + " THEN TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', " + key + ") END"
+		},
 		MicrosKey: "TIMESTAMPADD(MICROSECOND, ?, CAST('1970-01-01 00:00:00' AS DATETIME(6)))",
+		LastKey:   mysqlLast,
 	}
 	return &Backend{
 		Common:      backend.NewCommon(d, t),

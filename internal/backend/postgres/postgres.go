@@ -134,8 +134,11 @@ func dialect(t backend.Tables) backend.Dialect {
 		},
 		AddMillis: func(ts, ms string) string { return "(" + ts + " + " + ms + " * interval '1 millisecond')" },
 		SortKey:   func(ts string) string { return ts },
-		KeyMicros: func(key string) string { return "CAST(EXTRACT(EPOCH FROM " + key + ") * 1000000 AS bigint)" },
+		KeyMicros: func(key string) string {
+			return "CASE WHEN isfinite(" + key + ") THEN CAST(EXTRACT(EPOCH FROM " + key + ") * 1000000 AS bigint) END"
+		},
 		MicrosKey: "(TIMESTAMPTZ 'epoch' + CAST(? AS bigint) * interval '1 microsecond')",
+		LastKey:   "TIMESTAMPTZ 'infinity'",
 	}
 }
 

@@ -76,8 +76,9 @@ func New(t backend.Tables) *Backend {
 		SortKey: func(ts string) string {
 			return "(CAST(round((julianday(" + ts + ") - 2440587.5) * 86400000.0) AS INTEGER) * 1000)"
 		},
-		KeyMicros: func(key string) string { return key },
+		KeyMicros: func(key string) string { return "NULLIF(" + key + ", 9223372036854775807)" },
 		MicrosKey: "CAST(? AS INTEGER)",
+		LastKey:   "9223372036854775807",
 	}
 	return &Backend{
 		Common:       backend.NewCommon(d, t),
