@@ -63,7 +63,14 @@ ALTER TABLE job_lease
 -- Heartbeats, acquires and releases change neither target_id nor paused_at,
 -- so they stay HOT updates; only Pause and Resume write the index. Its name
 -- is the lease table's with _paused appended.
+--
+-- parallel_workers = 0: the scans of the whole table (an operator's list in an
+-- order other than by key, and its counts) run in the backend alone. At
+-- 100,000 rows a scan is 10-35 ms of one core; starting parallel workers for
+-- it cost more than it saved on a busy server (docs/operating.md, "At
+-- 100,000 rows"). RESET (parallel_workers) lets the planner choose again.
 CREATE INDEX IF NOT EXISTS job_lease_paused ON job_lease (target_id) WHERE paused_at IS NOT NULL;
+ALTER TABLE job_lease SET (parallel_workers = 0);
 
 -- job_lease_floor holds one row: the highest generation that Prune ever
 -- deleted. A target without a row starts above it, so that its generation

@@ -264,6 +264,21 @@ func (c *Common) listState() string {
 		" ELSE 'expired' END"
 }
 
+// stateIs returns the SQL condition that a row is in state ("live",
+// "expired" or "released"), as listState judges it, as plain conditions
+// that the database checks in order, and stops at the first false: the
+// released rows, most of a table, fail a live or expired one at once.
+func (c *Common) stateIs(state string) string {
+	live := "(timeout_ms IS NOT NULL AND " + c.d.Fresh("updated_at", "timeout_ms") + ")"
+	switch state {
+	case "live":
+		return "(released_at IS NULL AND " + live + ")"
+	case "expired":
+		return "(released_at IS NULL AND NOT " + live + " AND (hold_generation IS NULL OR hold_generation <> generation))"
+	}
+	return "(released_at IS NOT NULL OR (NOT " + live + " AND hold_generation = generation))"
+}
+
 // sortKey is the SQL of a row's value in order o (see ListOrder), never
 // NULL (the dialect's LastKey sorts last); "" for ByKey. The orders of
 // leases not released judge the state as listState does, in one CASE.
@@ -327,7 +342,7 @@ func (c *Common) List(ctx context.Context, db *gorm.DB, q ListQuery) ([]Listed, 
 		// As the partial index on the paused rows is written.
 		where = append(where, "paused_at IS NOT NULL")
 	default:
-		where, args = append(where, state+" = ?"), append(args, q.State)
+		where = append(where, c.stateIs(q.State))
 	}
 	if q.Holder != "" {
 		where, args = append(where, "holder = ?"), append(args, q.Holder)
@@ -373,8 +388,11 @@ func (c *Common) List(ctx context.Context, db *gorm.DB, q ListQuery) ([]Listed, 
 }
 
 // Count counts the rows under prefix in each state, in one statement.
+// Released is the rest of Total: the states partition the rows.
 func (c *Common) Count(ctx context.Context, db *gorm.DB, prefix string) (Counts, error) {
-	query := "SELECT " + c.listState() + " AS st, paused_at, released_at, stop_generation, generation FROM " + c.tables.Lease
+	sum := func(cond string) string { return "COALESCE(SUM(CASE WHEN " + cond + " THEN 1 ELSE 0 END), 0)" }
+	query := "SELECT COUNT(*), " + sum(c.stateIs("live")) + ", " + sum(c.stateIs("expired")) + ", COUNT(paused_at), " +
+		sum("released_at IS NULL AND stop_generation = generation") + " FROM " + c.tables.Lease
 	var args []any
 	if prefix != "" {
 		cond, cargs, err := c.prefixCondition(ctx, db, prefix)
@@ -383,12 +401,9 @@ func (c *Common) Count(ctx context.Context, db *gorm.DB, prefix string) (Counts,
 		}
 		query, args = query+" WHERE "+cond, cargs
 	}
-	sum := func(cond string) string { return "COALESCE(SUM(CASE WHEN " + cond + " THEN 1 ELSE 0 END), 0)" }
-	query = "SELECT COUNT(*), " + sum("st = 'live'") + ", " + sum("st = 'expired'") + ", " + sum("st = 'released'") + ", " +
-		sum("paused_at IS NOT NULL") + ", " + sum("released_at IS NULL AND stop_generation = generation") +
-		" FROM (" + query + ") c"
 	var n Counts
-	_, err := QueryRow(ctx, db, c.d.Rebind(query), args, &n.Total, &n.Live, &n.Expired, &n.Released, &n.Paused, &n.StopRequested)
+	_, err := QueryRow(ctx, db, c.d.Rebind(query), args, &n.Total, &n.Live, &n.Expired, &n.Paused, &n.StopRequested)
+	n.Released = n.Total - n.Live - n.Expired
 	return n, err
 }
 

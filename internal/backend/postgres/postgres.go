@@ -163,7 +163,10 @@ func (b *Backend) Capabilities() backend.Capabilities {
 // index of the operator's reads, job_lease_paused, holds the paused rows
 // only, by key: heartbeats, acquires and releases change neither the key
 // nor paused_at, its condition, so they stay HOT; only Pause and Resume
-// change it.
+// change it. The scans of the whole table that the operator's reads make
+// run without parallel workers, whose start costs more than they save at
+// the table's usual sizes, the more so on a busy server (see
+// docs/schema.sql).
 const Schema = `
 CREATE TABLE IF NOT EXISTS job_lease (
 	target_id   varchar(255) PRIMARY KEY,
@@ -189,6 +192,7 @@ ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS paused_by        varchar(255),
 	ADD COLUMN IF NOT EXISTS stop_by          varchar(255);
 CREATE INDEX IF NOT EXISTS job_lease_paused ON job_lease (target_id) WHERE paused_at IS NOT NULL;
+ALTER TABLE job_lease SET (parallel_workers = 0);
 CREATE TABLE IF NOT EXISTS job_lease_floor (
 	id         smallint PRIMARY KEY CHECK (id = 1),
 	generation bigint   NOT NULL
