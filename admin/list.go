@@ -214,6 +214,10 @@ var listOrders = map[Order]backend.ListOrder{
 // the Unix epoch, or "" for a row that sorts last) and the row's key,
 // separated by ":". The key is last, and may hold ":" itself.
 
+// maxCursorLength is the longest Cursor: the base64 of an order's name, a
+// sort value, a key of up to 255 bytes and two separators.
+const maxCursorLength = (len(OrderHeldSince+OrderExpiry) + 20 + ops.MaxTargetIDLength + 2 + 2) * 4 / 3
+
 // cursor is the Cursor of the row l, listed in order.
 func cursor(order Order, l backend.Listed) string {
 	if order == OrderKey {
@@ -239,6 +243,9 @@ func parseCursor(order Order, after string) (key string, sort *int64, err error)
 			return "", nil, bad("as a key, it " + problem)
 		}
 		return after, nil, nil
+	}
+	if len(after) > maxCursorLength {
+		return "", nil, bad(fmt.Sprintf("it is %d bytes long, more than a cursor's %d", len(after), maxCursorLength))
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(after)
 	if err != nil {

@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"encoding/base64"
+	"strings"
 	"testing"
 	"time"
 
@@ -242,6 +243,7 @@ func TestList_RejectsBadCursors(t *testing.T) {
 		{After: "a\x00"},
 		{Holder: "a\x00"},
 		{State: "held"},
+		{Order: admin.OrderAge, After: strings.Repeat("A", 1000)},
 	} {
 		_, err := op.List(ctx, o)
 		require.ErrorIs(t, err, gormlease.ErrInvalidArgument, "%+v", o)
@@ -249,6 +251,7 @@ func TestList_RejectsBadCursors(t *testing.T) {
 	for _, o := range []admin.ListOptions{
 		{Order: admin.OrderAge, After: enc("age:1733491200000000:k")},
 		{Order: admin.OrderHeldSince, After: enc("held::k:with:colons")},
+		{Order: admin.OrderExpiry, After: enc("expiry:-9223372036854775808:" + strings.Repeat("k", 255))},
 		{After: "any key"},
 	} {
 		_, err := op.List(ctx, o)

@@ -75,11 +75,12 @@ type PruneOptions struct {
 // safe to run at any time, from several processes at once, while leases
 // are acquired, renewed and released: a row acquired meanwhile stays.
 //
-// With opts.DryRun it deletes nothing, and returns the number of rows it
-// would delete now. Otherwise it returns the number of lease rows deleted, also when it stops early:
+// It returns the number of lease rows deleted, also when it stops early:
 // when ctx is done, with an error wrapping ctx.Err(), or on a database
-// error. Options it cannot honour return an error wrapping
-// gormlease.ErrInvalidArgument that names the field, and delete nothing.
+// error. With opts.DryRun it deletes nothing, and returns the number of
+// rows that it would delete now. Options it cannot honour return an error
+// wrapping gormlease.ErrInvalidArgument that names the field, and delete
+// nothing.
 func (o *Operator) Prune(ctx context.Context, opts PruneOptions) (deleted int64, err error) {
 	r, err := o.parts()
 	if err != nil {
