@@ -526,7 +526,7 @@ func TestObserve_Paused(t *testing.T) {
 		require.ErrorIs(t, err, gormlease.ErrPaused)
 
 		assertLease(t, logs.one(t, "target paused"), slog.LevelDebug, target, 0, obsHolder)
-		assert.Empty(t, logs.atLeast(slog.LevelWarn), "a paused target is not a fault")
+		assert.Empty(t, logs.outcomesAtLeast(slog.LevelWarn), "a paused target is not a fault")
 		acq := obs.eventsOf(observe.EventAcquire)
 		require.Len(t, acq, 1)
 		assert.ErrorIs(t, acq[0].Err, gormlease.ErrPaused)
@@ -555,7 +555,7 @@ func TestObserve_StopRequested(t *testing.T) {
 		rec := logs.one(t, "asked the holder to stop")
 		assertLease(t, rec, slog.LevelInfo, target, leaseRow(t, db, target).Generation, obsHolder)
 		assert.Contains(t, rec.attrs, "held")
-		assert.Empty(t, logs.atLeast(slog.LevelWarn), "a stop request is not a fault")
+		assert.Empty(t, logs.outcomesAtLeast(slog.LevelWarn), "a stop request is not a fault")
 		stopped := obs.eventsOf(observe.EventStopRequested)
 		require.Len(t, stopped, 1)
 		assert.ErrorIs(t, stopped[0].Err, gormlease.ErrStopRequested)
