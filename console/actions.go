@@ -7,9 +7,11 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 )
 
 // maxReason is the longest reason, in bytes, that an action takes: the
@@ -18,33 +20,35 @@ import (
 const maxReason = 255
 
 // act is what an action is asked to do: on target, or with slot > 0 on
-// that slot of it (stop and release only), for reason.
+// that slot of it (stop and release only), for reason, by operator ("" for
+// no identity).
 type act struct {
 	target, reason string
 	slot           int
+	operator       string
 }
 
 // actions are what the console can do to a target, by name: each is a
-// POST to its name under the console's root.
-var actions = map[string]func(h *handler, ctx context.Context, a act) error{
-	"pause": func(h *handler, ctx context.Context, a act) error {
-		return h.op.Pause(ctx, a.target, a.reason)
+// POST to its name under the console's root. op records the operator.
+var actions = map[string]func(op *admin.Operator, ctx context.Context, a act) error{
+	"pause": func(op *admin.Operator, ctx context.Context, a act) error {
+		return op.Pause(ctx, a.target, a.reason)
 	},
-	"resume": func(h *handler, ctx context.Context, a act) error {
-		return h.op.Resume(ctx, a.target)
+	"resume": func(op *admin.Operator, ctx context.Context, a act) error {
+		return op.Resume(ctx, a.target)
 	},
-	"stop": func(h *handler, ctx context.Context, a act) error {
+	"stop": func(op *admin.Operator, ctx context.Context, a act) error {
 		if a.slot > 0 {
-			return h.op.RequestStopSlot(ctx, a.target, a.slot, a.reason)
+			return op.RequestStopSlot(ctx, a.target, a.slot, a.reason)
 		}
-		return h.op.RequestStop(ctx, a.target, a.reason)
+		return op.RequestStop(ctx, a.target, a.reason)
 	},
-	"release": func(h *handler, ctx context.Context, a act) error {
+	"release": func(op *admin.Operator, ctx context.Context, a act) error {
 		var err error
 		if a.slot > 0 {
-			_, err = h.op.ForceReleaseSlot(ctx, a.target, a.slot)
+			_, err = op.ForceReleaseSlot(ctx, a.target, a.slot)
 		} else {
-			_, err = h.op.ForceRelease(ctx, a.target)
+			_, err = op.ForceRelease(ctx, a.target)
 		}
 		return err
 	},
@@ -128,13 +132,53 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, name string) {
 		refuse(http.StatusBadRequest, "give a reason, in the form field reason: it is logged, and a pause records it in the row")
 		return
 	}
+	if problem := checkTarget(target); problem != "" {
+		refuse(http.StatusBadRequest, problem)
+		return
+	}
 	if err := h.authorize(r, name, target); err != nil {
 		refuse(http.StatusForbidden, "not allowed: "+err.Error())
 		return
 	}
+	a := act{target: target, reason: reason, slot: slot}
+	if h.identity != nil {
+		a.operator = h.identity(r)
+		if problem := checkOperator(a.operator); problem != "" {
+			// The application's identity function is wrong: a person
+			// must look.
+			log.Error("console: action refused: the identity cannot be recorded", "why", problem)
+			h.fail(w, r, http.StatusInternalServerError, "the operator's identity cannot be recorded: "+problem)
+			return
+		}
+		if a.operator != "" {
+			log = log.With("operator", a.operator)
+		}
+	}
 	ctx, cancel := dbContext(r)
 	defer cancel()
-	if err := actions[name](h, ctx, act{target: target, reason: reason, slot: slot}); err != nil {
+	cur, err := h.readRows(ctx, target)
+	if err != nil {
+		log.Error("console: action failed: read the target", "err", err)
+		h.fail(w, r, http.StatusInternalServerError, fmt.Sprintf("%s %q: could not read the target: %v", name, target, err))
+		return
+	}
+	if msg := cur.mismatch(name, slot); msg != "" {
+		refuse(http.StatusConflict, fmt.Sprintf("%s %q: %s; nothing was done", name, target, msg))
+		return
+	}
+	confirmed := r.PostFormValue("confirm") == "1"
+	if !confirmed && cur.needsConfirm(name) {
+		log.Debug("console: action to confirm")
+		h.confirm(w, name, a, cur)
+		return
+	}
+	if g := r.PostFormValue("generation"); confirmed && g != "" {
+		if msg := cur.changed(slot, g); msg != "" {
+			refuse(http.StatusConflict, fmt.Sprintf("%s %q: %s; nothing was done: look at the target's page again", name, target, msg))
+			return
+		}
+	}
+	if err := actions[name](h.operator(a.operator), ctx, a); err != nil {
 		status := actionStatus(err)
 		if status == http.StatusInternalServerError {
 			log.Error("console: action failed", "err", err)
@@ -184,4 +228,44 @@ func actionStatus(err error) int {
 func seeOther(w http.ResponseWriter, location string) {
 	w.Header().Set("Location", location)
 	w.WriteHeader(http.StatusSeeOther)
+}
+
+// operator is the Operator that records name as the operator of its
+// actions, or the console's own for "".
+func (h *handler) operator(name string) *admin.Operator {
+	return h.op
+}
+
+// checkTarget says what is wrong with id as a target ID, or "": 1 to 255
+// bytes of UTF-8, without a NUL or the byte 0x1f (which gormlease keeps
+// for the keys of slot rows), as gormlease's own check asks.
+func checkTarget(id string) string {
+	const max = 255
+	switch {
+	case id == "":
+		return "give the target"
+	case len(id) > max:
+		return fmt.Sprintf("the target ID is %d bytes long: a target ID has at most %d bytes", len(id), max)
+	case !utf8.ValidString(id):
+		return "the target ID is not valid UTF-8"
+	case strings.IndexByte(id, 0) >= 0:
+		return "the target ID has a NUL byte, which no target ID has"
+	case strings.Contains(id, slotSeparator):
+		return "the target ID has the byte 0x1f, which gormlease keeps for the keys of slot rows: give the target's own ID"
+	}
+	return ""
+}
+
+// checkOperator says what is wrong with name as an operator's identity,
+// or "": "" (no identity) or 1 to 255 bytes of UTF-8 without a NUL byte.
+func checkOperator(name string) string {
+	switch {
+	case len(name) > maxReason:
+		return fmt.Sprintf("it is %d bytes long, more than the %d the row holds", len(name), maxReason)
+	case !utf8.ValidString(name):
+		return "it is not valid UTF-8"
+	case strings.IndexByte(name, 0) >= 0:
+		return "it has a NUL byte"
+	}
+	return ""
 }

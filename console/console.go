@@ -3,7 +3,9 @@ package console
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -30,6 +32,10 @@ type config struct {
 	tablesSet    bool
 	authorize    func(r *http.Request, action, targetID string) error
 	authorizeSet bool
+	identity     func(r *http.Request) string
+	identitySet  bool
+	hosts        []string
+	hostsSet     bool
 	logger       *slog.Logger
 }
 
@@ -54,6 +60,32 @@ func WithAuthorizer(fn func(r *http.Request, action, targetID string) error) Opt
 	return option(func(c *config) { c.authorize, c.authorizeSet = fn, true })
 }
 
+// WithIdentity names the operator of a request: fn returns who is acting
+// (the application's session user, the basic-auth user, a header its
+// proxy sets). The console asks it only for an action that the authorizer
+// (WithAuthorizer) has allowed, and records the name with the action: in
+// the target's rows, through admin.Operator.As (who paused, who asked to
+// stop, who released by force), and in the action's log line, as the
+// attribute operator. A name must be 1 to 255 bytes of UTF-8 without a NUL
+// byte: any other is refused with 500 and the action writes nothing. ""
+// records no identity, as without the option.
+func WithIdentity(fn func(r *http.Request) string) Option {
+	return option(func(c *config) { c.identity, c.identitySet = fn, true })
+}
+
+// WithAllowedHosts serves only the requests whose Host header names one
+// of hosts (compared without the port, ignoring case; an IPv6 address with
+// or without its brackets): any other gets 421 Misdirected Request and
+// nothing is read or written. It is the defence against DNS rebinding,
+// where a page of another site, whose name an attacker re-resolved to the
+// console's address, is same-origin to the browser and would pass the
+// actions' origin check. Without it, every Host is served, and the
+// application's own checks (its authentication, its server's Host
+// routing) are the only defence.
+func WithAllowedHosts(hosts ...string) Option {
+	return option(func(c *config) { c.hosts, c.hostsSet = hosts, true })
+}
+
 // WithLogger sets the logger that records each action: what was asked,
 // on which target, with which reason, by which remote address, and what
 // came of it (Info when done, Warn when refused, Error when the database
@@ -69,7 +101,11 @@ type handler struct {
 	op        *admin.Operator
 	tables    []gormlease.TableOption
 	authorize func(r *http.Request, action, targetID string) error
-	logger    *slog.Logger
+	identity  func(r *http.Request) string
+	// hosts are the allowed Host names, lower case and without brackets;
+	// nil serves every Host.
+	hosts  map[string]bool
+	logger *slog.Logger
 }
 
 // New returns an http.Handler that shows db's leases to an operator. It serves under any
@@ -96,12 +132,21 @@ func New(db *gorm.DB, opts ...Option) (http.Handler, error) {
 		}
 		o.apply(&c)
 	}
-	h := &handler{db: db, authorize: c.authorize, logger: c.logger}
+	h := &handler{db: db, authorize: c.authorize, identity: c.identity, logger: c.logger}
 	switch {
 	case c.tablesSet && c.tables == nil:
 		return nil, errors.New("console: WithTables: the table option is nil")
 	case c.authorizeSet && c.authorize == nil:
 		return nil, errors.New("console: WithAuthorizer: fn is nil; leave the option out for a read-only console")
+	case c.identitySet && c.identity == nil:
+		return nil, errors.New("console: WithIdentity: fn is nil; leave the option out to record no identity")
+	}
+	if c.hostsSet {
+		hosts, err := allowedHosts(c.hosts)
+		if err != nil {
+			return nil, err
+		}
+		h.hosts = hosts
 	}
 	if c.tablesSet {
 		h.tables = []gormlease.TableOption{c.tables}
@@ -123,6 +168,11 @@ func New(db *gorm.DB, opts ...Option) (http.Handler, error) {
 
 // ServeHTTP routes r by its path below the console's root.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.hosts != nil && !h.hosts[hostName(r.Host)] {
+		h.logger.Warn("console: request for another host refused", "host", r.Host, "remote", r.RemoteAddr)
+		h.fail(w, r, http.StatusMisdirectedRequest, fmt.Sprintf("this console does not serve the host %q: open it by one of its own names", r.Host))
+		return
+	}
 	switch p := r.URL.Path; p {
 	case "":
 		// Mounted as StripPrefix("/ops/leases", h) and asked for
@@ -167,7 +217,37 @@ func (h *handler) page(w http.ResponseWriter, r *http.Request, serve func(http.R
 		h.fail(w, r, http.StatusMethodNotAllowed, "this page is read with GET; the actions are POSTs to pause, resume, stop and release")
 		return
 	}
+	if problem := checkFormat(r); problem != "" {
+		h.fail(w, r, http.StatusBadRequest, problem)
+		return
+	}
 	serve(w, r)
+}
+
+// allowedHosts checks WithAllowedHosts's hosts and returns them as the
+// set that hostName's results are looked up in.
+func allowedHosts(hosts []string) (map[string]bool, error) {
+	if len(hosts) == 0 {
+		return nil, errors.New("console: WithAllowedHosts: give at least one host name")
+	}
+	set := make(map[string]bool, len(hosts))
+	for _, host := range hosts {
+		name := hostName(host)
+		if name == "" || strings.ContainsAny(name, "/ @?#") {
+			return nil, fmt.Errorf("console: WithAllowedHosts: %q is not a host name (give names such as ops.example.com or 127.0.0.1)", host)
+		}
+		set[name] = true
+	}
+	return set, nil
+}
+
+// hostName is host (a Host header, or a name given to WithAllowedHosts)
+// without its port and IPv6 brackets, in lower case.
+func hostName(host string) string {
+	if name, _, err := net.SplitHostPort(host); err == nil {
+		host = name
+	}
+	return strings.ToLower(strings.TrimSuffix(strings.Trim(host, "[]"), "."))
 }
 
 // dbContext is r's context with the timeout of the console's statements.

@@ -293,7 +293,7 @@ func TestMount_UnderAPathPrefix(t *testing.T) {
 	assert.Contains(t, body, `<a href="./">gormlease leases</a>`)
 	assert.Contains(t, body, `formaction="release"`)
 
-	form := url.Values{"target": {f.live}, "reason": {"test"}}
+	form := url.Values{"target": {f.live}, "reason": {"test"}, "confirm": {"1"}}
 	req, _ = http.NewRequest(http.MethodPost, srv.URL+"/ops/leases/release", strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Origin", srv.URL)
@@ -474,7 +474,7 @@ func TestSlotActions_StopAndReleaseOneSlotOnEveryDatabase(t *testing.T) {
 		require.NoError(t, err)
 		slotOf := func(l gormlease.Lease) string { return strconv.Itoa(l.Slot) }
 		form := func(slot string) url.Values {
-			return url.Values{"target": {target}, "reason": {"stuck"}, "slot": {slot}}
+			return url.Values{"target": {target}, "reason": {"stuck"}, "slot": {slot}, "confirm": {"1"}}
 		}
 		var asked []string
 		h, logs := newConsole(t, db, console.WithAuthorizer(func(r *http.Request, action, target string) error {

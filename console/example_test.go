@@ -50,7 +50,9 @@ func Example() {
 	mux.Handle("/ops/leases/", http.StripPrefix("/ops/leases", ops)) // behind your login in an application
 
 	pause := func(user string) int {
-		form := url.Values{"target": {"report:user-42"}, "reason": {"deploy"}}
+		// confirm=1: the target has no row yet, and without it the console
+		// answers with a page that asks to confirm creating a paused one.
+		form := url.Values{"target": {"report:user-42"}, "reason": {"deploy"}, "confirm": {"1"}}
 		r := httptest.NewRequest(http.MethodPost, "http://app.example/ops/leases/pause", strings.NewReader(form.Encode()))
 		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		r.Header.Set("Origin", "http://app.example") // a browser sends it; a script must

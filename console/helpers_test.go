@@ -131,10 +131,11 @@ func get(t *testing.T, h http.Handler, target string) response {
 	return do(h, httptest.NewRequest(http.MethodGet, target, nil))
 }
 
-// post posts the action with the form fields target and reason, from the
+// post posts the action with the form fields target and reason, and
+// confirm=1 (as a script does, skipping the confirmation page), from the
 // console's own origin unless header says otherwise.
 func post(h http.Handler, action, target, reason string, header map[string]string) response {
-	return postForm(h, action, url.Values{"target": {target}, "reason": {reason}}, header)
+	return postForm(h, action, url.Values{"target": {target}, "reason": {reason}, "confirm": {"1"}}, header)
 }
 
 // postForm posts the action with the form fields of form, from the

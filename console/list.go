@@ -143,6 +143,10 @@ func (h *handler) listPage(w http.ResponseWriter, r *http.Request) {
 		}
 		v.Next = template.URL("./?" + next.Encode())
 	}
+	if wantsJSON(r) {
+		h.writeJSON(w, http.StatusOK, listJSON{Prefix: v.Prefix, State: v.State, Limit: v.Limit, Rows: jsonRows(rows), Next: after})
+		return
+	}
 	h.render(w, http.StatusOK, listTmpl, "Leases", true, v)
 }
 
@@ -157,7 +161,7 @@ var listTmpl = mustPage(`{{define "content"}}
 {{if or .Prefix .State}}<a href="./">clear</a>{{end}}
 </form>
 {{if not .Actions}}<p class="muted">Read-only: this console was built without an authorizer, so it takes no actions.</p>{{end}}
-<table id="leases">
+<div class="scroll"><table id="leases">
 <thead><tr><th>Target</th><th>State</th><th>Holder</th><th>Generation</th><th>Heartbeat age / timeout</th><th>Expires in</th><th>Slot</th><th>Last save or failure</th></tr></thead>
 <tbody>
 {{range .Rows}}<tr data-key="{{.Key}}">
@@ -171,7 +175,7 @@ var listTmpl = mustPage(`{{define "content"}}
 <td>{{template "outcome" .}}</td>
 </tr>
 {{else}}<tr><td colspan="8" class="muted">No lease rows{{if or .Prefix .State}} match{{end}}.</td></tr>
-{{end}}</tbody></table>
+{{end}}</tbody></table></div>
 {{if .Next}}<p><a id="next" href="{{.Next}}">Next {{.Limit}} rows →</a></p>{{end}}
 {{end}}
 `)

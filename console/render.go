@@ -53,6 +53,10 @@ func (h *handler) render(w http.ResponseWriter, status int, tmpl *template.Templ
 
 // fail writes an error page with status and msg.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	if wantsJSON(r) {
+		h.writeJSON(w, status, jsonError{Error: msg, Status: status})
+		return
+	}
 	h.render(w, status, errorTmpl, http.StatusText(status), false, struct{ Status, Message string }{
 		fmt.Sprintf("%d %s", status, http.StatusText(status)), msg,
 	})
@@ -86,20 +90,31 @@ const layout = `{{define "page"}}<!doctype html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{{.Title}} · gormlease</title>
 <style nonce="{{.Nonce}}">
-body{font:14px/1.4 system-ui,sans-serif;margin:1em 2em;color:#222}
-h1{font-size:1.3em;margin:.2em 0 .6em}h2{font-size:1.1em;margin-top:1.5em}
-a{color:#0645ad}table{border-collapse:collapse;width:100%}
-th,td{text-align:left;padding:.25em .6em;border-bottom:1px solid #ddd;vertical-align:top}
-th{background:#f4f4f4;font-weight:600}td.num{text-align:right}
+:root{color-scheme:light dark;--fg:#222;--bg:#fff;--muted:#6a6a6a;--link:#0645ad;--line:#ddd;--head:#f4f4f4;--pre:#f8f8f8;
+--live:#d4f4d4;--expired:#fde2b8;--released:#e8e8e8;--paused:#f8c8c8;--stopping:#f4d0f0;
+--note:#eef4ff;--note-line:#b8ccf0;--error:#fde8e8;--error-line:#e8a0a0;--warn:#fff4d6;--warn-line:#e8c870;--danger:#b00020}
+@media (prefers-color-scheme:dark){:root{--fg:#e4e4e4;--bg:#16181c;--muted:#9a9a9a;--link:#8ab4f8;--line:#3a3d44;--head:#23262c;--pre:#1e2126;
+--live:#1f4d2b;--expired:#5c4310;--released:#3a3d44;--paused:#6b2525;--stopping:#5a2757;
+--note:#1c2a45;--note-line:#35507f;--error:#4a1d1d;--error-line:#8a3a3a;--warn:#43391a;--warn-line:#8a7430;--danger:#ff8a80}}
+body{font:14px/1.4 system-ui,sans-serif;margin:1em 2em;color:var(--fg);background:var(--bg)}
+h1{font-size:1.3em;margin:.2em 0 .6em;overflow-wrap:anywhere}h2{font-size:1.1em;margin-top:1.5em}
+a{color:var(--link)}table{border-collapse:collapse;width:100%}
+.scroll{overflow-x:auto;max-width:100%}
+th,td{text-align:left;padding:.25em .6em;border-bottom:1px solid var(--line);vertical-align:top}
+th{background:var(--head);font-weight:600}td.num{text-align:right}
 #leases td,#leases th,#slots td,#slots th{white-space:nowrap}#leases td:last-child{white-space:normal}
-.state{display:inline-block;padding:0 .5em;border-radius:.6em;font-size:.9em}
-.live{background:#d4f4d4}.expired{background:#fde2b8}.released{background:#e8e8e8}.paused{background:#f8c8c8}.stopping{background:#f4d0f0}
-.note{background:#eef4ff;border:1px solid #b8ccf0;padding:.4em .8em;margin:.5em 0}
-.error{background:#fde8e8;border:1px solid #e8a0a0;padding:.4em .8em;margin:.5em 0}
-.muted{color:#777}meter{width:7em}code,pre{font-family:ui-monospace,monospace}
-pre{background:#f8f8f8;padding:.5em;overflow:auto;max-height:30em}
-form.filter,form.act{margin:.5em 0}input[name=reason]{width:24em}form.slot{margin:0}form.slot input[name=reason]{width:10em}
-dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dt{font-weight:600}dd{margin:0}
+.state{display:inline-block;padding:0 .5em;border-radius:.6em;font-size:.9em;color:var(--fg)}
+.live{background:var(--live)}.expired{background:var(--expired)}.released{background:var(--released)}.paused{background:var(--paused)}.stopping{background:var(--stopping)}
+.note,.error,.warn,.confirm{padding:.4em .8em;margin:.5em 0;border:1px solid}
+.note{background:var(--note);border-color:var(--note-line)}.error{background:var(--error);border-color:var(--error-line)}
+.warn,.confirm{background:var(--warn);border-color:var(--warn-line)}
+button.danger{color:var(--danger);font-weight:600}
+.muted{color:var(--muted)}meter{width:7em}code,pre{font-family:ui-monospace,monospace;overflow-wrap:anywhere}
+pre{background:var(--pre);padding:.5em;overflow:auto;max-height:30em}
+form.filter,form.act{margin:.5em 0}input[name=reason]{width:24em;max-width:100%;box-sizing:border-box}form.slot{margin:0}form.slot input[name=reason]{width:10em}
+form.filter label{display:inline-block;margin:0 .5em .3em 0}form.filter input,form.filter select{max-width:100%;box-sizing:border-box}
+dl{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2em 1em}dt{font-weight:600}dd{margin:0;overflow-wrap:anywhere}
+@media (max-width:600px){body{margin:.5em}dl{grid-template-columns:minmax(0,1fr)}dd{margin-left:1em}}
 </style>
 </head><body>
 <p class="muted"><a href="./">gormlease leases</a>{{if not .Actions}} · read-only{{end}}</p>
