@@ -233,7 +233,7 @@ func allowedHosts(hosts []string) (map[string]bool, error) {
 	set := make(map[string]bool, len(hosts))
 	for _, host := range hosts {
 		name := hostName(host)
-		if name == "" || strings.ContainsAny(name, "/ @?#") {
+		if name == "" || strings.ContainsAny(host, "/ @?#\\") {
 			return nil, fmt.Errorf("console: WithAllowedHosts: %q is not a host name (give names such as ops.example.com or 127.0.0.1)", host)
 		}
 		set[name] = true
