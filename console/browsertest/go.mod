@@ -8,6 +8,7 @@ replace (
 )
 
 require (
+	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/gormlease/gormlease v0.0.0-00010101000000-000000000000
 	github.com/gormlease/gormlease/console v0.0.0-00010101000000-000000000000
@@ -17,7 +18,6 @@ require (
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
-	github.com/chromedp/cdproto v0.159.0 // indirect
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/go-sql-driver/mysql v1.10.1 // indirect
 	github.com/google/uuid v1.6.0 // indirect
