@@ -233,7 +233,10 @@ func seeOther(w http.ResponseWriter, location string) {
 // operator is the Operator that records name as the operator of its
 // actions, or the console's own for "".
 func (h *handler) operator(name string) *admin.Operator {
-	return h.op
+	if name == "" {
+		return h.op
+	}
+	return h.op.As(name)
 }
 
 // checkTarget says what is wrong with id as a target ID, or "": 1 to 255

@@ -65,8 +65,8 @@ the lease is released.</p>
 {{else}}<p id="creates">This target has <strong>no lease row</strong>: pausing it creates a paused row, so that no run
 starts on it until it is resumed. Check the name: a row for a target that nothing runs stays until it is
 resumed and pruned.</p>{{end}}
-{{if .Rows}}<div class="scroll"><table id="concerned"><thead><tr>{{if .Slotted}}<th>Slot</th>{{end}}<th>State</th><th>Holder</th><th>Generation</th></tr></thead>
-<tbody>{{range .Rows}}<tr>{{if .Slot}}<td class="num">{{.Slot}}</td>{{end}}<td>{{template "state" .}}</td><td class="holder">{{.Holder}}</td><td class="num generation">{{.Generation}}</td></tr>{{end}}</tbody></table></div>{{end}}
+{{if .Rows}}<div class="scroll"><table id="concerned"><thead><tr>{{if .Slotted}}<th>Slot</th>{{end}}<th>State</th><th>Holder</th><th>Generation</th><th>Held for</th></tr></thead>
+<tbody>{{range .Rows}}<tr>{{if .Slot}}<td class="num">{{.Slot}}</td>{{end}}<td>{{template "state" .}}</td><td class="holder">{{.Holder}}</td><td class="num generation">{{.Generation}}</td><td>{{template "held" .}}</td></tr>{{end}}</tbody></table></div>{{end}}
 <p>Reason: <q id="reason">{{.Reason}}</q>{{if .Operator}} · as <span id="operator">{{.Operator}}</span>{{end}}</p>
 <form class="act" method="post" action="{{.Action}}">
 <input type="hidden" name="target" value="{{.TargetID}}">

@@ -106,7 +106,7 @@ func (b *logBuffer) String() string {
 
 // newConsole returns the console on db, with opts, logging into the
 // returned buffer.
-func newConsole(t *testing.T, db *gorm.DB, opts ...console.Option) (http.Handler, *logBuffer) {
+func newConsole(t testing.TB, db *gorm.DB, opts ...console.Option) (http.Handler, *logBuffer) {
 	t.Helper()
 	logs := &logBuffer{}
 	opts = append([]console.Option{console.WithLogger(slog.New(slog.NewTextHandler(logs, nil)))}, opts...)

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/gormlease/gormlease/admin"
 )
 
 // The JSON view: ?format=json on the list and on a target's page answers
@@ -34,16 +36,23 @@ type jsonRow struct {
 	MinHold       bool   `json:"min_hold,omitempty"`
 	Paused        bool   `json:"paused"`
 	PauseReason   string `json:"pause_reason,omitempty"`
+	PausedBy      string `json:"paused_by,omitempty"`
 	StopRequested bool   `json:"stop_requested"`
 	StopReason    string `json:"stop_reason,omitempty"`
+	StopBy        string `json:"stop_by,omitempty"`
 	Holder        string `json:"holder"`
 	Generation    int64  `json:"generation"`
 	LeaseToken    string `json:"lease_token"`
 	AgeMS         int64  `json:"age_ms"`
 	// TimeoutMS is null when the row records no timeout; ExpiresInMS is
 	// null for a released row, and negative once the lease has expired.
-	TimeoutMS       *int64     `json:"timeout_ms"`
-	ExpiresInMS     *int64     `json:"expires_in_ms"`
+	TimeoutMS   *int64 `json:"timeout_ms"`
+	ExpiresInMS *int64 `json:"expires_in_ms"`
+	// AcquiredAt is when the current generation was acquired, null when
+	// the row does not record it; HeldForMS is the time since, null for a
+	// released row or when AcquiredAt is.
+	AcquiredAt      *time.Time `json:"acquired_at"`
+	HeldForMS       *int64     `json:"held_for_ms"`
 	UpdatedAt       time.Time  `json:"updated_at"`
 	ReleasedAt      *time.Time `json:"released_at"`
 	SavedGeneration *int64     `json:"saved_generation"`
@@ -67,8 +76,10 @@ func utc(t *time.Time) *time.Time {
 func (r row) json() jsonRow {
 	j := jsonRow{
 		Key: r.Key, TargetID: r.TargetID, Slot: r.Slot, State: r.State, MinHold: r.MinHold,
-		Paused: r.Paused, PauseReason: r.PauseReason, StopRequested: r.StopRequested, StopReason: r.StopReason,
-		Holder: r.Holder, Generation: r.Generation, LeaseToken: r.Token, AgeMS: ms(r.Age),
+		Paused: r.Paused, PauseReason: r.PauseReason, PausedBy: r.PausedBy,
+		StopRequested: r.StopRequested, StopReason: r.StopReason, StopBy: r.StopBy,
+		AcquiredAt: utc(r.AcquiredAt),
+		Holder:     r.Holder, Generation: r.Generation, LeaseToken: r.Token, AgeMS: ms(r.Age),
 		UpdatedAt: r.UpdatedAt.UTC(), ReleasedAt: utc(r.ReleasedAt),
 		SavedGeneration: r.SavedGen, SavedAt: utc(r.SavedAt), Failure: r.Failure,
 	}
@@ -79,6 +90,10 @@ func (r row) json() jsonRow {
 	if r.State != "released" {
 		e := ms(r.ExpiresIn)
 		j.ExpiresInMS = &e
+	}
+	if r.Held() {
+		held := ms(r.HeldFor)
+		j.HeldForMS = &held
 	}
 	return j
 }
@@ -120,10 +135,15 @@ type jsonError struct {
 
 // listJSON is the list in the JSON view.
 type listJSON struct {
-	Prefix string    `json:"prefix"`
-	State  string    `json:"state"`
-	Limit  int       `json:"limit"`
-	Rows   []jsonRow `json:"rows"`
+	Prefix string `json:"prefix"`
+	State  string `json:"state"`
+	Order  string `json:"order"`
+	Holder string `json:"holder"`
+	Limit  int    `json:"limit"`
+	// Counts are the rows under the prefix in each state (whatever the
+	// other filters).
+	Counts jsonCounts `json:"counts"`
+	Rows   []jsonRow  `json:"rows"`
 	// Next is the value of ?after= for the next page; "" on the last.
 	Next string `json:"next"`
 }
@@ -168,4 +188,19 @@ func (v targetView) json() targetJSON {
 		}
 	}
 	return j
+}
+
+// jsonCounts are admin.Counts in the JSON view.
+type jsonCounts struct {
+	Total         int64 `json:"total"`
+	Live          int64 `json:"live"`
+	Expired       int64 `json:"expired"`
+	Released      int64 `json:"released"`
+	Paused        int64 `json:"paused"`
+	StopRequested int64 `json:"stop_requested"`
+}
+
+// countsJSON is c in the JSON view.
+func countsJSON(c admin.Counts) jsonCounts {
+	return jsonCounts{Total: c.Total, Live: c.Live, Expired: c.Expired, Released: c.Released, Paused: c.Paused, StopRequested: c.StopRequested}
 }

@@ -108,8 +108,9 @@ th{background:var(--head);font-weight:600}td.num{text-align:right}
 .live{background:var(--live)}.expired{background:var(--expired)}.released{background:var(--released)}.paused{background:var(--paused)}.stopping{background:var(--stopping)}
 .note,.error,.warn,.confirm{padding:.4em .8em;margin:.5em 0;border:1px solid}
 .note{background:var(--note);border-color:var(--note-line)}.error{background:var(--error);border-color:var(--error-line)}
-.warn,.confirm{background:var(--warn);border-color:var(--warn-line)}
+.warn,.confirm{background:var(--warn);border-color:var(--warn-line)}#concerned{width:auto}
 button.danger{color:var(--danger);font-weight:600}
+.counts a{text-decoration:none;color:inherit}.counts a.current b{text-decoration:underline}
 .muted{color:var(--muted)}meter{width:7em}code,pre{font-family:ui-monospace,monospace;overflow-wrap:anywhere}
 pre{background:var(--pre);padding:.5em;overflow:auto;max-height:30em}
 form.filter,form.act{margin:.5em 0}input[name=reason]{width:24em;max-width:100%;box-sizing:border-box}form.slot{margin:0}form.slot input[name=reason]{width:10em}
@@ -149,8 +150,9 @@ dl{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2em 1em}dt{
 // state, its heartbeat meter and its last outcome.
 const parts = `{{define "state"}}<span class="state {{.State}}">{{.State}}</span>
 {{- if .MinHold}} <span class="muted">(min hold)</span>{{end}}
-{{- if .Paused}} <span class="state paused" title="{{.PauseReason}}">paused</span>{{end}}
-{{- if .StopRequested}} <span class="state stopping" title="{{.StopReason}}">stop requested</span>{{end}}{{end}}
+{{- if .Paused}} <span class="state paused" title="{{.PauseReason}}{{if .PausedBy}} (by {{.PausedBy}}){{end}}">paused</span>{{end}}
+{{- if .StopRequested}} <span class="state stopping" title="{{.StopReason}}{{if .StopBy}} (by {{.StopBy}}){{end}}">stop requested</span>{{end}}{{end}}
+{{define "held"}}{{if .Held}}<span title="since {{stamp .AcquiredAt}}">{{duration .HeldFor}}</span>{{else}}<span class="muted">–</span>{{end}}{{end}}
 {{define "heartbeat"}}{{if .Heartbeat}}<meter min="0" max="{{.TimeoutSeconds}}" low="{{.LowSeconds}}" high="{{.HighSeconds}}" optimum="0" value="{{.AgeSeconds}}"></meter>
 {{duration .Age}} / {{duration .Timeout}}{{else}}<span class="muted">{{duration .Age}} ago</span>{{end}}{{end}}
 {{define "outcome"}}{{if .Failure}}<span title="failure">failed: {{.Failure}}</span>

@@ -258,9 +258,12 @@ var targetTmpl = mustPage(`{{define "content"}}
 <h2>Lease row</h2>
 <dl id="row">
 <dt>State</dt><dd>{{template "state" .}}</dd>
-{{if .Paused}}<dt>Pause reason</dt><dd id="pause-reason">{{.PauseReason}}</dd>{{end}}
-{{if .StopRequested}}<dt>Stop reason</dt><dd>{{.StopReason}}</dd>{{end}}
+{{if .Paused}}<dt>Pause reason</dt><dd id="pause-reason">{{.PauseReason}}</dd>
+<dt>Paused by</dt><dd id="paused-by">{{or .PausedBy "–"}}</dd>{{end}}
+{{if .StopRequested}}<dt>Stop reason</dt><dd>{{.StopReason}}</dd>
+<dt>Stop asked by</dt><dd id="stop-by">{{or .StopBy "–"}}</dd>{{end}}
 <dt>Holder</dt><dd>{{.Holder}}</dd>
+<dt>Held since</dt><dd id="held-since">{{if .Held}}{{stamp .AcquiredAt}} (held for {{duration .HeldFor}}){{else if .AcquiredAt}}<span class="muted">acquired {{stamp .AcquiredAt}}, released since</span>{{else}}<span class="muted">–</span>{{end}}</dd>
 <dt>Generation</dt><dd>{{.Generation}}</dd>
 <dt>Token</dt><dd><code>{{.Token}}</code></dd>
 <dt>Heartbeat</dt><dd>{{template "heartbeat" .}}</dd>
@@ -272,9 +275,9 @@ var targetTmpl = mustPage(`{{define "content"}}
 {{else if not .Slots}}<p class="muted">No lease row for this target: never acquired, or pruned.</p>{{end}}
 {{if .Slots}}
 <h2>Slots: {{len .Slots}} rows, {{.Held}} held</h2>
-<div class="scroll"><table id="slots"><thead><tr><th>Slot</th><th>State</th><th>Holder</th><th>Generation</th><th>Heartbeat age / timeout</th><th>Expires in</th><th>Last save or failure</th>{{if $.Actions}}<th>Actions on this slot</th>{{end}}</tr></thead>
+<div class="scroll"><table id="slots"><thead><tr><th>Slot</th><th>State</th><th>Holder</th><th>Held for</th><th>Generation</th><th>Heartbeat age / timeout</th><th>Expires in</th><th>Last save or failure</th>{{if $.Actions}}<th>Actions on this slot</th>{{end}}</tr></thead>
 <tbody>{{range .Slots}}<tr>
-<td class="num">{{.Slot}}</td><td>{{template "state" .}}</td><td>{{.Holder}}</td><td class="num">{{.Generation}}</td>
+<td class="num">{{.Slot}}</td><td>{{template "state" .}}</td><td>{{.Holder}}</td><td>{{template "held" .}}</td><td class="num">{{.Generation}}</td>
 <td>{{template "heartbeat" .}}</td><td>{{.Expires}}</td><td>{{template "outcome" .}}</td>
 {{- if $.Actions}}<td>{{if ne .State "released"}}<form class="act slot" id="slot-{{.Slot}}" method="post" action="stop">
 <input type="hidden" name="target" value="{{$.TargetID}}"><input type="hidden" name="slot" value="{{.Slot}}">
