@@ -87,10 +87,11 @@ func WithAllowedHosts(hosts ...string) Option {
 }
 
 // WithLogger sets the logger that records each action: what was asked,
-// on which target, with which reason, by which remote address, and what
-// came of it (Info when done, Warn when refused, Error when the database
-// failed). Without it, slog.Default() records them: an operator's action
-// is an audit event, not a library's chatter.
+// on which target, with which reason, by which remote address and
+// operator (WithIdentity), and what came of it (Info when done, Warn when
+// refused, Error when the database failed). Without it, slog.Default()
+// records them: an operator's action is an audit event, not a library's
+// chatter.
 func WithLogger(logger *slog.Logger) Option {
 	return option(func(c *config) { c.logger = logger })
 }
@@ -113,14 +114,17 @@ type handler struct {
 // every action is refused with 403 and writes nothing.
 //
 // It serves, under its root: the list of leases (GET /, with the query
-// parameters prefix, state, after and limit), a target's page (GET
-// /target?id=TARGET) and the actions (POST /pause, /resume, /stop and
-// /release, with the form fields target and reason, and for stop and
-// release of one slot, slot). New returns an error
-// naming the problem when db is nil or an option is unusable (a nil
-// WithTables or WithAuthorizer, or table names that
-// gormlease.WithTableNames refuses). It opens nothing and writes nothing:
-// the tables must exist (gormlease.AutoMigrate).
+// parameters prefix, state, holder, order, after and limit), a target's
+// page (GET /target?id=TARGET), both also as JSON (format=json), and the
+// actions (POST /pause, /resume, /stop and /release, with the form fields
+// target and reason, for stop and release of one slot, slot, and confirm=1
+// to skip the confirmation that stop, release and a pause that creates a
+// row ask for): see the package doc. New returns an error naming the
+// problem when db is nil or an option is unusable (a nil WithTables,
+// WithAuthorizer or WithIdentity, no host or a malformed one for
+// WithAllowedHosts, or table names that gormlease.WithTableNames refuses).
+// It opens nothing and writes nothing: the tables must exist
+// (gormlease.AutoMigrate).
 func New(db *gorm.DB, opts ...Option) (http.Handler, error) {
 	if db == nil {
 		return nil, errors.New("console: db is nil")

@@ -21,15 +21,35 @@
 // # Pages
 //
 //   - GET / lists the rows, a page at a time (200 rows, or ?limit=N up to
-//     1000), filtered by ?prefix= (the targets that start with it) and
-//     ?state= (live, expired, released or paused), so that a link shares a
-//     view; ?after= is the key of the last row of the previous page. The
-//     heartbeat's age is shown against the timeout recorded in the row, as a
-//     meter that turns yellow at half the timeout and red at four fifths.
-//   - GET /target?id=TARGET shows the target's row, its slots' rows
-//     (gormlease.WithSlots) and its result row (gormlease.SaveJSON).
+//     1000), with the counts of the rows in each state (live, expired,
+//     released, paused, stop requested) and a banner when some are
+//     expired. ?prefix= keeps the targets that start with it, ?state= one
+//     state (live, expired, released or paused), ?holder= one holder's
+//     rows (its exact name), and ?order= sorts them: by target (the
+//     default), age (the longest silent first), held (the longest held
+//     first) or expiry (the soonest to expire first, the expired before).
+//     The database filters and sorts (admin.Operator.List), so every page
+//     costs about the same however many rows there are; ?after= is the
+//     cursor of the previous page's last row, which the next page's link
+//     carries. A link shares a view. The heartbeat's age is shown against
+//     the timeout recorded in the row, as a meter that turns yellow at
+//     half the timeout and red at four fifths, and a live lease's "held
+//     for" counts from its acquisition.
+//   - GET /target?id=TARGET shows the target's row (held since when, who
+//     paused it or asked it to stop), its slots' rows (gormlease.WithSlots)
+//     and its result row (gormlease.SaveJSON). Every legal target ID has a
+//     page, up to 255 bytes; one that no target can have is a 400 that
+//     says why.
+//   - ?format=json on either answers the same data as JSON
+//     (application/json): the list's rows, counts and next cursor (pass it
+//     as ?after=), or the target's row, slots and result. Times are RFC
+//     3339 in UTC, durations in milliseconds, and text is as it is stored
+//     (no HTML escaping). Errors are JSON too: {"error": ..., "status": ...}.
 //
-// Both reload themselves every few seconds, unless the operator is typing.
+// Both pages reload themselves every few seconds, unless the operator is
+// typing. They follow the browser's dark mode (prefers-color-scheme), and
+// fit a 400 px screen: a table wider than the screen scrolls in its own
+// box.
 //
 // # Actions
 //
@@ -44,9 +64,21 @@
 // and then only when the authorizer that WithAuthorizer set allows it;
 // without one the console is read-only. A reason is required, except to
 // resume. Done, an action answers 303 See Other to the target's page;
-// an unknown or ended lease gets 409, bad input 400. Each action, done or
-// refused, is logged through log/slog with its target and reason
-// (WithLogger).
+// bad input gets 400. Each action, done or refused, is logged through
+// log/slog with its target and reason, and the operator's name
+// (WithIdentity), which is also recorded in the row.
+//
+// An action must match the target's state when it is posted: a pause of
+// a paused target, a resume of one not paused, a stop or release of a
+// target with no live lease (released, or never acquired) is a 409 that
+// writes nothing; the target's page offers only the buttons that match.
+// Stop and release ask first: posted without the form field confirm=1
+// they answer a page that names the target and each lease concerned (its
+// holder and generation), and write nothing; its button posts the same
+// form with confirm=1 and the generation, and if another run has taken
+// the lease since, the action is a 409 that writes nothing. A pause of a
+// target that has no row asks first too, saying that it creates a paused
+// row. A script that means it posts confirm=1 at once.
 //
 // Stop and release also take the form field slot, a slot's number from 1
 // to 100: they then act on that slot of the target only
@@ -57,6 +89,14 @@
 // authorizer. The authorizer is asked with the target's ID, as for the
 // whole target; it reads the slot, when it cares, with
 // r.FormValue("slot"), and the log records it (slot=N).
+//
+// # Hosts
+//
+// WithAllowedHosts names the hosts the console answers for: a request for
+// another Host gets 421 and nothing is read or written. It stops DNS
+// rebinding, in which a page of another site whose name an attacker
+// re-resolved to the console's address is same-origin to the browser.
+// Without it, every Host is served.
 //
 // # Safety of the pages
 //
