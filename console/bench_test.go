@@ -3,6 +3,7 @@ package console_test
 import (
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,10 +11,11 @@ import (
 )
 
 // BenchmarkListPage serves the list page, with its counts, of 100,000
-// rows on PostgreSQL (350 live, 100 expired, 5 paused, the rest released),
+// rows on PostgreSQL (1,000 live, 100 expired, 5 paused, the rest released),
 // with each state filter, each order and a holder's search: one page of
-// 200 rows an op. docs/operating.md has the figures; each must stay under
-// 50 ms a page. Run it with
+// 200 rows an op, timed from the request to the last byte of the page. It
+// reports the mean, the median and the slowest page; docs/operating.md has
+// the figures, which must stay under 50 ms a page. Run it with
 //
 //	cd console && CI=true go test -run '^$' -bench ListPage -benchtime 50x .
 func BenchmarkListPage(b *testing.B) {
@@ -41,14 +43,17 @@ func BenchmarkListPage(b *testing.B) {
 				}
 			}
 			serve() // the first, untimed: the pool's connections are open
-			var worst time.Duration
+			var took []time.Duration
 			for b.Loop() {
 				start := time.Now()
 				serve()
-				worst = max(worst, time.Since(start))
+				took = append(took, time.Since(start))
 			}
-			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/page")
-			b.ReportMetric(float64(worst.Microseconds())/1000, "worst-ms")
+			slices.Sort(took)
+			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+			b.ReportMetric(ms(b.Elapsed())/float64(b.N), "ms/page")
+			b.ReportMetric(ms(took[len(took)/2]), "median-ms")
+			b.ReportMetric(ms(took[len(took)-1]), "max-ms")
 			b.ReportMetric(0, "ns/op")
 		})
 	}
