@@ -103,7 +103,7 @@ a{color:var(--link)}table{border-collapse:collapse;width:100%}
 th,td{text-align:left;padding:.25em .6em;border-bottom:1px solid var(--line);vertical-align:top}
 th{background:var(--head);font-weight:600}td.num{text-align:right}
 #leases td,#leases th,#slots td,#slots th{white-space:nowrap}#leases td:last-child{white-space:normal}
-#leases td:first-child{white-space:normal;overflow-wrap:anywhere;min-width:12em;max-width:32em}
+#leases td:first-child{white-space:normal;overflow-wrap:anywhere;min-width:min(16em,40vw)}
 .state{display:inline-block;padding:0 .5em;border-radius:.6em;font-size:.9em;color:var(--fg)}
 .live{background:var(--live)}.expired{background:var(--expired)}.released{background:var(--released)}.paused{background:var(--paused)}.stopping{background:var(--stopping)}
 .note,.error,.warn,.confirm{padding:.4em .8em;margin:.5em 0;border:1px solid}

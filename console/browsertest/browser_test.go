@@ -123,10 +123,12 @@ func rows(t *testing.T, s *testdb.Server, db *gorm.DB) (prefix string) {
 	require.NoError(t, err)
 	_, err = repo.Acquire(ctx, prefix+"sync:crm", time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, db.Table("job_lease").Where("target_id = ?", prefix+"sync:crm").Update("updated_at", s.Ago(50*time.Second)).Error)
+	require.NoError(t, db.Table("job_lease").Where("target_id = ?", prefix+"sync:crm").
+		Updates(map[string]any{"updated_at": s.Ago(50 * time.Second), "acquired_at": s.Ago(12 * time.Minute)}).Error)
 	_, err = repo.Acquire(ctx, prefix+"export:daily", 10*time.Second)
 	require.NoError(t, err)
-	require.NoError(t, db.Table("job_lease").Where("target_id = ?", prefix+"export:daily").Update("updated_at", s.Ago(time.Hour)).Error)
+	require.NoError(t, db.Table("job_lease").Where("target_id = ?", prefix+"export:daily").
+		Updates(map[string]any{"updated_at": s.Ago(time.Hour), "acquired_at": s.Ago(65 * time.Minute)}).Error)
 	l, err := repo.Acquire(ctx, prefix+"invoice:2026-11", time.Minute)
 	require.NoError(t, err)
 	require.NoError(t, repo.Release(ctx, l))
