@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -21,7 +22,9 @@ import (
 
 // The console mounted under /ops/leases/ of the application's mux, where
 // the application's own authentication would wrap it. Its authorizer lets
-// the on-call operator act; everyone else may only look.
+// the on-call operator act; everyone else may only look. The operator's
+// name is recorded in the row, which the JSON view shows, and a request
+// for another host name is refused.
 func Example() {
 	dir, _ := os.MkdirTemp("", "gormleaseconsole")
 	defer os.RemoveAll(dir)
@@ -37,12 +40,18 @@ func Example() {
 		panic(err)
 	}
 
-	ops, err := console.New(db, console.WithAuthorizer(func(r *http.Request, action, target string) error {
-		if r.Header.Get("X-User") != "on-call" { // in an application: its session's user
-			return errors.New("only the on-call operator may " + action)
-		}
-		return nil
-	}))
+	ops, err := console.New(db,
+		console.WithAuthorizer(func(r *http.Request, action, target string) error {
+			if r.Header.Get("X-User") != "on-call" { // in an application: its session's user
+				return errors.New("only the on-call operator may " + action)
+			}
+			return nil
+		}),
+		// The operator's name, recorded with each action in the row and the log.
+		console.WithIdentity(func(r *http.Request) string { return r.Header.Get("X-User") }),
+		// The names the console is reached by: any other Host gets 421.
+		console.WithAllowedHosts("app.example"),
+	)
 	if err != nil {
 		panic(err)
 	}
@@ -64,10 +73,24 @@ func Example() {
 	fmt.Println("a visitor pauses:", pause("visitor"))
 	fmt.Println("on-call pauses:", pause("on-call"))
 	w := httptest.NewRecorder()
-	mux.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://app.example/ops/leases/?state=paused", nil))
-	fmt.Println("list of paused targets:", w.Code, strings.Contains(w.Body.String(), "report:user-42"))
+	mux.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://app.example/ops/leases/?state=paused&format=json", nil))
+	var list struct {
+		Counts struct{ Paused int }
+		Rows   []struct {
+			TargetID string `json:"target_id"`
+			PausedBy string `json:"paused_by"`
+		}
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil {
+		panic(err)
+	}
+	fmt.Printf("paused: %d, %s by %s\n", list.Counts.Paused, list.Rows[0].TargetID, list.Rows[0].PausedBy)
+	w = httptest.NewRecorder()
+	mux.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "http://rebound.example/ops/leases/", nil))
+	fmt.Println("another host:", w.Code)
 	// Output:
 	// a visitor pauses: 403
 	// on-call pauses: 303
-	// list of paused targets: 200 true
+	// paused: 1, report:user-42 by on-call
+	// another host: 421
 }
