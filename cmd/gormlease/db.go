@@ -12,13 +12,6 @@ import (
 // dsnEnv is the environment variable that gives the DSN when -dsn does not.
 const dsnEnv = "GORMLEASE_DSN"
 
-// usageError is an error in how the command was called: exit code 2.
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string { return e.msg }
-
-func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
-
 // dialector returns the gorm dialector for dsn, or a usage error that
 // names the forms it takes. It opens nothing and creates no file.
 func dialector(dsn string) (gorm.Dialector, error) {

@@ -1,17 +1,19 @@
 // Command gormlease is an operator's tool for the lease table of
 // github.com/gormlease/gormlease: list and show leases, prune old rows,
 // release a lease by force, pause and resume a target, ask a holder to
-// stop, create the tables, serve the operator's console.
+// stop and wait until it has, create the tables, serve the operator's
+// console. It is made for scripts as well as people: each outcome has an
+// exit code of its own, and -json writes it as JSON.
 //
 //	gormlease list [-prefix P] [-state live|expired|released] [-after T] [-limit N] [-all] [-json]
 //	gormlease show [-json] TARGET
-//	gormlease prune -older-than 30d [-keep-results] [-batch N]
-//	gormlease release [-yes] [-slot N] TARGET
-//	gormlease pause [-yes] -reason R TARGET
-//	gormlease resume [-yes] TARGET
-//	gormlease stop [-yes] -reason R [-slot N] TARGET
-//	gormlease migrate
-//	gormlease serve [-addr 127.0.0.1:8080] [-actions]
+//	gormlease prune -older-than 30d [-keep-results] [-batch N] [-json]
+//	gormlease release [-yes] [-json] [-as NAME] [-slot N] TARGET
+//	gormlease pause [-yes] [-json] [-as NAME] [-new] -reason R TARGET
+//	gormlease resume [-yes] [-json] [-as NAME] TARGET
+//	gormlease stop [-yes] [-json] [-as NAME] -reason R [-slot N] [-wait [-timeout 2m]] TARGET
+//	gormlease migrate [-json]
+//	gormlease serve [-addr 127.0.0.1:8080] [-actions] [-trusted-network] [-json]
 //
 // Flags go before the target. list shows 100 rows a page (-limit, up to
 // 10000; -all every page; -after the key of the last row of the previous
@@ -26,10 +28,27 @@
 // slot's lease that is not released, or with -slot N that slot's only
 // (admin.Operator.ForceReleaseSlot). pause stops new acquisitions of the
 // target and its slots until resume (admin.Operator.Pause, Resume); -reason
-// is recorded in the row. stop asks the current holder to stop at its
-// next heartbeat (admin.Operator.RequestStop): on a semaphore every slot's
-// holder, or with -slot N that slot's (admin.Operator.RequestStopSlot).
+// is recorded in the row. A target that has no row (never acquired, or
+// pruned: a typo, often) is paused only with -new, which makes its row.
+// stop asks the current holder to stop at its next heartbeat
+// (admin.Operator.RequestStop): on a semaphore every slot's holder, or
+// with -slot N that slot's (admin.Operator.RequestStopSlot). With -wait,
+// stop then reads the rows every 200 ms until each holder asked has
+// stopped: its lease released, or taken over by a later generation (or its
+// work ended under a minimum hold); -timeout (default 2m) bounds the wait.
 // -slot takes a slot's number, from 1 to 100.
+//
+// Each of these four records who acted: -as NAME, or else the environment
+// variable GORMLEASE_OPERATOR, or else USER@HOST of the process (the user's
+// name and the host's without its domain): 1 to 255 bytes of UTF-8.
+//
+// With -json, every command writes its outcome on stdout as JSON, and
+// nothing else there: list and show an object a row (a line each), the
+// others one object, with "command" naming the command. Errors still go
+// to stderr, with the exit code, and stdout then stays empty, except
+// where something was done: prune says what it deleted before it failed,
+// and stop -wait what it saw when -timeout passed. A command that would
+// ask needs -yes with -json: no question comes in the middle of JSON.
 //
 // Every command takes -dsn (or the GORMLEASE_DSN environment variable):
 // postgres://USER@HOST:5432/DB (or postgresql://), PostgreSQL's keyword
@@ -44,11 +63,30 @@
 //
 // The serve command serves the console of package
 // github.com/gormlease/gormlease/console on -addr until interrupted:
-// read-only unless -actions is given, and then to anyone who can reach
-// the address, so it listens on 127.0.0.1 unless told otherwise. Each
-// action is logged to stderr.
+// read-only unless -actions is given. On 127.0.0.1 (the default),
+// localhost or [::1] it answers only requests addressed to this machine
+// (DNS rebinding). Another address, which other machines can reach, needs
+// an authentication from the environment, never from the command line:
+// GORMLEASE_CONSOLE_TOKEN, a bearer token of 16 bytes or more that each
+// request sends as "Authorization: Bearer TOKEN", or
+// GORMLEASE_CONSOLE_USER and GORMLEASE_CONSOLE_PASSWORD, for basic auth,
+// which a browser asks for; or -trusted-network, to serve everyone who
+// can reach it. With an authentication set, every request needs it,
+// pages and actions, on any address: another gets 401 with a
+// WWW-Authenticate header. Each action is logged to stderr with its
+// operator: the basic-auth user, or "token".
 //
-// It exits 0 on success, 1 on failure and 2 on bad usage.
+// Exit codes:
+//
+//	0  done (stop -wait: the holder has stopped)
+//	1  failed: the database, the tables, or another error
+//	2  bad usage: a flag, an argument or the DSN; nothing was done
+//	3  no such target: the target (or slot) has no lease row, never acquired or pruned
+//	   (show, release, pause without -new, resume, stop)
+//	4  nothing to do: the lease is released already (release, stop), or the target
+//	   is not paused (resume); nothing changed
+//	5  not confirmed: the answer at the prompt was not y; nothing changed
+//	6  timed out: stop -wait's -timeout passed before the holder stopped; the request stays
 //
 // The command is a module of its own (github.com/gormlease/gormlease/cmd/gormlease),
 // as the console is: in the core module, serve would make the core

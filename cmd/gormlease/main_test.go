@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -39,15 +40,17 @@ type result struct {
 // gl runs the command with args, dsnEnv set to envDSN and stdin as input.
 func gl(t *testing.T, envDSN, stdin string, args ...string) result {
 	t.Helper()
+	return glEnv(t, map[string]string{dsnEnv: envDSN}, stdin, args...)
+}
+
+// glEnv runs the command with args, the environment vars (and no other
+// variable) and stdin as input.
+func glEnv(t *testing.T, vars map[string]string, stdin string, args ...string) result {
+	t.Helper()
 	var out, errOut bytes.Buffer
 	code := run(context.Background(), args, env{
-		getenv: func(k string) string {
-			if k == dsnEnv {
-				return envDSN
-			}
-			return ""
-		},
-		stdin: strings.NewReader(stdin), stdout: &out, stderr: &errOut,
+		getenv: func(k string) string { return vars[k] },
+		stdin:  strings.NewReader(stdin), stdout: &out, stderr: &errOut,
 	})
 	return result{code, out.String(), errOut.String()}
 }
@@ -104,7 +107,7 @@ func TestCommand_OnEveryDatabase(t *testing.T) {
 			assert.Regexp(t, `state:\s+live`, r.stdout)
 			assert.Contains(t, r.stdout, live.Token.String())
 			r = cmd("", "show", "a/none")
-			assert.Equal(t, 1, r.code)
+			assert.Equal(t, exitNoTarget, r.code)
 			assert.Contains(t, r.stderr, "no lease row")
 
 			r = cmd("", "prune", "-older-than", "1h")
@@ -115,7 +118,7 @@ func TestCommand_OnEveryDatabase(t *testing.T) {
 			assert.False(t, found, "a/old was not pruned")
 
 			r = cmd("n\n", "release", "a/live")
-			assert.Equal(t, 1, r.code)
+			assert.Equal(t, exitNotConfirmed, r.code)
 			assert.Contains(t, r.stdout, `This ends the live lease on "a/live"`)
 			assert.Contains(t, r.stdout, "generation 2")
 			assert.Contains(t, r.stdout, "Release it? [y/N]")
@@ -133,7 +136,7 @@ func TestCommand_OnEveryDatabase(t *testing.T) {
 			assert.NotContains(t, r.stdout, "[y/N]")
 			require.ErrorIs(t, repo.Heartbeat(ctx, other), gormlease.ErrLeaseLost)
 			r = cmd("", "release", "-yes", "b/x")
-			assert.Equal(t, 1, r.code)
+			assert.Equal(t, exitNothingToDo, r.code)
 			assert.Contains(t, r.stderr, "released already")
 
 			// The DSN from the environment.
@@ -438,7 +441,7 @@ func TestCommand_MinHold(t *testing.T) {
 			assert.Contains(t, show.stdout, "its minimum hold has passed")
 			assert.Contains(t, show.stdout, "(the end of its minimum hold)")
 			rel := cmd("release", "-yes", h2)
-			assert.Equal(t, 1, rel.code)
+			assert.Equal(t, exitNothingToDo, rel.code)
 			assert.Contains(t, rel.stderr, "released already")
 		})
 	}
@@ -513,11 +516,18 @@ func TestCommand_PauseResumeStop(t *testing.T) {
 			r := cmd("", "pause", target)
 			assert.Equal(t, 2, r.code, "pause without -reason")
 			assert.Contains(t, r.stderr, "-reason")
-			r = cmd("n\n", "pause", "-reason", "deploy", target)
-			assert.Equal(t, 1, r.code)
-			assert.Contains(t, r.stdout, "Not paused.")
+			r = cmd("y\n", "pause", "-reason", "deploy", target)
+			assert.Equal(t, exitNoTarget, r.code, "pause of a target without a row, without -new")
+			assert.Contains(t, r.stderr, "-new")
+			assert.NotContains(t, r.stdout, "[y/N]")
 			_, err = repo.Acquire(ctx, target, time.Minute)
-			require.NoError(t, err, "declining changed something")
+			require.NoError(t, err, "pause without -new made a row")
+			r = cmd("n\n", "pause", "-reason", "deploy", target)
+			assert.Equal(t, exitNotConfirmed, r.code)
+			assert.Contains(t, r.stdout, "Not paused.")
+			li, _, err := admin.New(repo).Get(ctx, target)
+			require.NoError(t, err)
+			require.Nil(t, li.PausedAt, "declining changed something")
 
 			r = cmd("y\n", "pause", "-reason", "deploy", target)
 			require.Equal(t, 0, r.code, r.stderr)
@@ -544,11 +554,11 @@ func TestCommand_PauseResumeStop(t *testing.T) {
 			require.Equal(t, 0, r.code, r.stderr)
 			assert.Contains(t, r.stdout, "Resumed")
 			r = cmd("", "resume", "-yes", target)
-			assert.Equal(t, 1, r.code, "resume of a target not paused")
+			assert.Equal(t, exitNothingToDo, r.code, "resume of a target not paused")
 			_, err = admin.New(repo).ForceRelease(ctx, target)
 			require.NoError(t, err)
 			r = cmd("", "stop", "-yes", "-reason", "x", target)
-			assert.Equal(t, 1, r.code, "stop without a live lease")
+			assert.Equal(t, exitNothingToDo, r.code, "stop without a live lease")
 			assert.Contains(t, r.stderr, "nothing to stop")
 		})
 	}
@@ -574,7 +584,7 @@ func TestCommand_ReleaseAndStopOneSlot(t *testing.T) {
 			}
 
 			r := withStdin("n\n", "release", "-slot", slot(gone), target)
-			assert.Equal(t, 1, r.code)
+			assert.Equal(t, exitNotConfirmed, r.code)
 			assert.Contains(t, r.stdout, fmt.Sprintf(`This ends the live lease on slot %d of %q held by "worker-9"`, gone.Slot, target))
 			assert.Contains(t, r.stdout, "Release it? [y/N]")
 			assert.Contains(t, r.stdout, "Not released.")
@@ -587,13 +597,13 @@ func TestCommand_ReleaseAndStopOneSlot(t *testing.T) {
 			require.NoError(t, repo.Heartbeat(ctx, kept), "the other slot's holder")
 
 			r = cmd("release", "-yes", "-slot", slot(gone), target)
-			assert.Equal(t, 1, r.code)
+			assert.Equal(t, exitNothingToDo, r.code)
 			assert.Contains(t, r.stderr, fmt.Sprintf("slot %d of %q (generation %d) is released already", gone.Slot, target, gone.Generation+1))
 			r = cmd("release", "-yes", "-slot", "4", target)
-			assert.Equal(t, 1, r.code)
+			assert.Equal(t, exitNoTarget, r.code)
 			assert.Contains(t, r.stderr, "no lease row for slot 4")
 			r = cmd("stop", "-yes", "-reason", "x", "-slot", slot(gone), target)
-			assert.Equal(t, 1, r.code)
+			assert.Equal(t, exitNothingToDo, r.code)
 			assert.Contains(t, r.stderr, "nothing to stop")
 
 			r = cmd("stop", "-yes", "-reason", "drain one", "-slot", slot(kept), target)
@@ -615,20 +625,24 @@ func TestCommand_ReleaseAndStopOneSlot(t *testing.T) {
 				require.ErrorIs(t, repo.Heartbeat(ctx, l), gormlease.ErrLeaseLost, "slot %d", l.Slot)
 			}
 			r = cmd("release", "-yes", target)
-			assert.Equal(t, 1, r.code)
+			assert.Equal(t, exitNothingToDo, r.code)
 			assert.Contains(t, r.stderr, "released already")
 		})
 	}
 }
 
-// The package doc's synopsis and the usage text name every command, and
-// the synopsis every flag of each, besides those that every command
-// takes: the docs are checked against the code.
+// The package doc's synopsis, the usage text and docs/operating.md name
+// every command, and the synopses and operating.md's table of flags
+// every flag of each; the package doc and operating.md list every exit
+// code: the docs are checked against the code.
 func TestDocs_NameEveryCommandAndFlag(t *testing.T) {
 	t.Parallel()
 	f, err := parser.ParseFile(token.NewFileSet(), "main.go", nil, parser.ParseComments|parser.PackageClauseOnly)
 	require.NoError(t, err)
 	doc := f.Doc.Text()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "operating.md"))
+	require.NoError(t, err)
+	operating := string(raw)
 	common := map[string]bool{"dsn": true, "lease-table": true, "result-table": true}
 	for name := range commands {
 		assert.Regexp(t, `(?m)^  `+name+` `, usage, "the usage text lists %s", name)
@@ -636,10 +650,23 @@ func TestDocs_NameEveryCommandAndFlag(t *testing.T) {
 		if !assert.NotNil(t, m, "the package doc's synopsis lists %s", name) {
 			continue
 		}
+		assert.Equal(t, specs[name].synopsis, strings.TrimSpace(m[1]), "the package doc's synopsis of %s is the usage text's", name)
+		assert.Contains(t, operating, "\ngormlease "+name+" "+specs[name].synopsis+"\n", "operating.md's synopsis of %s", name)
 		newCommand(name, env{stderr: io.Discard}).flags.VisitAll(func(fl *flag.Flag) {
 			if !common[fl.Name] {
 				assert.Regexp(t, `-`+regexp.QuoteMeta(fl.Name)+`\b`, m[1], "the synopsis of %s names -%s", name, fl.Name)
 			}
+			row := regexp.MustCompile("(?m)^\\| `-" + regexp.QuoteMeta(fl.Name) + "\\b[^|]*\\| ([^|]*) \\|").FindStringSubmatch(operating)
+			if assert.NotNil(t, row, "operating.md's table of flags has -%s", fl.Name) {
+				assert.True(t, row[1] == "all" || slices.Contains(strings.Split(row[1], ", "), name),
+					"operating.md's table gives -%s to %s: %q", fl.Name, name, row[1])
+			}
 		})
+	}
+	for code := exitOK; code <= exitTimedOut; code++ {
+		line := regexp.MustCompile(fmt.Sprintf(`(?m)^  %d  (.*)$`, code)).FindStringSubmatch(exitCodes)
+		require.NotNil(t, line, "the usage text's exit code %d", code)
+		assert.Contains(t, doc, fmt.Sprintf("%d  %s", code, line[1]), "the package doc's exit code %d", code)
+		assert.Regexp(t, fmt.Sprintf(`(?m)^\| %d \| `, code), operating, "operating.md's exit code %d", code)
 	}
 }

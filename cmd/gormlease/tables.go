@@ -83,3 +83,25 @@ func (c *command) explainMissingTable(ctx context.Context, db *gorm.DB, err erro
 		"  the tables were made by an earlier version, or not all made: run %s, or call %s from Go,\n"+
 		"  which adds what is missing and keeps every row", c.leaseTable, strings.Join(missing, " and "), verb, command, migrate)
 }
+
+// migrateCmd creates the tables, or adds what an earlier version's lack.
+func migrateCmd(ctx context.Context, c *command) error {
+	lease, result := c.repo.Tables()
+	if err := gormlease.AutoMigrate(ctx, c.db, gormlease.WithTableNames(lease, result)); err != nil {
+		return invalid(err)
+	}
+	if c.json {
+		return c.writeJSON(migrateJSON{Command: "migrate", LeaseTable: lease, ResultTable: result, FloorTable: lease + "_floor"})
+	}
+	fmt.Fprintf(c.env.stdout, "the tables %s, %s and %s_floor are ready\n", lease, result, lease)
+	return nil
+}
+
+// migrateJSON is the outcome of migrate, as -json writes it: the tables
+// that are ready.
+type migrateJSON struct {
+	Command     string `json:"command"`
+	LeaseTable  string `json:"lease_table"`
+	ResultTable string `json:"result_table"`
+	FloorTable  string `json:"floor_table"`
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gormlease/gormlease/admin"
+)
+
+// pruneJSON is the outcome of prune, as -json writes it.
+type pruneJSON struct {
+	Command string `json:"command"`
+	// Deleted is the number of lease rows deleted.
+	Deleted int64 `json:"deleted"`
+	// OlderThanSeconds is -older-than.
+	OlderThanSeconds float64 `json:"older_than_seconds"`
+	// KeepResults is -keep-results.
+	KeepResults bool `json:"keep_results"`
+	// Seconds is how long prune took.
+	Seconds float64 `json:"seconds"`
+}
+
+// pruneCmd deletes the rows released or expired at least -older-than
+// ago (admin.Operator.Prune). It writes what it deleted also when it
+// failed after a batch or more.
+func pruneCmd(ctx context.Context, c *command) error {
+	start := time.Now()
+	opts := admin.PruneOptions{OlderThan: c.olderThan.d, BatchSize: c.batch, KeepResults: c.keepResults}
+	if c.env.terminal {
+		opts.Progress = func(n int64) {
+			fmt.Fprintf(c.env.stderr, "\rpruned %d rows (%.0f rows/s)", n, float64(n)/time.Since(start).Seconds())
+		}
+	}
+	n, err := c.op.Prune(ctx, opts)
+	if c.env.terminal && n > 0 {
+		fmt.Fprintln(c.env.stderr)
+	}
+	if err != nil && n == 0 {
+		return invalid(err)
+	}
+	elapsed := time.Since(start)
+	if c.json {
+		if err := c.writeJSON(pruneJSON{Command: "prune", Deleted: n, OlderThanSeconds: c.olderThan.d.Seconds(),
+			KeepResults: c.keepResults, Seconds: elapsed.Seconds()}); err != nil {
+			return err
+		}
+		return invalid(err)
+	}
+	what := "lease rows and their results"
+	if c.keepResults {
+		what = "lease rows (results kept)"
+	}
+	fmt.Fprintf(c.env.stdout, "pruned %d %s released or expired more than %v ago, in %v (%.0f rows/s)\n",
+		n, what, c.olderThan.String(), elapsed.Round(time.Millisecond), float64(n)/max(elapsed.Seconds(), 1e-9))
+	return invalid(err)
+}
+
+// checkOlderThan returns a usage error when -older-than is missing or
+// less than Prune's minimum.
+func (c *command) checkOlderThan() error {
+	switch {
+	case !c.olderThan.set:
+		return usagef("give -older-than, e.g. -older-than 30d: rows released or expired that long ago are deleted")
+	case c.olderThan.d <= 0:
+		return usagef("-older-than %v: the age must be positive; with %v every row that has ended would go, "+
+			"and Prune keeps each for at least %v after it ended, longer than any lease step runs: give 1m or more, e.g. 30d",
+			c.olderThan.d, c.olderThan.d, minPruneAge)
+	case c.olderThan.d < minPruneAge:
+		return usagef("-older-than %v is less than the minimum, %v: Prune keeps each row that long after it ended, "+
+			"longer than any lease step runs; give e.g. 30d", c.olderThan.d, minPruneAge)
+	}
+	return nil
+}
+
+// minPruneAge is the shortest -older-than: admin.Operator.Prune's minimum.
+const minPruneAge = time.Minute
+
+// age is the value of -older-than: a Go duration, with a whole or
+// fractional number of days before it if given ("30d", "1d12h", "1.5d").
+type age struct {
+	d   time.Duration
+	set bool
+}
+
+// String writes a in days and the rest, as it was given.
+func (a *age) String() string {
+	if a == nil || !a.set {
+		return ""
+	}
+	days := a.d / (24 * time.Hour)
+	rest := a.d % (24 * time.Hour)
+	switch {
+	case days == 0:
+		return a.d.String()
+	case rest == 0:
+		return fmt.Sprintf("%dd", days)
+	}
+	return fmt.Sprintf("%dd%v", days, rest)
+}
+
+// Set parses s.
+func (a *age) Set(s string) error {
+	d, err := parseAge(s)
+	if err != nil {
+		return err
+	}
+	a.d, a.set = d, true
+	return nil
+}
+
+// parseAge parses s, a Go duration with days before it if given.
+func parseAge(s string) (time.Duration, error) {
+	days, rest, hasDays := strings.Cut(s, "d")
+	if !hasDays {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return 0, fmt.Errorf("%q is not an age: give a duration such as 720h, 30d or 1d12h", s)
+		}
+		return d, nil
+	}
+	n, err := strconv.ParseFloat(days, 64)
+	if err != nil || strings.ContainsAny(days, "eEnNiI") {
+		return 0, fmt.Errorf("%q is not an age: give a duration such as 720h, 30d or 1d12h (days first)", s)
+	}
+	d := time.Duration(n * float64(24*time.Hour))
+	if rest != "" {
+		r, err := time.ParseDuration(rest)
+		if err != nil || strings.HasPrefix(rest, "-") || strings.HasPrefix(rest, "+") {
+			return 0, fmt.Errorf("%q is not an age: give a duration such as 720h, 30d or 1d12h (days first)", s)
+		}
+		if n < 0 {
+			r = -r
+		}
+		d += r
+	}
+	return d, nil
+}
