@@ -30,10 +30,10 @@ func state(li admin.LeaseInfo) string {
 		s += " (min hold)"
 	}
 	if li.StopRequested {
-		s += ", stop requested"
+		s += ", stop requested" + by(li.Row.StopBy)
 	}
 	if li.Paused {
-		s += ", paused"
+		s += ", paused" + by(li.Row.PausedBy)
 	}
 	return s
 }
@@ -66,4 +66,39 @@ func optInt(v *int64) string {
 		return "-"
 	}
 	return fmt.Sprint(*v)
+}
+
+// by is " by NAME" for the operator that name records, or "".
+func by(name *string) string {
+	if name == nil || *name == "" {
+		return ""
+	}
+	return " by " + *name
+}
+
+// deref is *s, or "" for nil.
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// heldFor returns how long li's lease has been held, since its
+// acquisition, on the database's clock, and false for a lease released
+// or a row that does not record its acquisition.
+func heldFor(li admin.LeaseInfo) (time.Duration, bool) {
+	if li.State == admin.StateReleased || li.Row.AcquiredAt == nil {
+		return 0, false
+	}
+	// The database's now is the row's stamp plus its age.
+	return li.Age + li.Row.UpdatedAt.Sub(*li.Row.AcquiredAt), true
+}
+
+// heldForText is heldFor for a table: "-" when unknown or released.
+func heldForText(li admin.LeaseInfo) string {
+	if d, ok := heldFor(li); ok {
+		return short(d)
+	}
+	return "-"
 }

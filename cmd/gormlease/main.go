@@ -18,7 +18,9 @@
 // Flags go before the target. list shows 100 rows a page (-limit, up to
 // 10000; -all every page; -after the key of the last row of the previous
 // page), with each slot row of a semaphore under its target; show, for a
-// semaphore, lists its slots. prune deletes the rows released or expired
+// semaphore, lists its slots. Both say how long each lease has been held
+// (since the acquisition that the row records), and who paused the target
+// and who asked its holder to stop. prune deletes the rows released or expired
 // at least -older-than ago (at least 1m), with their results unless
 // -keep-results, -batch rows a transaction (up to 10000).
 //

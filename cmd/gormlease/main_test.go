@@ -414,7 +414,7 @@ func TestCommand_MinHold(t *testing.T) {
 			// What is left of the hold, at most 9 s, to the hundredth of a
 			// second; the timeout, the hold's length or what was left of
 			// it when it began, under 10 s too.
-			assert.Regexp(t, h1+`\s+live \(min hold\)\s+1\s+\S+\s+\S+\s+\d(\.\d+)?s\s+\d(\.\d+)?s\s`, list.stdout)
+			assert.Regexp(t, h1+`\s+live \(min hold\)\s+1\s+\S+\s+\S+\s+\S+\s+\d(\.\d+)?s\s+\d(\.\d+)?s\s`, list.stdout)
 			assert.Contains(t, show.stdout, "a minimum hold: the work has ended")
 			assert.Contains(t, show.stdout, "hold ends in:")
 			var j leaseJSON
@@ -435,7 +435,7 @@ func TestCommand_MinHold(t *testing.T) {
 			}
 			list = cmd("list")
 			require.Equal(t, 0, list.code, list.stderr)
-			assert.Regexp(t, h2+`\s+released\s+1\s+\S+\s+\S+\s+-\s`, list.stdout)
+			assert.Regexp(t, h2+`\s+released\s+1\s+\S+\s+-\s+\S+\s+-\s`, list.stdout)
 			assert.NotContains(t, list.stdout, "expired")
 			show = cmd("show", h2)
 			assert.Contains(t, show.stdout, "its minimum hold has passed")

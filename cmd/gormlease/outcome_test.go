@@ -274,3 +274,61 @@ func TestCommand_HelpListsExitCodes(t *testing.T) {
 		}
 	}
 }
+
+// list and show say how long a lease has been held, from the time its
+// acquisition recorded (list's HELD FOR, show's "held since", -json's
+// acquired_at and held_for_seconds), and who paused the target and who
+// asked the holder to stop.
+func TestCommand_HeldSinceAndWho(t *testing.T) {
+	t.Parallel()
+	for _, s := range testdb.All(t) {
+		t.Run(s.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db, names, cmd := onTables(t, s, "cli_held_lease", "cli_held_result")
+			repo, err := gormlease.NewRepository(db, names)
+			require.NoError(t, err)
+			target := fmt.Sprintf("held%d/t", time.Now().UnixNano())
+			_, err = repo.Acquire(ctx, target, time.Hour)
+			require.NoError(t, err)
+			op := admin.New(repo)
+			require.NoError(t, op.Pause(ctx, target, "deploy"))
+			require.NoError(t, op.RequestStop(ctx, target, "drain"))
+			// As a long-running job's row and two operators' actions
+			// record them.
+			require.NoError(t, db.Table("cli_held_lease").Where("target_id = ?", target).Updates(map[string]any{
+				"acquired_at": s.Ago(90 * time.Minute), "paused_by": "alice", "stop_by": "bob",
+			}).Error)
+
+			r := cmd("list", "-prefix", target)
+			require.Equal(t, exitOK, r.code, r.stderr)
+			assert.Contains(t, r.stdout, "HELD FOR")
+			assert.Regexp(t, `live, stop requested by bob, paused by alice\s+1\s+\S+\s+1h3\dm0s\s`, r.stdout)
+
+			r = cmd("show", target)
+			require.Equal(t, exitOK, r.code, r.stderr)
+			assert.Regexp(t, `held since:\s+\S+ \(held for 1h3\dm0s\)`, r.stdout)
+			assert.Regexp(t, `paused:\s+since \S+ by alice: deploy`, r.stdout)
+			assert.Regexp(t, `stop requested:\s+drain by bob`, r.stdout)
+
+			r = cmd("show", "-json", target)
+			require.Equal(t, exitOK, r.code, r.stderr)
+			var j leaseJSON
+			decodeOne(t, r.stdout, &j)
+			require.NotNil(t, j.AcquiredAt)
+			require.NotNil(t, j.HeldForSeconds)
+			assert.InDelta(t, 90*60, *j.HeldForSeconds, 60)
+			assert.Equal(t, "alice", j.PausedBy)
+			assert.Equal(t, "bob", j.StopBy)
+
+			_, err = op.ForceRelease(ctx, target)
+			require.NoError(t, err)
+			r = cmd("show", "-json", target)
+			require.Equal(t, exitOK, r.code, r.stderr)
+			j = leaseJSON{}
+			decodeOne(t, r.stdout, &j)
+			assert.Nil(t, j.HeldForSeconds, "a released lease is not held")
+			assert.Empty(t, j.StopBy, "the stop request ended with the lease")
+		})
+	}
+}

@@ -36,10 +36,18 @@ type leaseJSON struct {
 	Paused      bool       `json:"paused,omitempty"`
 	PausedAt    *time.Time `json:"paused_at,omitempty"`
 	PauseReason string     `json:"pause_reason,omitempty"`
+	// PausedBy is the operator who paused it (gormlease pause -as), or "".
+	PausedBy string `json:"paused_by,omitempty"`
 	// StopRequested and StopReason say whether an operator asked the
-	// current holder to stop (gormlease stop), and why.
+	// current holder to stop (gormlease stop), and why; StopBy who.
 	StopRequested bool   `json:"stop_requested,omitempty"`
 	StopReason    string `json:"stop_reason,omitempty"`
+	StopBy        string `json:"stop_by,omitempty"`
+	// AcquiredAt is when the current generation was acquired, when the
+	// row records it; HeldForSeconds how long it has been held since, for
+	// a lease not released.
+	AcquiredAt     *time.Time `json:"acquired_at,omitempty"`
+	HeldForSeconds *float64   `json:"held_for_seconds,omitempty"`
 }
 
 func toJSON(li admin.LeaseInfo) leaseJSON {
@@ -49,6 +57,17 @@ func toJSON(li admin.LeaseInfo) leaseJSON {
 		AgeSeconds: li.Age.Seconds(), SavedGeneration: li.Row.SavedGeneration, SavedAt: li.Row.SavedAt, Failure: li.Row.Failure,
 		MinHold: li.MinHold, Paused: li.Paused, PausedAt: li.Row.PausedAt, PauseReason: li.PauseReason,
 		StopRequested: li.StopRequested, StopReason: li.StopReason,
+	}
+	if li.Paused {
+		j.PausedBy = deref(li.Row.PausedBy)
+	}
+	if li.StopRequested {
+		j.StopBy = deref(li.Row.StopBy)
+	}
+	j.AcquiredAt = li.Row.AcquiredAt
+	if d, ok := heldFor(li); ok {
+		x := d.Seconds()
+		j.HeldForSeconds = &x
 	}
 	if j.ReleasedAt == nil && li.State == admin.StateReleased {
 		end := holdEnd(li)
@@ -76,7 +95,7 @@ func listCmd(ctx context.Context, c *command) error {
 	enc := json.NewEncoder(c.env.stdout)
 	if !c.json {
 		tw = tabwriter.NewWriter(c.env.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "TARGET\tSTATE\tGEN\tHOLDER\tAGE\tEXPIRES IN\tTIMEOUT\tSAVED GEN\tSLOT")
+		fmt.Fprintln(tw, "TARGET\tSTATE\tGEN\tHOLDER\tHELD FOR\tAGE\tEXPIRES IN\tTIMEOUT\tSAVED GEN\tSLOT")
 	}
 	n, last := 0, ""
 	for {
@@ -91,8 +110,8 @@ func listCmd(ctx context.Context, c *command) error {
 				}
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", li.TargetID, state(li), li.Row.Generation, li.Row.Holder,
-				short(li.Age), expiresIn(li), timeout(li), optInt(li.Row.SavedGeneration), slot(li))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", li.TargetID, state(li), li.Row.Generation, li.Row.Holder,
+				heldForText(li), short(li.Age), expiresIn(li), timeout(li), optInt(li.Row.SavedGeneration), slot(li))
 		}
 		n += len(page)
 		if len(page) > 0 {
@@ -141,6 +160,11 @@ func showCmd(ctx context.Context, c *command) error {
 	fmt.Fprintf(tw, "generation:\t%d\n", li.Row.Generation)
 	fmt.Fprintf(tw, "holder:\t%s\n", li.Row.Holder)
 	fmt.Fprintf(tw, "token:\t%s\n", li.Row.LeaseToken)
+	if d, ok := heldFor(li); ok {
+		fmt.Fprintf(tw, "held since:\t%s (held for %s)\n", li.Row.AcquiredAt.UTC().Format(time.RFC3339Nano), short(d))
+	} else if li.Row.AcquiredAt != nil {
+		fmt.Fprintf(tw, "acquired at:\t%s\n", li.Row.AcquiredAt.UTC().Format(time.RFC3339Nano))
+	}
 	fmt.Fprintf(tw, "updated at:\t%s (%s ago)\n", li.Row.UpdatedAt.UTC().Format(time.RFC3339Nano), short(li.Age))
 	if li.Row.ReleasedAt != nil {
 		fmt.Fprintf(tw, "released at:\t%s\n", li.Row.ReleasedAt.UTC().Format(time.RFC3339Nano))
@@ -158,10 +182,10 @@ func showCmd(ctx context.Context, c *command) error {
 		fmt.Fprintf(tw, "failure:\t%s\n", *li.Row.Failure)
 	}
 	if li.Paused {
-		fmt.Fprintf(tw, "paused:\tsince %s: %s\n", li.Row.PausedAt.UTC().Format(time.RFC3339Nano), li.PauseReason)
+		fmt.Fprintf(tw, "paused:\tsince %s%s: %s\n", li.Row.PausedAt.UTC().Format(time.RFC3339Nano), by(li.Row.PausedBy), li.PauseReason)
 	}
 	if li.StopRequested {
-		fmt.Fprintf(tw, "stop requested:\t%s\n", li.StopReason)
+		fmt.Fprintf(tw, "stop requested:\t%s%s\n", li.StopReason, by(li.Row.StopBy))
 	}
 	return tw.Flush()
 }
@@ -195,10 +219,10 @@ func (c *command) showSlots(ctx context.Context) error {
 	tw := tabwriter.NewWriter(c.env.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "target:\t%s\n", c.target)
 	fmt.Fprintf(tw, "slot rows:\t%d, %d held\n", len(slots), held)
-	fmt.Fprintln(tw, "SLOT\tSTATE\tGEN\tHOLDER\tAGE\tEXPIRES IN\tTOKEN")
+	fmt.Fprintln(tw, "SLOT\tSTATE\tGEN\tHOLDER\tHELD FOR\tAGE\tEXPIRES IN\tTOKEN")
 	for _, li := range slots {
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\n", li.Slot, state(li), li.Row.Generation, li.Row.Holder,
-			short(li.Age), expiresIn(li), li.Row.LeaseToken)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", li.Slot, state(li), li.Row.Generation, li.Row.Holder,
+			heldForText(li), short(li.Age), expiresIn(li), li.Row.LeaseToken)
 	}
 	return tw.Flush()
 }
