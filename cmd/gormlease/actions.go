@@ -349,7 +349,7 @@ func stopCmd(ctx context.Context, c *command) error {
 	}
 	for _, li := range held {
 		c.say("%s is %s, held by %q (generation %d, last heartbeat %s ago).\n",
-			strings.ToUpper(c.rowName(li)[:1])+c.rowName(li)[1:], li.State, li.Row.Holder, li.Row.Generation, short(li.Age))
+			capitalize(c.rowName(li)), li.State, li.Row.Holder, li.Row.Generation, short(li.Age))
 	}
 	c.say("This asks %s to stop: at its next heartbeat its work is cancelled, nothing is saved,\n"+
 		"and the lease is released, so that a waiting caller can take over (pause first to keep anyone from starting).\n", what)

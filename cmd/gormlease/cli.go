@@ -210,7 +210,7 @@ func newCommand(name string, e env) *command {
 	}
 	if c.acts() {
 		f.BoolVar(&c.yes, "yes", false, c.name+" without asking")
-		f.StringVar(&c.as, "as", "", "the operator recorded with the action (default $"+operatorEnv+", or USER@HOST of this process)")
+		f.StringVar(&c.as, "as", "", "record `NAME` as the operator who acted (default $"+operatorEnv+", or USER@HOST of this process)")
 	}
 	switch name {
 	case "prune", "release", "pause", "resume", "stop", "migrate", "serve":

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/gormlease/gormlease/admin"
 )
@@ -101,4 +103,11 @@ func heldForText(li admin.LeaseInfo) string {
 		return short(d)
 	}
 	return "-"
+}
+
+// capitalize returns s with its first letter in upper case, to begin a
+// sentence.
+func capitalize(s string) string {
+	r, size := utf8.DecodeRuneInString(s)
+	return string(unicode.ToUpper(r)) + s[size:]
 }

@@ -104,7 +104,7 @@ wait:
 	elapsed := time.Since(start)
 	if err == nil {
 		for i, li := range asked {
-			c.say("%s: generation %d %s after %v.\n", strings.ToUpper(c.rowName(li)[:1])+c.rowName(li)[1:],
+			c.say("%s: generation %d %s after %v.\n", capitalize(c.rowName(li)),
 				li.Row.Generation, outcomes[i], elapsed.Round(time.Millisecond))
 		}
 		if len(asked) == 0 {
