@@ -44,10 +44,10 @@ var order = []string{"list", "show", "prune", "release", "pause", "resume", "sto
 // specs are the commands' synopses: the package doc's synopsis says the
 // same (TestDocs_NameEveryCommandAndFlag checks that both name every flag).
 var specs = map[string]spec{
-	"list": {"[-prefix P] [-state live|expired|released] [-after T] [-limit N] [-all] [-json]",
+	"list": {"[-prefix P] [-state live|expired|released|paused] [-holder H] [-order key|age|held|expiry] [-after CURSOR] [-limit N] [-all] [-json]",
 		"list leases, 100 a page"},
 	"show": {"[-json] TARGET", "show a target's lease row, or a semaphore's slots"},
-	"prune": {"-older-than 30d [-keep-results] [-batch N] [-json]",
+	"prune": {"-older-than 30d [-keep-results] [-batch N] [-dry-run] [-json]",
 		"delete rows released or expired long ago"},
 	"release": {"[-yes] [-json] [-as NAME] [-slot N] TARGET", "end a lease (with -slot N, one slot's) by force, fenced"},
 	"pause":   {"[-yes] [-json] [-as NAME] [-new] -reason R TARGET", "stop new acquisitions of a target until resume"},
@@ -133,13 +133,15 @@ type command struct {
 	json                         bool
 
 	// list and show
-	prefix, state, after string
-	limit                int
-	all                  bool
+	prefix, state, holder, after string
+	order                        admin.Order
+	limit                        int
+	all                          bool
 	// prune
 	olderThan   age
 	keepResults bool
 	batch       int
+	dryRun      bool
 	// release, pause, resume, stop
 	yes bool
 	as  string
@@ -193,8 +195,12 @@ func newCommand(name string, e env) *command {
 	switch name {
 	case "list":
 		f.StringVar(&c.prefix, "prefix", "", "only targets that start with this")
-		f.StringVar(&c.state, "state", "", "only leases in this state: live, expired or released")
-		f.StringVar(&c.after, "after", "", "start after this target (the last of the previous page)")
+		f.StringVar(&c.state, "state", "", "only the rows in this state: live, expired or released; or paused, the paused targets' rows")
+		f.StringVar(&c.holder, "holder", "", "only the rows whose holder is exactly this")
+		f.Func("order", "the order of the rows: key (the default), age (the longest silent first), "+
+			"held (the longest held first), expiry (the soonest to expire first)", c.setOrder)
+		f.StringVar(&c.after, "after", "", "start after this `CURSOR`: the cursor of the previous page's last row "+
+			"(-json's \"cursor\"; by key, its target)")
 		f.IntVar(&c.limit, "limit", listPage, "rows per page, 1 to 10000")
 		f.BoolVar(&c.all, "all", false, "list every page, not only the first")
 		f.BoolVar(&c.json, "json", false, "write JSON, an object a line")
@@ -205,6 +211,7 @@ func newCommand(name string, e env) *command {
 			"a Go duration (720h) with days before it if you like (30d, 1d12h) (required)")
 		f.BoolVar(&c.keepResults, "keep-results", false, "keep the result rows of the targets pruned")
 		f.IntVar(&c.batch, "batch", 0, "rows deleted per transaction, up to 10000 (0: Prune's default, 1000)")
+		f.BoolVar(&c.dryRun, "dry-run", false, "count the rows that would be deleted now, and delete nothing")
 	case "serve":
 		c.serveFlags()
 	}
@@ -299,6 +306,21 @@ func (c *command) parse(args []string) error {
 	return nil
 }
 
+// orders are the values of list's -order.
+var orders = map[string]admin.Order{
+	"key": admin.OrderKey, "age": admin.OrderAge, "held": admin.OrderHeldSince, "expiry": admin.OrderExpiry,
+}
+
+// setOrder sets list's -order.
+func (c *command) setOrder(s string) error {
+	o, ok := orders[s]
+	if !ok {
+		return fmt.Errorf("%q is not an order: give key, age, held or expiry", s)
+	}
+	c.order = o
+	return nil
+}
+
 // flagSet reports whether the flag name was given.
 func (c *command) flagSet(name string) bool {
 	set := false
@@ -323,6 +345,9 @@ func (c *command) run(ctx context.Context, fn func(context.Context, *command) er
 		return err
 	}
 	c.op = admin.New(c.repo)
+	if c.acts() {
+		c.op = c.op.As(c.operator)
+	}
 	return c.explainMissingTable(ctx, db, fn(ctx, c))
 }
 

@@ -32,10 +32,10 @@ func state(li admin.LeaseInfo) string {
 		s += " (min hold)"
 	}
 	if li.StopRequested {
-		s += ", stop requested" + by(li.Row.StopBy)
+		s += ", stop requested" + by(li.StopBy)
 	}
 	if li.Paused {
-		s += ", paused" + by(li.Row.PausedBy)
+		s += ", paused" + by(li.PausedBy)
 	}
 	return s
 }
@@ -70,31 +70,22 @@ func optInt(v *int64) string {
 	return fmt.Sprint(*v)
 }
 
-// by is " by NAME" for the operator that name records, or "".
-func by(name *string) string {
-	if name == nil || *name == "" {
+// by is " by NAME" for the operator name, or "".
+func by(name string) string {
+	if name == "" {
 		return ""
 	}
-	return " by " + *name
-}
-
-// deref is *s, or "" for nil.
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
+	return " by " + name
 }
 
 // heldFor returns how long li's lease has been held, since its
-// acquisition, on the database's clock, and false for a lease released
-// or a row that does not record its acquisition.
+// acquisition, on the database's clock (LeaseInfo.HeldFor), and false for
+// a lease released or a row that does not record its acquisition.
 func heldFor(li admin.LeaseInfo) (time.Duration, bool) {
 	if li.State == admin.StateReleased || li.Row.AcquiredAt == nil {
 		return 0, false
 	}
-	// The database's now is the row's stamp plus its age.
-	return li.Age + li.Row.UpdatedAt.Sub(*li.Row.AcquiredAt), true
+	return li.HeldFor, true
 }
 
 // heldForText is heldFor for a table: "-" when unknown or released.
@@ -110,4 +101,12 @@ func heldForText(li admin.LeaseInfo) string {
 func capitalize(s string) string {
 	r, size := utf8.DecodeRuneInString(s)
 	return string(unicode.ToUpper(r)) + s[size:]
+}
+
+// deref is *s, or "" for nil.
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

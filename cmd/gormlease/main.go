@@ -5,9 +5,9 @@
 // console. It is made for scripts as well as people: each outcome has an
 // exit code of its own, and -json writes it as JSON.
 //
-//	gormlease list [-prefix P] [-state live|expired|released] [-after T] [-limit N] [-all] [-json]
+//	gormlease list [-prefix P] [-state live|expired|released|paused] [-holder H] [-order key|age|held|expiry] [-after CURSOR] [-limit N] [-all] [-json]
 //	gormlease show [-json] TARGET
-//	gormlease prune -older-than 30d [-keep-results] [-batch N] [-json]
+//	gormlease prune -older-than 30d [-keep-results] [-batch N] [-dry-run] [-json]
 //	gormlease release [-yes] [-json] [-as NAME] [-slot N] TARGET
 //	gormlease pause [-yes] [-json] [-as NAME] [-new] -reason R TARGET
 //	gormlease resume [-yes] [-json] [-as NAME] TARGET
@@ -16,13 +16,20 @@
 //	gormlease serve [-addr 127.0.0.1:8080] [-actions] [-trusted-network] [-json]
 //
 // Flags go before the target. list shows 100 rows a page (-limit, up to
-// 10000; -all every page; -after the key of the last row of the previous
-// page), with each slot row of a semaphore under its target; show, for a
+// 10000; -all every page; -after the cursor of the last row of the
+// previous page, which -json writes and which is its target when by key),
+// with each slot row of a semaphore under its target. It keeps the rows
+// of a -state (paused: the paused targets' rows, whatever their lease's
+// state) and of a -holder, in the -order asked: by key (the default), by
+// age (the longest silent first), by the time held (the longest held
+// first) or by expiry (the soonest to expire first, the expired first);
+// the database filters and sorts (admin.ListOptions). show, for a
 // semaphore, lists its slots. Both say how long each lease has been held
 // (since the acquisition that the row records), and who paused the target
-// and who asked its holder to stop. prune deletes the rows released or expired
-// at least -older-than ago (at least 1m), with their results unless
-// -keep-results, -batch rows a transaction (up to 10000).
+// and who asked its holder to stop. prune deletes the rows released or
+// expired at least -older-than ago (at least 1m), with their results
+// unless -keep-results, -batch rows a transaction (up to 10000); with
+// -dry-run it counts them and deletes nothing.
 //
 // release, pause, resume and stop say what they will do and ask for y on
 // stdin, unless -yes. release ends a lease by force, fenced
@@ -40,9 +47,12 @@
 // work ended under a minimum hold); -timeout (default 2m) bounds the wait.
 // -slot takes a slot's number, from 1 to 100.
 //
-// Each of these four records who acted: -as NAME, or else the environment
-// variable GORMLEASE_OPERATOR, or else USER@HOST of the process (the user's
-// name and the host's without its domain): 1 to 255 bytes of UTF-8.
+// Each of these four records who acted (admin.Operator.As): -as NAME, or
+// else the environment variable GORMLEASE_OPERATOR, or else USER@HOST of
+// the process (the user's name and the host's without its domain), 1 to
+// 255 bytes of UTF-8: pause in the row's paused_by, stop in its stop_by,
+// release in the failure it writes ("released by force by operator
+// NAME"); list and show say who paused and who asked to stop.
 //
 // With -json, every command writes its outcome on stdout as JSON, and
 // nothing else there: list and show an object a row (a line each), the

@@ -13,8 +13,13 @@ import (
 // pruneJSON is the outcome of prune, as -json writes it.
 type pruneJSON struct {
 	Command string `json:"command"`
-	// Deleted is the number of lease rows deleted.
+	// DryRun is -dry-run.
+	DryRun bool `json:"dry_run"`
+	// Deleted is the number of lease rows deleted: 0 with -dry-run.
 	Deleted int64 `json:"deleted"`
+	// WouldDelete is, with -dry-run, the number of lease rows that prune
+	// would delete now.
+	WouldDelete *int64 `json:"would_delete,omitempty"`
 	// OlderThanSeconds is -older-than.
 	OlderThanSeconds float64 `json:"older_than_seconds"`
 	// KeepResults is -keep-results.
@@ -24,11 +29,28 @@ type pruneJSON struct {
 }
 
 // pruneCmd deletes the rows released or expired at least -older-than
-// ago (admin.Operator.Prune). It writes what it deleted also when it
-// failed after a batch or more.
+// ago (admin.Operator.Prune), or with -dry-run counts them. It writes what
+// it deleted also when it failed after a batch or more.
 func pruneCmd(ctx context.Context, c *command) error {
 	start := time.Now()
-	opts := admin.PruneOptions{OlderThan: c.olderThan.d, BatchSize: c.batch, KeepResults: c.keepResults}
+	opts := admin.PruneOptions{OlderThan: c.olderThan.d, BatchSize: c.batch, KeepResults: c.keepResults, DryRun: c.dryRun}
+	if c.dryRun {
+		n, err := c.op.Prune(ctx, opts)
+		if err != nil {
+			return invalid(err)
+		}
+		if c.json {
+			return c.writeJSON(pruneJSON{Command: "prune", DryRun: true, WouldDelete: &n, OlderThanSeconds: c.olderThan.d.Seconds(),
+				KeepResults: c.keepResults, Seconds: time.Since(start).Seconds()})
+		}
+		what := "lease rows and their results"
+		if c.keepResults {
+			what = "lease rows (results kept)"
+		}
+		fmt.Fprintf(c.env.stdout, "would prune %d %s released or expired more than %v ago (-dry-run: nothing deleted)\n",
+			n, what, c.olderThan.String())
+		return nil
+	}
 	if c.env.terminal {
 		opts.Progress = func(n int64) {
 			fmt.Fprintf(c.env.stderr, "\rpruned %d rows (%.0f rows/s)", n, float64(n)/time.Since(start).Seconds())

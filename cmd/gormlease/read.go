@@ -48,6 +48,9 @@ type leaseJSON struct {
 	// a lease not released.
 	AcquiredAt     *time.Time `json:"acquired_at,omitempty"`
 	HeldForSeconds *float64   `json:"held_for_seconds,omitempty"`
+	// Cursor is the row's place in list's order: list -after takes the
+	// last row's, with the same -order, for the next page.
+	Cursor string `json:"cursor"`
 }
 
 func toJSON(li admin.LeaseInfo) leaseJSON {
@@ -58,12 +61,7 @@ func toJSON(li admin.LeaseInfo) leaseJSON {
 		MinHold: li.MinHold, Paused: li.Paused, PausedAt: li.Row.PausedAt, PauseReason: li.PauseReason,
 		StopRequested: li.StopRequested, StopReason: li.StopReason,
 	}
-	if li.Paused {
-		j.PausedBy = deref(li.Row.PausedBy)
-	}
-	if li.StopRequested {
-		j.StopBy = deref(li.Row.StopBy)
-	}
+	j.PausedBy, j.StopBy, j.Cursor = li.PausedBy, li.StopBy, li.Cursor
 	j.AcquiredAt = li.Row.AcquiredAt
 	if d, ok := heldFor(li); ok {
 		x := d.Seconds()
@@ -84,13 +82,26 @@ func toJSON(li admin.LeaseInfo) leaseJSON {
 	return j
 }
 
+// orderName is o as -order names it.
+func orderName(o admin.Order) string {
+	for name, v := range orders {
+		if v == o {
+			return name
+		}
+	}
+	return string(o)
+}
+
+// listCmd lists the rows that -prefix, -state and -holder choose, in
+// -order, a page (-limit) or every page (-all).
 func listCmd(ctx context.Context, c *command) error {
 	if c.limit < 1 || c.limit > 10000 {
 		// The library's 0 would mean its default page, which -all would
 		// then never see end short of the limit.
 		return usagef("list: -limit %d: give 1 to 10000 rows per page", c.limit)
 	}
-	o := admin.ListOptions{Prefix: c.prefix, State: admin.LeaseState(c.state), After: c.after, Limit: c.limit}
+	o := admin.ListOptions{Prefix: c.prefix, State: admin.LeaseState(c.state), Holder: c.holder, Order: c.order,
+		After: c.after, Limit: c.limit}
 	var tw *tabwriter.Writer
 	enc := json.NewEncoder(c.env.stdout)
 	if !c.json {
@@ -115,7 +126,7 @@ func listCmd(ctx context.Context, c *command) error {
 		}
 		n += len(page)
 		if len(page) > 0 {
-			last = page[len(page)-1].Key
+			last = page[len(page)-1].Cursor
 		}
 		if !c.all || len(page) < o.Limit {
 			break
@@ -130,7 +141,11 @@ func listCmd(ctx context.Context, c *command) error {
 			return err
 		}
 		if n == o.Limit && !c.all {
-			fmt.Fprintf(c.env.stderr, "(the first %d rows: -all lists every page, -after %q the next one)\n", n, last)
+			more := ""
+			if c.order != admin.OrderKey {
+				more = " -order " + orderName(c.order)
+			}
+			fmt.Fprintf(c.env.stderr, "(the first %d rows: -all lists every page,%s -after %q the next one)\n", n, more, last)
 		}
 	}
 	return nil
@@ -182,10 +197,10 @@ func showCmd(ctx context.Context, c *command) error {
 		fmt.Fprintf(tw, "failure:\t%s\n", *li.Row.Failure)
 	}
 	if li.Paused {
-		fmt.Fprintf(tw, "paused:\tsince %s%s: %s\n", li.Row.PausedAt.UTC().Format(time.RFC3339Nano), by(li.Row.PausedBy), li.PauseReason)
+		fmt.Fprintf(tw, "paused:\tsince %s%s: %s\n", li.Row.PausedAt.UTC().Format(time.RFC3339Nano), by(li.PausedBy), li.PauseReason)
 	}
 	if li.StopRequested {
-		fmt.Fprintf(tw, "stop requested:\t%s%s\n", li.StopReason, by(li.Row.StopBy))
+		fmt.Fprintf(tw, "stop requested:\t%s%s\n", li.StopReason, by(li.StopBy))
 	}
 	return tw.Flush()
 }
