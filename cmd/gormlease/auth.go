@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"log/slog"
@@ -113,22 +112,11 @@ func (a auth) identify(r *http.Request) (identity string, ok, given bool) {
 	return "", false, given
 }
 
-// identityKey is the key of the operator's identity in a request's
-// context.
-type identityKey struct{}
-
-// identity returns the operator's identity that require found for r, or
-// "".
-func identity(r *http.Request) string {
-	id, _ := r.Context().Value(identityKey{}).(string)
-	return id
-}
-
 // require serves h to the requests that authenticate, pages and actions
-// alike, with their identity in the context (see identity), and answers
-// the others 401, with a WWW-Authenticate header for each scheme that a
-// accepts. Credentials given and wrong are logged as a warning, and each
-// action with the identity that asked it.
+// alike, and answers the others 401, with a WWW-Authenticate header for
+// each scheme that a accepts. Credentials given and wrong are logged as a
+// warning, and each action (a POST) with the operator's identity that
+// asked it.
 func (a auth) require(h http.Handler, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, ok, given := a.identify(r)
@@ -148,6 +136,6 @@ func (a auth) require(h http.Handler, logger *slog.Logger) http.Handler {
 		if r.Method == http.MethodPost {
 			logger.Info("gormlease serve: action request", "operator", id, "remote", r.RemoteAddr, "path", r.URL.Path)
 		}
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), identityKey{}, id)))
+		h.ServeHTTP(w, r)
 	})
 }
