@@ -59,6 +59,9 @@ func authFromEnv(getenv func(string) string) (auth, error) {
 		return auth{}, usagef("$%s is set but $%s is not: basic auth needs both", passwordEnv, userEnv)
 	case strings.Contains(user, ":"):
 		return auth{}, usagef("$%s has a colon, which basic auth cannot carry in a user name", userEnv)
+	case user != "" && checkOperator(user) != "":
+		return auth{}, usagef("$%s %s: the user is recorded as the operator of each action: give 1 to %d bytes of UTF-8 without NUL",
+			userEnv, checkOperator(user), maxOperatorLength)
 	case user != "":
 		a.user, a.password, a.userName = hash(user), hash(password), user
 	}
@@ -115,12 +118,11 @@ func (a auth) identify(r *http.Request) (identity string, ok, given bool) {
 // require serves h to the requests that authenticate, pages and actions
 // alike, and answers the others 401, with a WWW-Authenticate header for
 // each scheme that a accepts. Credentials given and wrong are logged as a
-// warning, and each action (a POST) with the operator's identity that
-// asked it.
+// warning. (The console logs each action with its operator, which
+// console.WithIdentity gives it.)
 func (a auth) require(h http.Handler, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, ok, given := a.identify(r)
-		if !ok {
+		if _, ok, given := a.identify(r); !ok {
 			if given {
 				logger.Warn("gormlease serve: authentication failed", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path)
 			}
@@ -132,9 +134,6 @@ func (a auth) require(h http.Handler, logger *slog.Logger) http.Handler {
 			}
 			http.Error(w, "authentication required", http.StatusUnauthorized)
 			return
-		}
-		if r.Method == http.MethodPost {
-			logger.Info("gormlease serve: action request", "operator", id, "remote", r.RemoteAddr, "path", r.URL.Path)
 		}
 		h.ServeHTTP(w, r)
 	})

@@ -77,7 +77,7 @@
 // github.com/gormlease/gormlease/console on -addr until interrupted:
 // read-only unless -actions is given. On 127.0.0.1 (the default),
 // localhost or [::1] it answers only requests addressed to this machine
-// (DNS rebinding). Another address, which other machines can reach, needs
+// (console.WithAllowedHosts, against DNS rebinding). Another address, which other machines can reach, needs
 // an authentication from the environment, never from the command line:
 // GORMLEASE_CONSOLE_TOKEN, a bearer token of 16 bytes or more that each
 // request sends as "Authorization: Bearer TOKEN", or
@@ -85,8 +85,9 @@
 // which a browser asks for; or -trusted-network, to serve everyone who
 // can reach it. With an authentication set, every request needs it,
 // pages and actions, on any address: another gets 401 with a
-// WWW-Authenticate header. Each action is logged to stderr with its
-// operator: the basic-auth user, or "token".
+// WWW-Authenticate header. Each action is logged to stderr, and its
+// operator, the basic-auth user or "token", is recorded with it in the
+// rows and the log (console.WithIdentity).
 //
 // Exit codes:
 //

@@ -101,20 +101,31 @@ func serveCmd(ctx context.Context, c *command) error {
 		opts = append(opts, console.WithAuthorizer(func(*http.Request, string, string) error { return nil }))
 		mode = "actions allowed to anyone who may see the pages"
 	}
+	if c.auth.set() {
+		// The console records who acted, in the rows and its log.
+		opts = append(opts, console.WithIdentity(func(r *http.Request) string {
+			id, _, _ := c.auth.identify(r)
+			return id
+		}))
+	}
+	host, _, _ := net.SplitHostPort(c.addr)
+	if isLoopback(host) {
+		// A page of another site whose name an attacker re-resolved to
+		// this address (DNS rebinding) is same-origin to the browser, but
+		// sends its own name as the Host: it gets 421, reads nothing and
+		// does nothing.
+		opts = append(opts, console.WithAllowedHosts("localhost", "127.0.0.1", "::1", host))
+	} else if !c.auth.set() {
+		logger.Warn("gormlease serve: no authentication on an address that other machines can reach (-trusted-network)",
+			"addr", c.addr, "actions", c.actions)
+	}
 	h, err := console.New(c.db, opts...)
 	if err != nil {
 		return err
 	}
-	host, _, _ := net.SplitHostPort(c.addr)
 	if c.auth.set() {
 		h = c.auth.require(h, logger)
 		mode += ", to those who authenticate (" + c.auth.kinds() + ")"
-	}
-	if isLoopback(host) {
-		h = loopbackHostsOnly(h)
-	} else if !c.auth.set() {
-		logger.Warn("gormlease serve: no authentication on an address that other machines can reach (-trusted-network)",
-			"addr", c.addr, "actions", c.actions)
 	}
 	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
@@ -145,25 +156,6 @@ func serveCmd(ctx context.Context, c *command) error {
 		err = serveErr
 	}
 	return err
-}
-
-// loopbackHostsOnly serves, on a loopback address, only the requests whose
-// Host names this machine (localhost, 127.0.0.1, [::1]): a page of another
-// site whose name an attacker re-resolved to 127.0.0.1 (DNS rebinding) is
-// same-origin to the browser, but sends its own name as the Host, and is
-// answered 421, so that it can neither read the pages nor act.
-func loopbackHostsOnly(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host, _, err := net.SplitHostPort(r.Host)
-		if err != nil {
-			host = r.Host
-		}
-		if !isLoopback(strings.Trim(host, "[]")) {
-			http.Error(w, "this console serves localhost only: open it as http://localhost or http://127.0.0.1", http.StatusMisdirectedRequest)
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
 }
 
 // isLoopback reports whether host names this machine only: "" (every

@@ -213,6 +213,8 @@ func TestCommand_ServeRefusesAnOpenAddress(t *testing.T) {
 			[]string{"$GORMLEASE_CONSOLE_PASSWORD is set but $GORMLEASE_CONSOLE_USER is not"}},
 		{"ShortToken", map[string]string{tokenEnv: "short"}, []string{"-addr", "0.0.0.0:0"},
 			[]string{"$GORMLEASE_CONSOLE_TOKEN is 5 bytes long: give at least 16"}},
+		{"UserNotRecordable", map[string]string{userEnv: strings.Repeat("u", 256), passwordEnv: "p"}, []string{},
+			[]string{"$GORMLEASE_CONSOLE_USER is 256 bytes long: the user is recorded as the operator"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -280,6 +282,11 @@ func TestCommand_ServeAuthenticates(t *testing.T) {
 		require.NoError(t, err)
 		return row.PausedAt != nil
 	}
+	pausedBy := func(target string) string {
+		row, _, err := op.Get(ctx, target)
+		require.NoError(t, err)
+		return deref(row.PausedBy)
+	}
 	bearer := func(tok string) func(*http.Request) {
 		return func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+tok) }
 	}
@@ -307,6 +314,7 @@ func TestCommand_ServeAuthenticates(t *testing.T) {
 		assert.False(t, paused(target), "an action without the token paused")
 		assert.Equal(t, http.StatusSeeOther, pause(base, target, bearer(token)))
 		assert.True(t, paused(target))
+		assert.Equal(t, "token", pausedBy(target), "the operator recorded in the row")
 		assert.Contains(t, logs.String(), "operator=token")
 		assert.Contains(t, logs.String(), "authentication failed")
 	})
@@ -331,6 +339,7 @@ func TestCommand_ServeAuthenticates(t *testing.T) {
 		assert.False(t, paused(target))
 		assert.Equal(t, http.StatusSeeOther, pause(base, target, basic("alice", "s3cret pass")))
 		assert.True(t, paused(target))
+		assert.Equal(t, "alice", pausedBy(target), "the operator recorded in the row")
 		assert.Contains(t, logs.String(), "operator=alice")
 	})
 
