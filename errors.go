@@ -69,7 +69,11 @@ var (
 	// or waiting, an error that wraps it, names the table (and the column)
 	// when the database or the statement says which, and says how to make
 	// them: create the tables with AutoMigrate, or run `gormlease migrate`.
-	// Repository.CheckTables finds them all at startup.
+	// Repository.CheckTables finds them all at startup. Only a table
+	// dropped while a Run or a leader holds its lease is met otherwise:
+	// the heartbeats that fail on it are tried again, each failure logged,
+	// until the lease can no longer be trusted, and the work then ends
+	// with ErrLeaseLost.
 	ErrMissingTables = backend.ErrMissingTables
 
 	// ErrInvalidArgument is wrapped by every error about bad input: a bad

@@ -226,7 +226,7 @@ func (b *Backend) beginPipelined(ctx context.Context, db *gorm.DB, conn *sql.Con
 		end(err)
 	}
 	backend.Trace(ctx, db, begin, b.beginSaveReleaseSQL, []any{l.TargetID, l.Token.String()}, res.n, err)
-	return res.n, err
+	return res.n, backend.MissingTables(err, b.saveReleaseSQL)
 }
 
 // beginLocked returns the query that begins the fenced transaction at READ

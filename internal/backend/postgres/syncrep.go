@@ -69,7 +69,8 @@ var errNotPgx = errors.New("not a pgx connection")
 
 // simpleQuery sends query, without parameters, as one simple query on
 // conn's pgx connection, and reads the whole answer. It returns the first
-// error the server sent, or an error wrapping backend.ErrReplicationCancelled
+// error the server sent (a *backend.MissingTablesError for a missing table
+// or column), or an error wrapping backend.ErrReplicationCancelled
 // when the server warned that it cut short a wait for synchronous
 // replication, or errNotPgx, having sent nothing, when conn's driver is not
 // pgx. A connection whose answer was not read to its end (ctx ended, the
@@ -114,7 +115,9 @@ func simpleQuery(ctx context.Context, db *gorm.DB, conn *sql.Conn, query, report
 	if report {
 		backend.Trace(ctx, db, begin, reported, nil, res.n, err)
 	}
-	return res, err
+	// A missing table or column, as backend.Query reports it: query
+	// names the statement's tables (its literals never reach the error).
+	return res, backend.MissingTables(err, query)
 }
 
 // cancelTimeout bounds the cancel request of a statement abandoned when its
