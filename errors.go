@@ -84,10 +84,12 @@ var (
 
 // HeldError is the error of an acquire refused by a live lease: it matches
 // ErrLeaseHeld, and describes the lease (with WithSlots, the slot that frees
-// first) as the refusing statement saw it, on the database's clock, with no
-// statement of its own. RunWait, Do and Elector.Lead wrap it with their
-// context's error when that ends while they wait. An HTTP handler answers
-// 409 Conflict with Retry-After: int(RetryAfter().Seconds()).
+// first) as the refusing statement saw it (on MySQL and SQLite, and for
+// slots, the read that follows the refusal), on the database's clock:
+// HeldFor and RetryAfter cost no statement of their own. RunWait, Do and
+// Elector.Lead wrap it with their context's error when that ends while
+// they wait. An HTTP handler answers 409 Conflict with Retry-After:
+// int(RetryAfter().Seconds()).
 type HeldError struct {
 	Target     string        // the target asked for
 	Holder     string        // the live lease's holder (WithHolder)

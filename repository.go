@@ -696,7 +696,8 @@ func (r *Repository) readSaved(ctx context.Context, l Lease) (saved backend.Save
 // CheckTables is a startup check that the tables exist: it reads, in one
 // statement that reads no row, every column that gormlease uses of the
 // lease table, its generation floor and the result table (WithTableNames).
-// It returns nil when they all exist, and otherwise an error that wraps
+// It returns nil when they all exist, and otherwise, after one more such
+// statement per table and per column to find them, an error that wraps
 // ErrMissingTables and names every table and column missing: create them
 // with AutoMigrate, or run `gormlease migrate`. It writes nothing. Other
 // errors (a database out of reach) are returned as they are, without
