@@ -53,10 +53,11 @@
 --
 -- job_lease_paused (the lease table's name with _paused) indexes paused_at,
 -- so that an operator's list of the paused targets (admin's StatePaused)
--- reads the paused rows only, not the whole table. InnoDB writes it only when
--- paused_at changes (Pause, Resume), never on a heartbeat, acquire or
--- release. A table made by an earlier version lacks it; AutoMigrate adds it,
--- or run:
+-- reads the paused rows only, not the whole table. InnoDB writes it when
+-- paused_at changes (Pause, Resume) and when a row is inserted or deleted (a
+-- target's first acquire, Prune), never on a heartbeat, a release or an
+-- acquire of an existing row. A table made by an earlier version lacks it;
+-- AutoMigrate adds it, or run:
 --   CREATE INDEX job_lease_paused ON job_lease (paused_at);
 --
 -- job_lease_floor holds one row: the highest generation that Prune ever

@@ -186,8 +186,9 @@ func leaseDDL(t backend.Tables) string {
 // addPausedIndex adds the index of the paused rows (job_lease_paused, on
 // paused_at, which InnoDB's secondary index extends with the key) to a
 // lease table made before it. InnoDB writes a secondary index only when a
-// statement changes its columns: heartbeats, acquires and releases do not
-// touch it, Pause and Resume do. MySQL has no CREATE INDEX IF NOT EXISTS:
+// statement changes its columns, inserts a row or deletes one: heartbeats,
+// releases and acquires of an existing row do not touch it; Pause, Resume,
+// a target's first acquire and Prune do. MySQL has no CREATE INDEX IF NOT EXISTS:
 // the catalog is read first, and an index that a concurrent migration
 // made meanwhile (error 1061, a duplicate key name) is no error.
 func addPausedIndex(ctx context.Context, db *gorm.DB, t backend.Tables) error {
