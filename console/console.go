@@ -89,7 +89,8 @@ func WithAllowedHosts(hosts ...string) Option {
 // WithLogger sets the logger that records each action: what was asked,
 // on which target, with which reason, by which remote address and
 // operator (WithIdentity), and what came of it (Info when done, Warn when
-// refused, Error when the database failed). Without it, slog.Default()
+// refused, Error when the database failed or WithIdentity's name cannot be
+// recorded). Without it, slog.Default()
 // records them: an operator's action is an audit event, not a library's
 // chatter.
 func WithLogger(logger *slog.Logger) Option {

@@ -66,7 +66,8 @@
 // resume. Done, an action answers 303 See Other to the target's page;
 // bad input gets 400. Each action, done or refused, is logged through
 // log/slog with its target and reason, and the operator's name
-// (WithIdentity), which is also recorded in the row.
+// (WithIdentity), which a pause, a stop and a release also record in the
+// rows (a resume clears the pause's).
 //
 // An action must match the target's state when it is posted: a pause of
 // a paused target, a resume of one not paused, a stop or release of a
@@ -75,8 +76,9 @@
 // Stop and release ask first: posted without the form field confirm=1
 // they answer a page that names the target and each lease concerned (its
 // holder and generation), and write nothing; its button posts the same
-// form with confirm=1 and the generation, and if another run has taken
-// the lease since, the action is a 409 that writes nothing. A pause of a
+// form with confirm=1 and, when it names one lease (not every slot of a
+// semaphore), its generation: if another run has taken that lease since,
+// the action is a 409 that writes nothing. A pause of a
 // target that has no row asks first too, saying that it creates a paused
 // row. A script that means it posts confirm=1 at once.
 //
