@@ -217,7 +217,7 @@ func newCommand(name string, e env) *command {
 	}
 	if c.acts() {
 		f.BoolVar(&c.yes, "yes", false, c.name+" without asking")
-		f.StringVar(&c.as, "as", "", "record `NAME` as the operator who acted (default $"+operatorEnv+", or USER@HOST of this process)")
+		f.StringVar(&c.as, "as", "", "act as the operator `NAME`, which release, pause and stop record in the row (default $"+operatorEnv+", or USER@HOST of this process)")
 	}
 	switch name {
 	case "prune", "release", "pause", "resume", "stop", "migrate", "serve":

@@ -47,12 +47,14 @@
 // work ended under a minimum hold); -timeout (default 2m) bounds the wait.
 // -slot takes a slot's number, from 1 to 100.
 //
-// Each of these four records who acted (admin.Operator.As): -as NAME, or
+// Each of these four acts as an operator (admin.Operator.As): -as NAME, or
 // else the environment variable GORMLEASE_OPERATOR, or else USER@HOST of
 // the process (the user's name and the host's without its domain), 1 to
-// 255 bytes of UTF-8: pause in the row's paused_by, stop in its stop_by,
-// release in the failure it writes ("released by force by operator
-// NAME"); list and show say who paused and who asked to stop.
+// 255 bytes of UTF-8, which -json writes as "operator". pause records it
+// in the row's paused_by, stop in its stop_by, release in the failure it
+// writes ("released by force by operator NAME"); resume records it
+// nowhere, as it clears the pause and who made it. list and show say who
+// paused and who asked to stop.
 //
 // With -json, every command writes its outcome on stdout as JSON, and
 // nothing else there: list and show an object a row (a line each), the
@@ -85,9 +87,10 @@
 // which a browser asks for; or -trusted-network, to serve everyone who
 // can reach it. With an authentication set, every request needs it,
 // pages and actions, on any address: another gets 401 with a
-// WWW-Authenticate header. Each action is logged to stderr, and its
-// operator, the basic-auth user or "token", is recorded with it in the
-// rows and the log (console.WithIdentity).
+// WWW-Authenticate header. Each action is logged to stderr; with an
+// authentication set, its operator, the basic-auth user or "token", is
+// recorded with it in the rows and the log (console.WithIdentity), and
+// without one no operator is (-as and GORMLEASE_OPERATOR are not serve's).
 //
 // Exit codes:
 //
