@@ -84,8 +84,9 @@ var (
 
 // HeldError is the error of an acquire refused by a live lease: it matches
 // ErrLeaseHeld, and describes the lease (with WithSlots, the slot that frees
-// first) as the refusing statement saw it (on MySQL and SQLite, and for
-// slots, the read that follows the refusal), on the database's clock:
+// first) as the refusing statement saw it (or, where that statement
+// cannot answer the lease, the read that follows it: on MySQL and SQLite,
+// for AcquireFrom on MariaDB, and for slots), on the database's clock:
 // HeldFor and RetryAfter cost no statement of their own. RunWait, Do and
 // Elector.Lead wrap it with their context's error when that ends while
 // they wait. An HTTP handler answers 409 Conflict with Retry-After:
