@@ -129,3 +129,40 @@ func TestRepository_CheckTables(t *testing.T) {
 		require.NoError(t, repo.CheckTables(ctx))
 	})
 }
+
+// A result table missing alone (the lease tables exist) is met by the
+// save, after the work has run: Run's error wraps ErrMissingTables and
+// names the result table, and so does LoadJSON's, at once.
+func TestMissingTables_ResultTableAlone(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		n := targetSeq.Add(1)
+		lease, result := fmt.Sprintf("noresult_%d", n), fmt.Sprintf("noresult_result_%d", n)
+		opt := gormlease.WithTableNames(lease, result)
+		t.Cleanup(func() {
+			for _, table := range []string{lease, lease + "_floor", result} {
+				assert.NoError(t, db.Exec("DROP TABLE IF EXISTS "+table).Error)
+			}
+		})
+		require.NoError(t, gormlease.AutoMigrate(ctx, db, opt))
+		require.NoError(t, db.Exec("DROP TABLE "+result).Error)
+		target := newTarget(t)
+
+		r := newRunner(t, db, opt)
+		ran := 0
+		begin := time.Now()
+		_, err := r.Run(ctx, target, func(context.Context) (string, error) { ran++; return "done", nil }, gormlease.SaveJSON[string])
+		took := time.Since(begin)
+		requireMissing(t, err, "Run's save", fmt.Sprintf("%q", result))
+		assert.Equal(t, 1, ran, "the work ran once, before the save met the missing table")
+		assert.Less(t, took, missingAtOnce, "Run took %v", took)
+
+		begin = time.Now()
+		_, _, err = gormlease.LoadJSON[string](ctx, db, target, opt)
+		took = time.Since(begin)
+		requireMissing(t, err, "LoadJSON", fmt.Sprintf("%q", result))
+		assert.Less(t, took, missingAtOnce, "LoadJSON took %v", took)
+	})
+}
