@@ -227,3 +227,31 @@ func TestTarget_LongestIDHasAPageOnEveryDatabase(t *testing.T) {
 		}
 	})
 }
+
+// A semaphore that has a row of its own besides its slots' (made by a
+// pause, and left released by the resume) is confirmed as every
+// semaphore is: the page names each slot's lease concerned, not the
+// target's own released row, and carries no generation.
+func TestConfirm_SemaphoreWithItsOwnRowOnEveryDatabase(t *testing.T) {
+	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx := context.Background()
+		f := newFixture(t, s, db)
+		op := admin.New(f.repo)
+		require.NoError(t, op.Pause(ctx, f.slotted, "maintenance"))
+		require.NoError(t, op.Resume(ctx, f.slotted))
+		own, found, err := op.Get(ctx, f.slotted)
+		require.NoError(t, err)
+		require.True(t, found, "the pause made the target's own row")
+		require.NotNil(t, own.ReleasedAt)
+		h, _ := newConsole(t, db, console.WithAuthorizer(allowAll))
+		for _, action := range []string{"stop", "release"} {
+			r := postForm(h, action, url.Values{"target": {f.slotted}, "reason": {"stuck"}}, nil)
+			require.Equal(t, http.StatusOK, r.status, r.body)
+			assert.Contains(t, r.body, "<th>Slot</th>", "%s: the slots concerned", action)
+			assert.Contains(t, r.body, `<td class="holder">holder-of-`, "%s: the live slot's holder", action)
+			_, form := confirmation(t, r.body)
+			assert.Empty(t, form.Get("generation"), "%s: a whole semaphore's confirmation carries no generation", action)
+			assert.Equal(t, 1, heldSlots(t, f.repo, f.slotted), "%s without a confirmation wrote", action)
+		}
+	})
+}

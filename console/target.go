@@ -132,10 +132,14 @@ func (t targetRows) needsConfirm(name string) bool {
 }
 
 // confirmed is the row that a confirmation names (the target's own, or
-// slot's), or nil for the rows of a whole semaphore.
+// slot's), or nil for the rows of a whole semaphore: a target with slot
+// rows, whose own row, when a pause made one, holds no lease.
 func (t targetRows) confirmed(slot int) *row {
 	if slot > 0 {
 		return t.slot(slot)
+	}
+	if len(t.Slots) > 0 {
+		return nil
 	}
 	return t.Row
 }
