@@ -76,8 +76,8 @@
 // missing says so.
 //
 // The serve command serves the console of package
-// github.com/gormlease/gormlease/console on -addr until interrupted:
-// read-only unless -actions is given. On 127.0.0.1 (the default),
+// github.com/gormlease/gormlease/console on -addr until interrupted
+// (SIGINT or SIGTERM): read-only unless -actions is given. On 127.0.0.1 (the default),
 // localhost or [::1] it answers only requests addressed to this machine
 // (console.WithAllowedHosts, against DNS rebinding). Another address, which other machines can reach, needs
 // an authentication from the environment, never from the command line:
@@ -113,10 +113,11 @@ import (
 	"context"
 	"os"
 	"os/signal"
+	"syscall"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], env{
 		getenv: os.Getenv, stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr,
 		terminal: isTerminal(os.Stderr),

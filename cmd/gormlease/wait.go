@@ -65,7 +65,7 @@ type waitRowJSON struct {
 // or taken over by a later generation (or its work ended under a minimum
 // hold). It reads the rows every stopPoll, for at most -timeout, and then
 // returns an error with exit code 6 that says what it last saw. An
-// interrupt ends the wait with an error (exit 1); the request stays
+// interrupt (SIGINT or SIGTERM) ends the wait with an error (exit 1); the request stays
 // either way.
 func (c *command) waitStopped(ctx context.Context, what string, asked []admin.LeaseInfo) error {
 	start := time.Now()
