@@ -164,6 +164,16 @@ func (c *command) rowName(li admin.LeaseInfo) string {
 	return fmt.Sprintf("%q", li.TargetID)
 }
 
+// pausedRow returns the first of rows that is paused, or nil.
+func pausedRow(rows []admin.LeaseInfo) *admin.LeaseInfo {
+	for i := range rows {
+		if rows[i].Paused {
+			return &rows[i]
+		}
+	}
+	return nil
+}
+
 // pauseCmd pauses c.target (admin.Operator.Pause): a target without a row
 // only with -new, which makes it.
 func pauseCmd(ctx context.Context, c *command) error {
@@ -171,13 +181,7 @@ func pauseCmd(ctx context.Context, c *command) error {
 	if err != nil {
 		return err
 	}
-	var paused *admin.LeaseInfo
-	for i := range rows {
-		if rows[i].Paused {
-			paused = &rows[i]
-			break
-		}
-	}
+	paused := pausedRow(rows)
 	switch {
 	case len(rows) == 0 && !c.newRow:
 		return exitf(exitNoTarget, "no lease row for target %q: never acquired, or pruned (a typo?); "+
@@ -218,13 +222,7 @@ func resumeCmd(ctx context.Context, c *command) error {
 	if err != nil {
 		return err
 	}
-	var paused *admin.LeaseInfo
-	for i := range rows {
-		if rows[i].Paused {
-			paused = &rows[i]
-			break
-		}
-	}
+	paused := pausedRow(rows)
 	switch {
 	case len(rows) == 0:
 		return exitf(exitNoTarget, "no lease row for target %q: never acquired, or pruned; nothing to resume", c.target)
