@@ -83,7 +83,8 @@ func TestRun_SaverPastOperationTimeout(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		const timeout = 300 * time.Millisecond
 		once := newRunner(t, db, gormlease.WithOperationTimeout(timeout)) // the window is the timeout
-		always := newRunner(t, db, gormlease.WithOperationTimeout(timeout), gormlease.WithReconnectWindow(time.Minute))
+		always := newRunner(t, db, gormlease.WithOperationTimeout(timeout), gormlease.WithReconnectWindow(time.Minute),
+			gormlease.WithLeaseTimeout(2*time.Minute)) // a window of a minute needs a lease that outlives it
 		for _, tc := range []struct {
 			name  string
 			write bool // the saver writes after its context ended
@@ -169,7 +170,7 @@ func TestRun_ReleaseAfterFailureTriedAgain(t *testing.T) {
 		target := newTarget(t)
 		releases := &failedReads{Interface: logger.Discard, needle: "failure =", failed: make(chan time.Duration, 1)}
 		r := newRunner(t, db.Session(&gorm.Session{Logger: releases}), gormlease.WithOperationTimeout(300*time.Millisecond),
-			gormlease.WithReconnectWindow(time.Minute))
+			gormlease.WithReconnectWindow(time.Minute), gormlease.WithLeaseTimeout(2*time.Minute))
 		blocker := s.Open(t, nil)
 		var tx *gorm.DB
 		failed := errors.New("work failed")

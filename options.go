@@ -14,12 +14,20 @@ import (
 
 const (
 	// DefaultHeartbeatInterval is how often a Runner renews its leases,
-	// unless WithHeartbeatInterval or WithLeaseTimeout says otherwise.
-	DefaultHeartbeatInterval = 30 * time.Second
+	// unless WithHeartbeatInterval or WithLeaseTimeout says otherwise. An
+	// operator's stop (admin.Operator.RequestStop) reaches the work at the
+	// next heartbeat: within this interval. One Runner's leases share one
+	// statement per interval per 1,000 leases: 2 statements a second for
+	// 10,000 leases (docs/guide.md, "Choosing the timings").
+	DefaultHeartbeatInterval = 5 * time.Second
 
 	// DefaultLeaseTimeout is how long a lease lives without a heartbeat,
-	// unless WithLeaseTimeout or WithHeartbeatInterval says otherwise.
-	DefaultLeaseTimeout = 2 * time.Minute
+	// unless WithLeaseTimeout or WithHeartbeatInterval says otherwise: the
+	// target of a holder that crashed is free again 15 to 20 s after the
+	// crash. Its holder, cut off from the database, keeps its work running
+	// for up to the timeout less the safety margin (18 s) after its last
+	// heartbeat: a failover or a pause of up to about 13 s costs no lease.
+	DefaultLeaseTimeout = 20 * time.Second
 
 	// DefaultOperationTimeout bounds each database call of a Runner, unless
 	// WithOperationTimeout says otherwise or the lease timeout is shorter.
@@ -30,7 +38,7 @@ const (
 	MaxSlots = backend.MaxSlots
 
 	// defaultSafetyMarginDivisor sets the default safety margin to the lease
-	// timeout divided by this number (12 s for the default 2 min timeout).
+	// timeout divided by this number (2 s for the default 20 s timeout).
 	defaultSafetyMarginDivisor = 10
 
 	// defaultTimeoutPerInterval is the ratio of the default lease timeout

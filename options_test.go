@@ -39,15 +39,15 @@ func TestNewRunner_RejectsBadOptions(t *testing.T) {
 			gormlease.WithHeartbeatInterval(time.Minute), gormlease.WithLeaseTimeout(90 * time.Second),
 		}, "timeout 1m30s must be at least twice the heartbeat interval 1m0s"},
 		{"ZeroMargin", []gormlease.Option{gormlease.WithSafetyMargin(0)}, "WithSafetyMargin: margin must be > 0"},
-		{"MarginLeavesNoHeartbeat", []gormlease.Option{gormlease.WithSafetyMargin(90 * time.Second)},
-			"heartbeat interval 30s + margin 1m30s must be less than the lease timeout 2m0s"},
+		{"MarginLeavesNoHeartbeat", []gormlease.Option{gormlease.WithSafetyMargin(15 * time.Second)},
+			"heartbeat interval 5s + margin 15s must be less than the lease timeout 20s"},
 		{"NegativeClockSkew", []gormlease.Option{gormlease.WithClockSkew(-time.Second)}, "WithClockSkew: skew must be >= 0, got -1s"},
-		{"ClockSkewLeavesNoHeartbeat", []gormlease.Option{gormlease.WithClockSkew(78 * time.Second)},
-			"WithClockSkew: heartbeat interval 30s + margin 12s + clock skew 1m18s must be less than the lease timeout 2m0s"},
+		{"ClockSkewLeavesNoHeartbeat", []gormlease.Option{gormlease.WithClockSkew(13 * time.Second)},
+			"WithClockSkew: heartbeat interval 5s + margin 2s + clock skew 13s must be less than the lease timeout 20s"},
 		{"ZeroOperationTimeout", []gormlease.Option{gormlease.WithOperationTimeout(0)}, "WithOperationTimeout"},
 		{"ZeroReconnectWindow", []gormlease.Option{gormlease.WithReconnectWindow(0)}, "WithReconnectWindow: window must be > 0, got 0s"},
-		{"ReconnectWindowPastTimeout", []gormlease.Option{gormlease.WithReconnectWindow(3 * time.Minute)},
-			"WithReconnectWindow: window 3m0s must be at most the lease timeout 2m0s"},
+		{"ReconnectWindowPastTimeout", []gormlease.Option{gormlease.WithReconnectWindow(21 * time.Second)},
+			"WithReconnectWindow: window 21s must be at most the lease timeout 20s"},
 		{"EmptyHolder", []gormlease.Option{gormlease.WithHolder("")}, "WithHolder: holder is empty"},
 		{"LongHolder", []gormlease.Option{gormlease.WithHolder(strings.Repeat("h", 300))}, "300 bytes long"},
 		{"NilOption", []gormlease.Option{nil}, "option 0 is nil"},
@@ -66,7 +66,7 @@ func TestNewRunner_RejectsBadOptions(t *testing.T) {
 	}
 
 	// The skew may take what the interval and the margin leave, but all of it.
-	_, err = gormlease.NewRunner[string](db, gormlease.WithClockSkew(77*time.Second))
+	_, err = gormlease.NewRunner[string](db, gormlease.WithClockSkew(12*time.Second))
 	assert.NoError(t, err)
 	_, err = gormlease.NewRunner[string](db, gormlease.WithClockSkew(0))
 	assert.NoError(t, err)
@@ -158,7 +158,7 @@ func TestNewRunner_OneTimingOptionIsEnough(t *testing.T) {
 		opts []gormlease.Option
 		want timings
 	}{
-		{"Defaults", nil, timings{30 * time.Second, 2 * time.Minute, 12 * time.Second, 10 * time.Second, 10 * time.Second}},
+		{"Defaults", nil, timings{5 * time.Second, 20 * time.Second, 2 * time.Second, 10 * time.Second, 10 * time.Second}},
 		{"TimeoutAlone", []gormlease.Option{gormlease.WithLeaseTimeout(10 * time.Second)},
 			timings{2500 * time.Millisecond, 10 * time.Second, time.Second, 10 * time.Second, 10 * time.Second}},
 		{"ShortTimeoutAlone", []gormlease.Option{gormlease.WithLeaseTimeout(time.Second)},
@@ -168,12 +168,12 @@ func TestNewRunner_OneTimingOptionIsEnough(t *testing.T) {
 		{"LongIntervalAlone", []gormlease.Option{gormlease.WithHeartbeatInterval(time.Minute)},
 			timings{time.Minute, 4 * time.Minute, 24 * time.Second, 10 * time.Second, 10 * time.Second}},
 		{"OperationTimeoutAlone", []gormlease.Option{gormlease.WithOperationTimeout(5 * time.Minute)},
-			timings{30 * time.Second, 2 * time.Minute, 12 * time.Second, 5 * time.Minute, 5 * time.Minute}},
+			timings{5 * time.Second, 20 * time.Second, 2 * time.Second, 5 * time.Minute, 5 * time.Minute}},
 		{"OperationTimeoutGivenWithShortLease", []gormlease.Option{
 			gormlease.WithLeaseTimeout(time.Second), gormlease.WithOperationTimeout(3 * time.Second)},
 			timings{250 * time.Millisecond, time.Second, 100 * time.Millisecond, 3 * time.Second, 3 * time.Second}},
-		{"SafetyMarginAlone", []gormlease.Option{gormlease.WithSafetyMargin(time.Minute)},
-			timings{30 * time.Second, 2 * time.Minute, time.Minute, 10 * time.Second, 10 * time.Second}},
+		{"SafetyMarginAlone", []gormlease.Option{gormlease.WithSafetyMargin(10 * time.Second)},
+			timings{5 * time.Second, 20 * time.Second, 10 * time.Second, 10 * time.Second, 10 * time.Second}},
 		{"ReconnectWindowWithTimeout", []gormlease.Option{
 			gormlease.WithLeaseTimeout(5 * time.Second), gormlease.WithReconnectWindow(5 * time.Second)},
 			timings{1250 * time.Millisecond, 5 * time.Second, 500 * time.Millisecond, 5 * time.Second, 5 * time.Second}},

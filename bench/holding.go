@@ -24,7 +24,7 @@ import (
 // analyzed once they are held (see analyze), each with its documented
 // heartbeat settings scaled to the same lease timeout (-holding-timeout):
 // gormlease's defaults renew every quarter of the lease timeout
-// (DefaultHeartbeatInterval 30 s for DefaultLeaseTimeout 2 min), and so do
+// (DefaultHeartbeatInterval 5 s for DefaultLeaseTimeout 20 s), and so do
 // pglock's (DefaultHeartbeatFrequency 5 s for DefaultLeaseDuration 20 s).
 // An advisory lock has no heartbeat: it is held by a session, so each lock
 // pins a connection, and the count it reaches is bounded by

@@ -8,7 +8,7 @@
 // milliseconds (on PostgreSQL, woken by a notification; on SQLite, at its
 // next poll, within a heartbeat interval). Without it, SIGTERM ends the
 // process with the role still held, and no copy leads until the lease
-// times out (two minutes with the defaults).
+// times out (20 s with the defaults).
 //
 //	go run ./examples/leader -holder pod-a &
 //	go run ./examples/leader -holder pod-b &

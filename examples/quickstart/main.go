@@ -81,7 +81,7 @@ func run(ctx context.Context, dsn, user string, out io.Writer) error {
 		return err
 	}
 
-	runner, err := gormlease.NewRunner[*Report](db) // heartbeat every 30 s, timeout 2 min
+	runner, err := gormlease.NewRunner[*Report](db) // heartbeat every 5 s, timeout 20 s
 	if err != nil {
 		return err
 	}
