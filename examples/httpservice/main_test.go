@@ -229,7 +229,7 @@ func TestRefresh_SavesTheReport(t *testing.T) {
 
 // A request that finds the target in progress gets 409 at once, naming the
 // holder, with a Retry-After as long as the job has run so far, at least
-// 1 s: a few seconds for a short job, not the lease timeout (30 s by
+// 1 s: a few seconds for a short job, not the lease timeout (20 s by
 // default), which ExpiresIn would give.
 func TestRefresh_HeldGets409WithAShortRetryAfter(t *testing.T) {
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
@@ -486,7 +486,7 @@ func TestShutdown_LetsTheWorkEnd(t *testing.T) {
 
 // Past the grace, the shutdown cancels the work in progress: each Run and
 // Do releases its target (released now, not left to expire with the
-// lease's 30 s), saves nothing, and its client gets 503; then Serve
+// lease's 20 s), saves nothing, and its client gets 503; then Serve
 // returns nil.
 func TestShutdown_PastTheGraceReleasesTheTargets(t *testing.T) {
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {

@@ -13,7 +13,8 @@
 // creates. The kills and stops of every setting run at once (each kill a
 // child process of its own, this program run with -hold), then the
 // statement counts one setting and one N at a time; with the default
-// settings it takes about eight minutes.
+// settings it takes about nine minutes (-phases kills: two and a half,
+// -phases statements: six and a half).
 package main
 
 import (
@@ -58,7 +59,8 @@ func main() {
 	dsn := flag.String("dsn", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "a PostgreSQL DSN")
 	list := flag.String("settings", "30s/2m,10s/40s,5s/30s,5s/20s,2s/10s", "interval/timeout pairs, comma-separated")
 	counts := flag.String("leases", "1000,10000", "how many leases one Runner holds, comma-separated")
-	samples := flag.Int("samples", 4, "kills and stops per setting")
+	samples := flag.Int("samples", 5, "kills and stops per setting")
+	phases := flag.String("phases", "kills,statements", "what to measure: kills (and stops), statements, or both")
 	hold := flag.String("hold", "", "(internal) hold this target until killed, under -interval and -timeout")
 	interval := flag.Duration("interval", 0, "(internal) the heartbeat interval of -hold")
 	timeout := flag.Duration("timeout", 0, "(internal) the lease timeout of -hold")
@@ -85,7 +87,7 @@ func main() {
 		}
 		ns = append(ns, n)
 	}
-	if err := measure(db, *dsn, settings, ns, *samples); err != nil {
+	if err := measure(db, *dsn, settings, ns, *samples, *phases); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -126,8 +128,34 @@ func holdUntilKilled(db *gorm.DB, target string, s setting) error {
 }
 
 // measure runs the kills and stops of every setting at once, then the
-// statement counts, and prints the figures as Markdown tables.
-func measure(db *gorm.DB, dsn string, settings []setting, ns []int, samples int) error {
+// statement counts, as phases says, and prints the figures as Markdown
+// tables.
+func measure(db *gorm.DB, dsn string, settings []setting, ns []int, samples int, phases string) error {
+	if strings.Contains(phases, "kills") {
+		if err := killsAndStops(db, dsn, settings, samples); err != nil {
+			return err
+		}
+	}
+	if !strings.Contains(phases, "statements") {
+		return nil
+	}
+	fmt.Printf("\n| interval / timeout | leases | statements/s | client CPU, %% of a core |\n|---|---|---|---|\n")
+	run := fmt.Sprintf("%d", time.Now().UnixNano())
+	for _, s := range settings {
+		for _, n := range ns {
+			c, err := statements(dsn, fmt.Sprintf("timings:%s:n:%v:%d:", run, s.interval, n), s, n)
+			if err != nil {
+				return fmt.Errorf("%d leases under %v: %w", n, s, err)
+			}
+			fmt.Printf("| %v | %d | %.2f | %.1f |\n", s, n, c.all, c.cpu)
+		}
+	}
+	return nil
+}
+
+// killsAndStops runs the kills and stops of every setting at once, and
+// prints their figures.
+func killsAndStops(db *gorm.DB, dsn string, settings []setting, samples int) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -170,16 +198,6 @@ func measure(db *gorm.DB, dsn string, settings []setting, ns []int, samples int)
 	fmt.Printf("| interval / timeout | target free after a SIGKILL (min, median, max of %d) | stop reached the work after (min, median, max of %d) |\n|---|---|---|\n", samples, samples)
 	for i, s := range settings {
 		fmt.Printf("| %v | %s | %s |\n", s, spread(freed[i]), spread(stopped[i]))
-	}
-	fmt.Printf("\n| interval / timeout | leases | statements/s | client CPU, %% of a core |\n|---|---|---|---|\n")
-	for _, s := range settings {
-		for _, n := range ns {
-			c, err := statements(dsn, fmt.Sprintf("timings:%s:n:%v:%d:", run, s.interval, n), s, n)
-			if err != nil {
-				return fmt.Errorf("%d leases under %v: %w", n, s, err)
-			}
-			fmt.Printf("| %v | %d | %.1f | %.1f |\n", s, n, c.all, c.cpu)
-		}
 	}
 	return nil
 }
