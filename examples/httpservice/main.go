@@ -40,6 +40,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -234,7 +235,7 @@ func NewService(ctx context.Context, db *gorm.DB, cfg Config) (*Service, error) 
 	if s.refresher, err = gormlease.NewRunner[*Report](db, cfg.Options...); err != nil {
 		return nil, err
 	}
-	if s.reporter, err = gormlease.NewRunner[Summary](db, append(cfg.Options, gormlease.WithReuseFor(time.Minute))...); err != nil {
+	if s.reporter, err = gormlease.NewRunner[Summary](db, slices.Concat(cfg.Options, []gormlease.Option{gormlease.WithReuseFor(time.Minute)})...); err != nil {
 		return nil, err
 	}
 	if err := s.refresher.Repository().CheckTables(ctx); err != nil {
@@ -443,10 +444,12 @@ func (s *Service) requireToken(h http.Handler) http.Handler {
 	})
 }
 
+// writeJSON answers v as JSON with status. A write that fails means the
+// client went away: there is no one to tell.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v) //nolint:errcheck // the client may have gone
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 // Serve serves on ln until ctx ends (SIGTERM, in run), then shuts down:
