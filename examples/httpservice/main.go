@@ -380,7 +380,8 @@ func outcome(reqCtx context.Context, err error) response {
 		// Another request is on it (or, for Do, still was when this one
 		// stopped waiting): nothing ran. RetryAfter is as long again as it
 		// has been held, not the lease's timeout.
-		return response{http.StatusConflict, fmt.Sprintf("in progress on %s (generation %d)", held.Holder, held.Generation),
+		return response{http.StatusConflict, fmt.Sprintf("in progress on %s (generation %d, for %v)",
+			held.Holder, held.Generation, held.HeldFor.Round(100*time.Millisecond)),
 			retryAfter(held), slog.LevelDebug}
 	case errors.Is(err, gormlease.ErrLeaseHeld):
 		// Refused in a race for the row: who holds it is not known.

@@ -244,7 +244,7 @@ func TestRefresh_HeldGets409WithAShortRetryAfter(t *testing.T) {
 		require.NoError(t, r.err)
 		assert.Equal(t, http.StatusConflict, r.status)
 		assert.Contains(t, r.body, "in progress on ")
-		assert.Contains(t, r.body, "(generation 1)")
+		assert.Regexp(t, `\(generation 1, for \d+(\.\d)?m?s\)`, r.body)
 		retry, err := strconv.Atoi(r.header.Get("Retry-After"))
 		require.NoError(t, err, "Retry-After %q", r.header.Get("Retry-After"))
 		assert.GreaterOrEqual(t, retry, 1)
