@@ -12,7 +12,8 @@
 //	                    less than a minute ago is answered at once
 //	/ops/leases/        the console (package console), for a request with
 //	                    the bearer token OPS_TOKEN, or Basic auth with it as
-//	                    the password (a browser asks for it)
+//	                    the password (a browser asks for it); the row and
+//	                    the log record Basic auth's user with each action
 //
 // It reads its settings from the environment: DATABASE_URL (a postgres://
 // or mysql:// DSN, or an SQLite file; PostgreSQL on 127.0.0.1 by default),
@@ -255,6 +256,7 @@ func NewService(ctx context.Context, db *gorm.DB, cfg Config) (*Service, error) 
 				}
 				return nil
 			}),
+			console.WithIdentity(operator),
 			console.WithLogger(s.log))
 		if err != nil {
 			return nil, err
@@ -431,6 +433,16 @@ func (s *Service) authorized(r *http.Request) bool {
 		_, token, ok = r.BasicAuth()
 	}
 	return ok && subtle.ConstantTimeCompare([]byte(token), []byte(s.opsToken)) == 1
+}
+
+// operator names who acts from the console, recorded with each action in
+// the row and the log: Basic auth's user, or "ops-token" for a bearer
+// token, which names no one.
+func operator(r *http.Request) string {
+	if user, _, ok := r.BasicAuth(); ok && user != "" {
+		return user
+	}
+	return "ops-token"
 }
 
 // requireToken serves h only to a request that authorized allows.

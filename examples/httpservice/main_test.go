@@ -524,8 +524,9 @@ func TestShutdown_PastTheGraceReleasesTheTargets(t *testing.T) {
 }
 
 // The console is served only with the operators' token (bearer, or Basic
-// auth's password), and acts: a pause from it refuses the next refresh.
-// Without a token, no console.
+// auth's password), and acts: a pause from it records Basic auth's user
+// as the operator, and refuses the next refresh. Without a token, no
+// console.
 func TestConsole_BehindTheToken(t *testing.T) {
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		g := newGate()
@@ -549,21 +550,29 @@ func TestConsole_BehindTheToken(t *testing.T) {
 		assert.Equal(t, http.StatusOK, get("Bearer s3cret").StatusCode)
 		assert.Equal(t, http.StatusOK, get("Basic b3BzOnMzY3JldA==").StatusCode) // ops:s3cret
 
+		// A pause of a target without a row asks first: a script that
+		// means it posts confirm=1.
 		id := newID()
-		form := url.Values{"target": {"refresh:" + id}, "reason": {"on-call"}}
+		form := url.Values{"target": {"refresh:" + id}, "reason": {"on-call"}, "confirm": {"1"}}
 		req, err := http.NewRequestWithContext(t.Context(), "POST", svc.base+"/ops/leases/pause", strings.NewReader(form.Encode()))
 		require.NoError(t, err)
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		req.Header.Set("Origin", svc.base)
-		req.Header.Set("Authorization", "Bearer s3cret")
+		req.SetBasicAuth("alice", "s3cret")
 		client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 		resp, err := client.Do(req)
 		require.NoError(t, err)
 		resp.Body.Close()
-		assert.Equal(t, http.StatusSeeOther, resp.StatusCode)
-		r := svc.call(t.Context(), "POST", "/refresh/"+id)
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+		info, ok := leasetest.State(t, db, "refresh:"+id)
+		require.True(t, ok)
+		assert.Equal(t, "alice", info.PausedBy, "the operator recorded in the row")
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		r := svc.call(ctx, "POST", "/refresh/"+id)
 		assert.Equal(t, http.StatusServiceUnavailable, r.status)
 		assert.Equal(t, "paused by an operator: on-call\n", r.body)
+		assert.Zero(t, g.calls.Load(), "work calls")
 
 		bare := start(t, s, db, Config{Fetch: g.fetch}, time.Second)
 		assert.Equal(t, http.StatusNotFound, bare.call(t.Context(), "GET", "/ops/leases/").status)
