@@ -129,7 +129,10 @@ func TestRun_HoldsNoConnectionDuringWork(t *testing.T) {
 		sqlDB, err := db.DB()
 		require.NoError(t, err)
 		sqlDB.SetMaxOpenConns(2)
-		r := newRunner(t, db, fast(50*time.Millisecond, 2*time.Second)...)
+		// A timeout that the 20 acquires queued on the 2 connections
+		// cannot outlast on a loaded machine: with 2 s, a Run's heartbeats
+		// waited behind them for the pool and its lease was lost.
+		r := newRunner(t, db, fast(250*time.Millisecond, 10*time.Second)...)
 
 		var inside sync.WaitGroup
 		inside.Add(n)
@@ -211,13 +214,14 @@ func TestRun_SelfFencesWhenDatabaseUnreachable(t *testing.T) {
 	eachServerDB(t, func(t *testing.T, s *testdb.Server, direct *gorm.DB) {
 		proxy := testdb.NewProxy(t, s.Addr)
 		viaProxy := s.OpenVia(t, proxy.Addr())
-		const interval, timeout = 100 * time.Millisecond, 1500 * time.Millisecond
-		// The margin leaves the work time to run its check below on a loaded
-		// machine before the lease can be taken over.
+		const interval, timeout = 100 * time.Millisecond, 3 * time.Second
+		// The margin leaves the work 2 s to run its check below on a loaded
+		// machine (-race, 2 cores, a new connection to dial) before the
+		// lease can be taken over: 700 ms was not always enough.
 		r := newRunner(t, viaProxy,
 			gormlease.WithHeartbeatInterval(interval),
 			gormlease.WithLeaseTimeout(timeout),
-			gormlease.WithSafetyMargin(700*time.Millisecond),
+			gormlease.WithSafetyMargin(2*time.Second),
 			gormlease.WithOperationTimeout(300*time.Millisecond))
 		other, err := gormlease.NewRepository(direct)
 		require.NoError(t, err)
@@ -241,7 +245,7 @@ func TestRun_SelfFencesWhenDatabaseUnreachable(t *testing.T) {
 		assert.Less(t, elapsed, timeout+2*time.Second, "Run hung on the unreachable database")
 
 		// Once the lease expires on the database's clock, another holder takes it.
-		waitFor(t, 5*time.Second, "the lease to expire", func() bool {
+		waitFor(t, 10*time.Second, "the lease to expire", func() bool {
 			_, err := other.Acquire(context.Background(), target, timeout)
 			return err == nil
 		})
