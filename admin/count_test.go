@@ -128,9 +128,10 @@ func TestList_Holder(t *testing.T) {
 // find every one of them however many rows there are and wherever their
 // keys fall, not only those among the first rows read. 35,000 rows, five
 // of them paused across the key range: List of StatePaused returns the
-// five, in one page or one at a time, and Count counts them.
+// five, in one page or one at a time, and Count counts them. Not
+// parallel: its 35,000-row inserts would slow the database under the
+// package's other tests, whose timeouts are short.
 func TestList_PausedAmongManyRows(t *testing.T) {
-	t.Parallel()
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
 		ctx := context.Background()
 		db := emptyDB(t, s)

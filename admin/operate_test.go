@@ -108,7 +108,11 @@ func TestPause_RunWaitAndDoWaitForResume(t *testing.T) {
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		r := testkit.NewRunner(t, db, testkit.Fast(100*time.Millisecond, time.Second)...)
+		// A lease timeout of 5 s, and with it the operation timeout that
+		// bounds each acquire: with 1 s, dialling a new connection to a
+		// container's PostgreSQL on a loaded machine ran out (CI's docker
+		// pass). The waits poll at the interval either way.
+		r := testkit.NewRunner(t, db, testkit.Fast(100*time.Millisecond, 5*time.Second)...)
 		waitTarget, doTarget := testkit.NewTarget(t), testkit.NewTarget(t)
 		repo := r.Repository()
 		op := admin.New(repo)
