@@ -391,6 +391,11 @@ func outcome(reqCtx context.Context, err error) response {
 	case errors.Is(err, gormlease.ErrStopRequested):
 		// An operator stopped the work (the reason is in err): nothing saved.
 		return response{http.StatusServiceUnavailable, "stopped by an operator: nothing saved", 0, slog.LevelInfo}
+	case errors.Is(err, gormlease.ErrMaxHoldExceeded):
+		// The work outlasted WithMaxHold (in Config.Options): cancelled,
+		// nothing saved, the lease released. Warn: a job that long may
+		// need a look, or a longer bound.
+		return response{http.StatusGatewayTimeout, "the report took too long: nothing saved", 0, slog.LevelWarn}
 	case errors.Is(err, gormlease.ErrLeaseLost):
 		// Taken over meanwhile (this instance stalled, or lost the
 		// database): nothing saved; the new holder is at work.

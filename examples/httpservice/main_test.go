@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -294,6 +295,25 @@ func TestRefresh_StopGets503(t *testing.T) {
 	})
 }
 
+// Work that outlasts WithMaxHold is cancelled: 504, nothing saved, the
+// target released.
+func TestRefresh_MaxHoldGets504(t *testing.T) {
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		g := newGate()
+		opts := slices.Concat(fast, []gormlease.Option{gormlease.WithMaxHold(200 * time.Millisecond)})
+		svc := start(t, s, db, Config{Fetch: g.fetch, Options: opts}, time.Second)
+		id := newID()
+		r := svc.call(t.Context(), "POST", "/refresh/"+id)
+		require.NoError(t, r.err)
+		assert.Equal(t, http.StatusGatewayTimeout, r.status)
+		assert.Equal(t, "the report took too long: nothing saved\n", r.body)
+		assert.ErrorIs(t, testkit.Recv(t, g.ended, time.Second, "the work's end"), gormlease.ErrMaxHoldExceeded)
+		assert.Empty(t, svc.logs.errors(), "logged at Error")
+		assert.Zero(t, reports(t, db, id))
+		released(t, db, "refresh:"+id)
+	})
+}
+
 // A lease taken over while the work runs: 503, nothing saved.
 func TestRefresh_LostGets503(t *testing.T) {
 	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
@@ -442,6 +462,7 @@ func TestOutcome_EveryError(t *testing.T) {
 		{"held past Do's wait", live, errors.Join(context.DeadlineExceeded, held), 409, held.RetryAfter(), slog.LevelDebug},
 		{"paused", live, &gormlease.PausedError{Target: "refresh:a", Reason: "deploy"}, 503, 0, slog.LevelInfo},
 		{"stop requested", live, fmt.Errorf("run: %w", gormlease.ErrStopRequested), 503, 0, slog.LevelInfo},
+		{"max hold passed", live, fmt.Errorf("run: %w", gormlease.ErrMaxHoldExceeded), 504, 0, slog.LevelWarn},
 		{"lease lost", live, fmt.Errorf("heartbeat: %w", gormlease.ErrLeaseLost), 503, time.Second, slog.LevelWarn},
 		{"commit unknown", live, fmt.Errorf("commit: %w", gormlease.ErrCommitUnknown), 500, 0, slog.LevelError},
 		{"shared job failed", live, &gormlease.SharedJobError{TargetID: "report:a", Message: "boom"}, 502, 0, slog.LevelInfo},
