@@ -12,7 +12,7 @@ import (
 
 // defaultStopWait is how long stop -wait waits without -timeout: a Runner
 // finds the request at its next heartbeat, within its heartbeat interval
-// (30 s by default), and a Runner in the middle of a slow heartbeat takes
+// (5 s by default), and a Runner in the middle of a slow heartbeat takes
 // a few more.
 const defaultStopWait = 2 * time.Minute
 
