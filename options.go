@@ -17,8 +17,9 @@ const (
 	// unless WithHeartbeatInterval or WithLeaseTimeout says otherwise. An
 	// operator's stop (admin.Operator.RequestStop) reaches the work at the
 	// next heartbeat: within this interval. One Runner's leases share one
-	// statement per interval per 1,000 leases: 2 statements a second for
-	// 10,000 leases (docs/guide.md, "Choosing the timings").
+	// statement per interval per 1,000 leases (two on MySQL and MariaDB):
+	// 2 statements a second for 10,000 leases (docs/guide.md, "Choosing
+	// the timings").
 	DefaultHeartbeatInterval = 5 * time.Second
 
 	// DefaultLeaseTimeout is how long a lease lives without a heartbeat,
@@ -26,7 +27,9 @@ const (
 	// target of a holder that crashed is free again 15 to 20 s after the
 	// crash. Its holder, cut off from the database, keeps its work running
 	// for up to the timeout less the safety margin (18 s) after its last
-	// heartbeat: a failover or a pause of up to about 13 s costs no lease.
+	// heartbeat: a failover or a pause of up to about 13 s costs no lease
+	// (less when the heartbeat's statement hangs: it is sent again when
+	// the operation timeout ends it).
 	DefaultLeaseTimeout = 20 * time.Second
 
 	// DefaultOperationTimeout bounds each database call of a Runner, unless
