@@ -363,6 +363,12 @@ func outcome(reqCtx context.Context, err error) response {
 		failed *gormlease.WorkError
 	)
 	switch {
+	case errors.Is(err, gormlease.ErrCommitUnknown):
+		// The connection died during COMMIT: the report may have been
+		// saved. gormlease logs it at Error; a client must check first.
+		// First, before a client gone or a shutdown: the work was not
+		// simply cancelled then, and the one to check is the operator.
+		return response{http.StatusInternalServerError, "the save's outcome is unknown: it may have saved; check before trying again", 0, slog.LevelError}
 	case reqCtx.Err() != nil && errors.Is(context.Cause(reqCtx), errShuttingDown):
 		// Serve cancelled the work to shut down, and Run released its lease
 		// (Do's job too, once its last caller left): nothing saved, and
@@ -400,10 +406,6 @@ func outcome(reqCtx context.Context, err error) response {
 		// Taken over meanwhile (this instance stalled, or lost the
 		// database): nothing saved; the new holder is at work.
 		return response{http.StatusServiceUnavailable, "lease lost: nothing saved; try again", time.Second, slog.LevelWarn}
-	case errors.Is(err, gormlease.ErrCommitUnknown):
-		// The connection died during COMMIT: the report may have been
-		// saved. gormlease logs it at Error; a client must check first.
-		return response{http.StatusInternalServerError, "the save's outcome is unknown: it may have saved; check before trying again", 0, slog.LevelError}
 	case errors.As(err, &shared):
 		// Do: the job this request waited for failed, and was not rerun.
 		return response{http.StatusBadGateway, "the report failed: " + shared.Message, 0, slog.LevelInfo}

@@ -472,6 +472,8 @@ func TestOutcome_EveryError(t *testing.T) {
 		{"bad id", live, fmt.Errorf("%w: target too long", gormlease.ErrInvalidArgument), 400, 0, slog.LevelDebug},
 		{"client gone", gone, context.Canceled, statusClientGone, 0, slog.LevelInfo},
 		{"client gone while held", gone, errors.Join(context.Canceled, held), statusClientGone, 0, slog.LevelInfo},
+		{"client gone during COMMIT", gone, errors.Join(context.Canceled, gormlease.ErrCommitUnknown), 500, 0, slog.LevelError},
+		{"shutting down during COMMIT", stopping, errors.Join(errShuttingDown, gormlease.ErrCommitUnknown), 500, 0, slog.LevelError},
 		{"shutting down", stopping, errShuttingDown, 503, time.Second, slog.LevelInfo},
 		{"anything else", live, errors.New("connection refused"), 500, 0, slog.LevelError},
 	} {
