@@ -91,6 +91,25 @@ func (b *Backend) Get(ctx context.Context, db *gorm.DB, targetID string) (backen
 	return row, found, err
 }
 
+// List reads the rows once the node has caught up (see catchUp), as Get
+// reads one: an operator's list made just after a job ended on another
+// node shows its end. It costs a causal read before the statement.
+func (b *Backend) List(ctx context.Context, db *gorm.DB, q backend.ListQuery) ([]backend.Listed, error) {
+	if err := b.catchUp(ctx, db, q.Prefix); err != nil {
+		return nil, err
+	}
+	return b.Backend.List(ctx, db, q)
+}
+
+// Count counts the rows once the node has caught up (see catchUp), as
+// List reads them.
+func (b *Backend) Count(ctx context.Context, db *gorm.DB, prefix string) (backend.Counts, error) {
+	if err := b.catchUp(ctx, db, prefix); err != nil {
+		return backend.Counts{}, err
+	}
+	return b.Backend.Count(ctx, db, prefix)
+}
+
 // ReadSaved reads what targetID's row saved, as Get reads it: once the
 // node has applied what the cluster committed before.
 func (b *Backend) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (backend.Saved, bool, error) {
