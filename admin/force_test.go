@@ -188,8 +188,22 @@ func TestForceReleaseSlot_CancelsThatSlotsRunOnly(t *testing.T) {
 		var saves atomic.Int32
 		save := func(*gorm.DB, string) error { saves.Add(1); return nil }
 		first, second := testkit.GoRun(t, ctx, r, target, work, save), testkit.GoRun(t, ctx, r, target, work, save)
-		a := testkit.Recv(t, slots, 10*time.Second, "a holder")
-		testkit.Recv(t, slots, 10*time.Second, "the other holder")
+		// Both Runs hold a slot; a Run that ends first says why.
+		var a int
+		for held := 0; held < 2; held++ {
+			select {
+			case slot := <-slots:
+				if held == 0 {
+					a = slot
+				}
+			case res := <-first:
+				t.Fatalf("a Run ended before it held a slot: %v", res.Err)
+			case res := <-second:
+				t.Fatalf("a Run ended before it held a slot: %v", res.Err)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("timed out after 10s waiting for %d of 2 Runs to hold a slot", 2-held)
+			}
+		}
 		_, err := op.ForceReleaseSlot(ctx, target, a)
 		require.NoError(t, err)
 
