@@ -94,10 +94,10 @@ func TestAutoMigrate_MySQLMatchesDocsSchema(t *testing.T) {
 			statements++
 		}
 	}
-	require.Equal(t, 4, statements, "statements in docs/schema-mysql.sql")
+	require.Equal(t, 5, statements, "statements in docs/schema-mysql.sql")
 	fromCode := s.OpenEmpty(t, nil)
-	require.NoError(t, gormlease.AutoMigrate(context.Background(), fromCode))
-	for _, table := range []string{"job_lease", "job_result", "job_lease_floor"} {
+	require.NoError(t, gormlease.AutoMigrate(context.Background(), fromCode, gormlease.WithHistory()))
+	for _, table := range []string{"job_lease", "job_result", "job_lease_floor", "job_lease_event"} {
 		assert.Equal(t, showCreateTable(t, fromCode, table), showCreateTable(t, fromDocs, table), table)
 	}
 }

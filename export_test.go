@@ -26,6 +26,9 @@ func NewHeldError(target string, expires, heldFor time.Duration, minHold bool) *
 // PostgresSchema exposes the PostgreSQL DDL to the black-box tests.
 var PostgresSchema = postgres.Schema
 
+// PostgresHistorySchema exposes the PostgreSQL DDL of the history.
+var PostgresHistorySchema = postgres.HistorySchema
+
 // callersPool is a pool of the caller's own around a *sql.DB: it is not
 // a *sql.DB, so the backends take it as they take gorm's prepared
 // statements or a resolver's pool.

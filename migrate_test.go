@@ -67,9 +67,9 @@ var previousDDL = map[string][]string{
 // addedColumns are the lease table's columns that the upgrade adds, by
 // database.
 var addedColumns = map[string][]string{
-	"postgres": {"saved_generation", "saved_at", "failure", "waiting", "slots", "hold_generation", "paused_at", "stop_generation"},
-	"mysql":    {"saved_generation", "saved_at", "failure", "slots", "hold_generation", "paused_at", "stop_generation"},
-	"sqlite":   {"saved_generation", "saved_at", "failure", "slots", "hold_generation", "paused_at", "stop_generation"},
+	"postgres": {"saved_generation", "saved_at", "failure", "waiting", "slots", "hold_generation", "paused_at", "stop_generation", "end_cause", "ended_by"},
+	"mysql":    {"saved_generation", "saved_at", "failure", "slots", "hold_generation", "paused_at", "stop_generation", "end_cause", "ended_by"},
+	"sqlite":   {"saved_generation", "saved_at", "failure", "slots", "hold_generation", "paused_at", "stop_generation", "end_cause", "ended_by"},
 }
 
 // heldTarget and releasedTarget are the targets of the rows that
@@ -228,16 +228,16 @@ func TestAutoMigrate_ConcurrentUpgrade(t *testing.T) {
 	})
 }
 
-// migrateAtOnce runs n AutoMigrates on db at the same moment and returns
-// their errors, joined.
-func migrateAtOnce(db *gorm.DB, n int) error {
+// migrateAtOnce runs n AutoMigrates with opts on db at the same moment
+// and returns their errors, joined.
+func migrateAtOnce(db *gorm.DB, n int, opts ...gormlease.MigrateOption) error {
 	start := make(chan struct{})
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
 	for range n {
 		wg.Go(func() {
 			<-start
-			errs <- gormlease.AutoMigrate(context.Background(), db)
+			errs <- gormlease.AutoMigrate(context.Background(), db, opts...)
 		})
 	}
 	close(start)

@@ -70,6 +70,14 @@ type JobLease struct {
 	// StopBy names the operator who asked the holder to stop
 	// (admin.Operator.As), or nil.
 	StopBy *string `gorm:"column:stop_by"`
+	// EndCause says how the last generation ended ("saved", "failed",
+	// "forced", ...: docs/design.md, section History), written by the
+	// statement that ended it and cleared by the next acquisition; nil
+	// while held, and in rows ended before the column existed.
+	EndCause *string `gorm:"column:end_cause"`
+	// EndedBy names the operator who forced the last generation's release
+	// (admin.Operator.ForceRelease, with admin.Operator.As), or nil.
+	EndedBy *string `gorm:"column:ended_by"`
 }
 
 // TableName returns "job_lease".
@@ -92,20 +100,28 @@ type JobResult struct {
 func (JobResult) TableName() string { return "job_result" }
 
 // AutoMigrate creates the tables gormlease needs, or brings them up to date:
-// the lease table, its one-row generation floor, and the result table. It
-// only adds what is missing, never drops or changes a column, and is safe to
-// call from several processes at once; ctx bounds it all. It runs the DDL
-// of docs/schema.sql (docs/schema-mysql.sql), not gorm's AutoMigrate. On
-// MySQL, it refuses a DSN that does not read times right (parseTime=true,
-// loc=UTC) with ErrInvalidArgument.
-func AutoMigrate(ctx context.Context, db *gorm.DB, opts ...TableOption) error {
+// the lease table, its one-row generation floor, and the result table; with
+// WithHistory, also the event table and the triggers that write it. It
+// only adds what is missing, never drops or changes a column (nor a
+// history), and is safe to call from several processes at once; ctx
+// bounds it all. It runs the DDL of docs/schema.sql (docs/schema-mysql.sql),
+// not gorm's AutoMigrate. On MySQL, it refuses a DSN that does not read
+// times right (parseTime=true, loc=UTC) with ErrInvalidArgument.
+func AutoMigrate(ctx context.Context, db *gorm.DB, opts ...MigrateOption) error {
 	if db == nil {
 		return invalidf("db is nil")
 	}
 	if ctx == nil {
 		return invalidf("context is nil")
 	}
-	cfg, err := newConfig(options(opts))
+	var m migrateConfig
+	for i, o := range opts {
+		if o == nil {
+			return invalidf("AutoMigrate: option %d is nil", i)
+		}
+		o.applyMigrate(&m)
+	}
+	cfg, err := newConfig(m.tables)
 	if err != nil {
 		return err
 	}
@@ -116,7 +132,7 @@ func AutoMigrate(ctx context.Context, db *gorm.DB, opts ...TableOption) error {
 	if err := checkSettings(ctx, b, db.WithContext(ctx)); err != nil {
 		return err
 	}
-	if err := b.Migrate(ctx, backend.Quiet(db.WithContext(ctx))); err != nil {
+	if err := b.Migrate(ctx, backend.Quiet(db.WithContext(ctx)), m.history); err != nil {
 		var bad *backend.SettingsError
 		if errors.As(err, &bad) {
 			return invalidf("%s", bad.Problem)

@@ -68,8 +68,37 @@ type RepositoryOption interface {
 // too: WithTableNames.
 type TableOption interface {
 	RepositoryOption
+	MigrateOption
 	isTableOption()
 }
+
+// A MigrateOption configures AutoMigrate: every TableOption, and
+// WithHistory, which only AutoMigrate takes.
+type MigrateOption interface {
+	applyMigrate(*migrateConfig)
+}
+
+// migrateConfig is what AutoMigrate's options set.
+type migrateConfig struct {
+	tables  []Option // the TableOptions, for newConfig
+	history bool
+}
+
+// historyOption is WithHistory.
+type historyOption struct{}
+
+func (historyOption) applyMigrate(m *migrateConfig) { m.history = true }
+
+// WithHistory makes AutoMigrate keep a history of each target: it creates
+// the event table (the lease table's name with "_event" appended) and the
+// triggers on the lease table that write an event, in the statement's own
+// transaction, for each acquisition, each end of a generation, each fenced
+// save and each operator action (docs/design.md, section History). Whether
+// a table keeps history is the schema's, so every process that uses the
+// table records events whatever its own options. AutoMigrate without it
+// leaves an existing history as it is: docs/operating.md says how to turn
+// history off.
+func WithHistory() MigrateOption { return historyOption{} }
 
 // option is an Option that only a Runner uses.
 type option func(*config)
@@ -85,9 +114,10 @@ func (repositoryOption) isRepositoryOption() {}
 // tableOption is an option that names the tables.
 type tableOption func(*config)
 
-func (o tableOption) apply(c *config)   { o(c) }
-func (tableOption) isRepositoryOption() {}
-func (tableOption) isTableOption()      {}
+func (o tableOption) apply(c *config)               { o(c) }
+func (o tableOption) applyMigrate(m *migrateConfig) { m.tables = append(m.tables, o) }
+func (tableOption) isRepositoryOption()             {}
+func (tableOption) isTableOption()                  {}
 
 // options returns opts as Options, for newConfig.
 func options[O Option](opts []O) []Option {

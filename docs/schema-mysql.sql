@@ -28,7 +28,8 @@
 --     ADD COLUMN hold_generation bigint NULL, ADD COLUMN paused_at datetime(6) NULL,
 --     ADD COLUMN pause_reason varchar(255) NULL, ADD COLUMN stop_generation bigint NULL,
 --     ADD COLUMN stop_reason varchar(255) NULL, ADD COLUMN acquired_at datetime(6) NULL,
---     ADD COLUMN paused_by varchar(255) NULL, ADD COLUMN stop_by varchar(255) NULL;
+--     ADD COLUMN paused_by varchar(255) NULL, ADD COLUMN stop_by varchar(255) NULL,
+--     ADD COLUMN end_cause varchar(16) NULL, ADD COLUMN ended_by varchar(255) NULL;
 --
 -- slots is, in the row of a slot of a semaphore (WithSlots), the
 -- semaphore's count, and NULL in every other row. Only slotted targets use
@@ -50,6 +51,11 @@
 -- acquired ("held since"), written by the acquire's own statement;
 -- paused_by and stop_by name the operator who paused the target and who
 -- asked the holder to stop (admin.Operator.As).
+--
+-- end_cause says how the last generation ended (saved, failed, forced, ...),
+-- written by the statement that ended it and cleared by the next
+-- acquisition; ended_by names the operator who forced the release. The
+-- history's triggers (below) copy them into the ended event.
 --
 -- job_lease_paused (the lease table's name with _paused) indexes paused_at,
 -- so that an operator's list of the paused targets (admin's StatePaused)
@@ -85,6 +91,8 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	acquired_at datetime(6) NULL,
 	paused_by   varchar(255) NULL,
 	stop_by     varchar(255) NULL,
+	end_cause   varchar(16) NULL,
+	ended_by    varchar(255) NULL,
 	PRIMARY KEY (target_id),
 	KEY job_lease_paused (paused_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
@@ -103,4 +111,27 @@ CREATE TABLE IF NOT EXISTS job_result (
 	generation bigint NOT NULL,
 	updated_at datetime(6) NOT NULL,
 	PRIMARY KEY (target_id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- Optional: the history of each target (AutoMigrate with
+-- gormlease.WithHistory(), or `gormlease migrate -history`). Leave this part
+-- out for a table that keeps no history. job_lease_event holds one row per
+-- event of a lease row: its acquisitions, the end of each generation, the
+-- fenced saves and the operators' actions, numbered by seq from 1 per
+-- target (docs/design.md, section History). Its name is the lease table's
+-- with _event appended; job_lease_event_at serves Prune's deletes by age.
+CREATE TABLE IF NOT EXISTS job_lease_event (
+	target_id       varbinary(255) NOT NULL,
+	seq             bigint NOT NULL,
+	at              datetime(6) NOT NULL,
+	kind            varchar(16) NOT NULL,
+	generation      bigint NOT NULL,
+	holder          varchar(255) NOT NULL DEFAULT '',
+	how             varchar(16) NULL,
+	from_generation bigint NULL,
+	acquired_at     datetime(6) NULL,
+	operator        varchar(255) NULL,
+	detail          varchar(255) NULL,
+	PRIMARY KEY (target_id, seq),
+	KEY job_lease_event_at (at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;

@@ -42,6 +42,10 @@ CREATE TABLE IF NOT EXISTS job_lease (
 -- at which the current generation was acquired ("held since"), written by
 -- the acquire's own statement; paused_by and stop_by name the operator who
 -- paused the target and who asked the holder to stop (admin.Operator.As).
+-- end_cause says how the last generation ended (saved, failed, forced, ...),
+-- written by the statement that ended it and cleared by the next
+-- acquisition; ended_by names the operator who forced the release. The
+-- history's triggers (below) copy them into the ended event.
 ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS saved_generation bigint,
 	ADD COLUMN IF NOT EXISTS saved_at         timestamptz,
@@ -56,7 +60,9 @@ ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS stop_reason      varchar(255),
 	ADD COLUMN IF NOT EXISTS acquired_at      timestamptz,
 	ADD COLUMN IF NOT EXISTS paused_by        varchar(255),
-	ADD COLUMN IF NOT EXISTS stop_by          varchar(255);
+	ADD COLUMN IF NOT EXISTS stop_by          varchar(255),
+	ADD COLUMN IF NOT EXISTS end_cause        varchar(16),
+	ADD COLUMN IF NOT EXISTS ended_by         varchar(255);
 
 -- job_lease_paused holds the paused rows only, by key: an operator's list of
 -- the paused targets (admin's StatePaused) reads it, not the whole table.
@@ -90,3 +96,26 @@ CREATE TABLE IF NOT EXISTS job_result (
 	generation bigint       NOT NULL,
 	updated_at timestamptz  NOT NULL
 );
+
+-- Optional: the history of each target (AutoMigrate with
+-- gormlease.WithHistory(), or `gormlease migrate -history`). Leave this part
+-- out for a table that keeps no history. job_lease_event holds one row per
+-- event of a lease row: its acquisitions, the end of each generation, the
+-- fenced saves and the operators' actions, numbered by seq from 1 per
+-- target (docs/design.md, section History). Its name is the lease table's
+-- with _event appended; job_lease_event_at serves Prune's deletes by age.
+CREATE TABLE IF NOT EXISTS job_lease_event (
+	target_id       varchar(255) NOT NULL,
+	seq             bigint       NOT NULL,
+	at              timestamptz  NOT NULL,
+	kind            varchar(16)  NOT NULL,
+	generation      bigint       NOT NULL,
+	holder          varchar(255) NOT NULL DEFAULT '',
+	how             varchar(16),
+	from_generation bigint,
+	acquired_at     timestamptz,
+	operator        varchar(255),
+	detail          varchar(255),
+	PRIMARY KEY (target_id, seq)
+);
+CREATE INDEX IF NOT EXISTS job_lease_event_at ON job_lease_event (at);

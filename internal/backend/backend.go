@@ -50,8 +50,10 @@ type Backend interface {
 	// Warn; none when the server could not be asked. It writes nothing.
 	SettingsWarnings(ctx context.Context, db *gorm.DB) []SettingsWarning
 	// Migrate creates the tables when they do not exist, and adds the
-	// columns that a table made by an earlier version lacks.
-	Migrate(ctx context.Context, db *gorm.DB) error
+	// columns that a table made by an earlier version lacks. With history,
+	// it also creates the event table (Tables.Event) and the triggers on
+	// the lease table that write it; without, it leaves them as they are.
+	Migrate(ctx context.Context, db *gorm.DB, history bool) error
 	// CheckTables reads no row, but every column that the steps use, of
 	// every table: nil when they all exist, a *MissingTablesError that
 	// names each one missing otherwise. It writes nothing.
@@ -413,20 +415,22 @@ type Row struct {
 	AcquiredAt      *time.Time
 	PausedBy        *string
 	StopBy          *string
+	EndCause        *string
+	EndedBy         *string
 }
 
 // RowColumns are the columns of a lease row that Get, List and
 // ForceRelease read, in the order of Row.Columns.
 const RowColumns = "target_id, lease_token, generation, holder, updated_at, released_at," +
 	" saved_generation, saved_at, failure, timeout_ms, hold_generation, paused_at, pause_reason, stop_generation, stop_reason," +
-	" acquired_at, paused_by, stop_by"
+	" acquired_at, paused_by, stop_by, end_cause, ended_by"
 
 // Columns returns where to scan RowColumns into row.
 func (row *Row) Columns() []any {
 	return []any{&row.TargetID, &row.LeaseToken, &row.Generation, &row.Holder, &row.UpdatedAt, &row.ReleasedAt,
 		&row.SavedGeneration, &row.SavedAt, &row.Failure, &row.TimeoutMS, &row.HoldGeneration,
 		&row.PausedAt, &row.PauseReason, &row.StopGeneration, &row.StopReason,
-		&row.AcquiredAt, &row.PausedBy, &row.StopBy}
+		&row.AcquiredAt, &row.PausedBy, &row.StopBy, &row.EndCause, &row.EndedBy}
 }
 
 // Holds reports whether row holds l: it carries l's token, unreleased.

@@ -21,8 +21,14 @@ var DefaultTables = Tables{Lease: DefaultLeaseTable, Result: DefaultResultTable}
 // Floor is the table of the generation floor (see PruneBatch).
 func (t Tables) Floor() string { return t.Lease + "_floor" }
 
+// Event is the event table of the lease table's history (see
+// Backend.Migrate): the lease table's name, in its schema, with "_event"
+// appended. It exists only where the history is kept.
+func (t Tables) Event() string { return t.Lease + "_event" }
+
 // Expand writes t's names into query, which names the tables job_lease,
-// job_lease_floor and job_result.
+// job_lease_floor, job_lease_event and job_result (and objects named after
+// job_lease: its indexes and triggers).
 func (t Tables) Expand(query string) string {
 	if t == DefaultTables {
 		return query
@@ -41,4 +47,14 @@ func (t Tables) PausedIndex() (name, schema string) {
 		schema, table = table[:i+1], table[i+1:]
 	}
 	return table + "_paused", schema
+}
+
+// Unqualified is name without the schema that qualifies it, and that
+// schema with its dot ("" when none): the name that a CREATE INDEX or
+// CREATE TRIGGER gives an object of a schema-qualified table.
+func Unqualified(name string) (table, schema string) {
+	if i := strings.LastIndexByte(name, '.'); i >= 0 {
+		return name[i+1:], name[:i+1]
+	}
+	return name, ""
 }

@@ -26,6 +26,7 @@ type Backend struct {
 	lease                                       string
 	leaseDDL, resultDDL, takeOverSQL, insertSQL string
 	floorDDL, floorRow, stateSQL, slotSQL       string
+	eventDDL                                    string
 	readBackSQL, heldSQL, upsertSQL             string
 	// rows are the targets whose rows Acquire has seen, and whether their
 	// last acquire was refused: what picks its first statement.
@@ -90,6 +91,7 @@ func New(t backend.Tables) *Backend {
 		heldSQL:     t.Expand(heldSQL),
 		upsertSQL:   t.Expand(upsertSQL),
 		floorDDL:    t.Expand(floorTable),
+		eventDDL:    eventDDL(t),
 		floorRow:    t.Expand(floorRow),
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	TIMESTAMPDIFF(MICROSECOND, updated_at, UTC_TIMESTAMP(6)) / 1e6,
@@ -136,6 +138,8 @@ const (
 	acquired_at datetime(6) NULL,
 	paused_by   varchar(255) NULL,
 	stop_by     varchar(255) NULL,
+	end_cause   varchar(16) NULL,
+	ended_by    varchar(255) NULL,
 	PRIMARY KEY (target_id),
 	KEY job_lease_paused (paused_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
@@ -147,6 +151,25 @@ const (
 ) ENGINE=InnoDB`
 
 	floorRow = `INSERT IGNORE INTO job_lease_floor (id, generation) VALUES (1, 0)`
+
+	// eventTable is the history's event table (the optional part of
+	// docs/schema-mysql.sql), keyed by target and seq, with its index by
+	// time, which Prune reads.
+	eventTable = `CREATE TABLE IF NOT EXISTS job_lease_event (
+	target_id       varbinary(255) NOT NULL,
+	seq             bigint NOT NULL,
+	at              datetime(6) NOT NULL,
+	kind            varchar(16) NOT NULL,
+	generation      bigint NOT NULL,
+	holder          varchar(255) NOT NULL DEFAULT '',
+	how             varchar(16) NULL,
+	from_generation bigint NULL,
+	acquired_at     datetime(6) NULL,
+	operator        varchar(255) NULL,
+	detail          varchar(255) NULL,
+	PRIMARY KEY (target_id, seq),
+	KEY job_lease_event_at (at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
 
 	resultTable = `CREATE TABLE IF NOT EXISTS job_result (
 	target_id  varbinary(255) NOT NULL,
@@ -160,11 +183,15 @@ const (
 // Migrate needs no lock of its own, unlike on PostgreSQL: CREATE TABLE IF
 // NOT EXISTS takes an exclusive metadata lock on the table's name before it
 // looks, so concurrent calls wait for each other and then find the table.
-func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
+func (b *Backend) Migrate(ctx context.Context, db *gorm.DB, history bool) error {
 	if err := CheckTimes(ctx, db); err != nil {
 		return err
 	}
-	for _, ddl := range []string{b.leaseDDL, b.resultDDL, b.floorDDL, b.floorRow} {
+	ddls := []string{b.leaseDDL, b.resultDDL, b.floorDDL, b.floorRow}
+	if history {
+		ddls = append(ddls, b.eventDDL)
+	}
+	for _, ddl := range ddls {
 		if err := db.Exec(ddl).Error; err != nil {
 			return err
 		}
@@ -181,6 +208,13 @@ func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
 func leaseDDL(t backend.Tables) string {
 	index, _ := t.PausedIndex()
 	return strings.Replace(t.Expand(leaseTable), " KEY "+t.Lease+"_paused ", " KEY "+index+" ", 1)
+}
+
+// eventDDL is eventTable for tables t: the index's name is never
+// qualified by the schema.
+func eventDDL(t backend.Tables) string {
+	index, _ := backend.Unqualified(t.Event() + "_at")
+	return strings.Replace(t.Expand(eventTable), " KEY "+t.Event()+"_at ", " KEY "+index+" ", 1)
 }
 
 // addPausedIndex adds the index of the paused rows (job_lease_paused, on
@@ -229,6 +263,8 @@ var addedColumns = []backend.Column{
 	{Name: "acquired_at", DDL: "datetime(6) NULL"},
 	{Name: "paused_by", DDL: "varchar(255) NULL"},
 	{Name: "stop_by", DDL: "varchar(255) NULL"},
+	{Name: "end_cause", DDL: "varchar(16) NULL"},
+	{Name: "ended_by", DDL: "varchar(255) NULL"},
 }
 
 // CheckTimes makes sure that the DSN lets the lease rows be read: a

@@ -33,6 +33,7 @@ type Backend struct {
 	backend.Kit
 	lease                   string
 	schemaSQL, heartbeatSQL string
+	historySQL              string
 	heartbeatParts          [3]string // heartbeatSQL before $1, between $1 and $2, and after $2
 	saveReleaseParts        [3]string // the statement of backend.SaveRelease, cut so too (see beginLocked)
 	saveReleaseSQL          string    // the statement of backend.SaveRelease (see beginPipelined)
@@ -60,6 +61,7 @@ func New(t backend.Tables) *Backend {
 	b := &Backend{
 		lease:        t.Lease,
 		schemaSQL:    schemaSQL(t),
+		historySQL:   historySQL(t),
 		acquireSQL:   t.Expand(AcquireSQL),
 		rowSQL:       t.Expand(AcquireRowSQL),
 		takeOverSQL:  t.Expand(TakeOverSQL),
@@ -190,7 +192,9 @@ ALTER TABLE job_lease
 	ADD COLUMN IF NOT EXISTS stop_reason      varchar(255),
 	ADD COLUMN IF NOT EXISTS acquired_at      timestamptz,
 	ADD COLUMN IF NOT EXISTS paused_by        varchar(255),
-	ADD COLUMN IF NOT EXISTS stop_by          varchar(255);
+	ADD COLUMN IF NOT EXISTS stop_by          varchar(255),
+	ADD COLUMN IF NOT EXISTS end_cause        varchar(16),
+	ADD COLUMN IF NOT EXISTS ended_by         varchar(255);
 CREATE INDEX IF NOT EXISTS job_lease_paused ON job_lease (target_id) WHERE paused_at IS NOT NULL;
 ALTER TABLE job_lease SET (parallel_workers = 0);
 CREATE TABLE IF NOT EXISTS job_lease_floor (
@@ -205,11 +209,38 @@ CREATE TABLE IF NOT EXISTS job_result (
 	updated_at timestamptz  NOT NULL
 );`
 
+// HistorySchema is the DDL of the history, the optional part of
+// docs/schema.sql that AutoMigrate runs with WithHistory: the event table,
+// keyed by target and seq, and its index by time, which Prune reads.
+const HistorySchema = `
+CREATE TABLE IF NOT EXISTS job_lease_event (
+	target_id       varchar(255) NOT NULL,
+	seq             bigint       NOT NULL,
+	at              timestamptz  NOT NULL,
+	kind            varchar(16)  NOT NULL,
+	generation      bigint       NOT NULL,
+	holder          varchar(255) NOT NULL DEFAULT '',
+	how             varchar(16),
+	from_generation bigint,
+	acquired_at     timestamptz,
+	operator        varchar(255),
+	detail          varchar(255),
+	PRIMARY KEY (target_id, seq)
+);
+CREATE INDEX IF NOT EXISTS job_lease_event_at ON job_lease_event (at);`
+
 // schemaSQL is Schema for tables t. The index takes its schema from the
 // table, so its name in CREATE INDEX is never qualified.
 func schemaSQL(t backend.Tables) string {
 	index, _ := t.PausedIndex()
 	return strings.Replace(t.Expand(Schema), " "+t.Lease+"_paused ON ", " "+index+" ON ", 1)
+}
+
+// historySQL is HistorySchema for tables t, with the names of the
+// objects that take their schema from their table unqualified.
+func historySQL(t backend.Tables) string {
+	index, _ := backend.Unqualified(t.Event() + "_at")
+	return strings.Replace(t.Expand(HistorySchema), " "+t.Event()+"_at ON ", " "+index+" ON ", 1)
 }
 
 // migrateLock is the advisory lock key that serialises concurrent
@@ -233,7 +264,11 @@ var errNoAdvisoryLock = errors.New("no advisory lock")
 // every statement of the DDL does nothing for what exists (IF NOT EXISTS,
 // ON CONFLICT DO NOTHING), so a migration that collides with a concurrent
 // one, and fails for it, is run again until it finds everything made.
-func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
+func (b *Backend) Migrate(ctx context.Context, db *gorm.DB, history bool) error {
+	ddl := b.schemaSQL
+	if history {
+		ddl += b.historySQL // Schema ends with its semicolon
+	}
 	lock := true
 	wait := backend.StatementBackoff()
 	for attempt := 1; ; attempt++ {
@@ -246,7 +281,7 @@ func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
 					return err
 				}
 			}
-			return tx.Exec(b.schemaSQL).Error
+			return tx.Exec(ddl).Error
 		})
 		switch {
 		case err == nil:

@@ -32,7 +32,7 @@ type Backend struct {
 	backend.Kit
 	lease                                         string
 	schemaSQL, acquireSQL, heartbeatSQL, stateSQL string
-	indexSQL                                      string
+	indexSQL, eventSQL                            string
 	slotSQL, heldSQL                              string
 }
 
@@ -86,6 +86,7 @@ func New(t backend.Tables) *Backend {
 		lease:        t.Lease,
 		schemaSQL:    t.Expand(schema),
 		indexSQL:     pausedIndex(t),
+		eventSQL:     eventSQL(t),
 		acquireSQL:   t.Expand(acquireSQL),
 		heartbeatSQL: t.Expand(heartbeatBatchSQL),
 		slotSQL:      t.Expand(slotSQL),
@@ -120,6 +121,8 @@ var addedColumns = []backend.Column{
 	{Name: "acquired_at", DDL: "datetime"},
 	{Name: "paused_by", DDL: "text"},
 	{Name: "stop_by", DDL: "text"},
+	{Name: "end_cause", DDL: "text"},
+	{Name: "ended_by", DDL: "text"},
 }
 
 // schema is the DDL of docs/sqlite.md. The datetime column type makes
@@ -144,7 +147,9 @@ CREATE TABLE IF NOT EXISTS job_lease (
 	stop_reason text,
 	acquired_at datetime,
 	paused_by   text,
-	stop_by     text
+	stop_by     text,
+	end_cause   text,
+	ended_by    text
 );
 CREATE TABLE IF NOT EXISTS job_lease_floor (
 	id         integer NOT NULL PRIMARY KEY CHECK (id = 1),
@@ -158,6 +163,33 @@ CREATE TABLE IF NOT EXISTS job_result (
 	updated_at datetime     NOT NULL
 );`
 
+// eventSchema is the DDL of the history's event table (the optional part
+// of docs/sqlite.md), keyed by target and seq, with its index by time,
+// which Prune reads.
+const eventSchema = `
+CREATE TABLE IF NOT EXISTS job_lease_event (
+	target_id       varchar(255) NOT NULL,
+	seq             integer      NOT NULL,
+	at              datetime     NOT NULL,
+	kind            varchar(16)  NOT NULL,
+	generation      integer      NOT NULL,
+	holder          varchar(255) NOT NULL DEFAULT '',
+	how             varchar(16),
+	from_generation integer,
+	acquired_at     datetime,
+	operator        text,
+	detail          text,
+	PRIMARY KEY (target_id, seq)
+);
+CREATE INDEX IF NOT EXISTS job_lease_event_at ON job_lease_event (at);`
+
+// eventSQL is eventSchema for tables t. SQLite qualifies the index's
+// name, not its table's, with the schema.
+func eventSQL(t backend.Tables) string {
+	event, _ := backend.Unqualified(t.Event())
+	return strings.Replace(t.Expand(eventSchema), " ON "+t.Event()+" (at)", " ON "+event+" (at)", 1)
+}
+
 // pausedIndex is the DDL of the index of the paused rows, by key (see
 // docs/sqlite.md), for tables t: it comes after the columns that
 // AddMissingColumns adds, paused_at among them. SQLite qualifies the
@@ -170,7 +202,7 @@ func pausedIndex(t backend.Tables) string {
 
 // Migrate runs the DDL in one write transaction: a concurrent Migrate
 // waits for it.
-func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
+func (b *Backend) Migrate(ctx context.Context, db *gorm.DB, history bool) error {
 	return db.Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec(b.schemaSQL).Error; err != nil {
 			return err
@@ -178,7 +210,13 @@ func (b *Backend) Migrate(ctx context.Context, db *gorm.DB) error {
 		if err := backend.AddMissingColumns(tx, b.lease, addedColumns); err != nil {
 			return err
 		}
-		return tx.Exec(b.indexSQL).Error
+		if err := tx.Exec(b.indexSQL).Error; err != nil {
+			return err
+		}
+		if !history {
+			return nil
+		}
+		return tx.Exec(b.eventSQL).Error
 	}, b.TxOptions())
 }
 
