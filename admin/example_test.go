@@ -188,3 +188,30 @@ func ExampleOperator_List_order() {
 	// etl:a
 	// etl:b
 }
+
+// An operator reads a target's history, newest first, a page at a time;
+// a table without history says so with ErrNoHistory, and how to turn it
+// on.
+func ExampleOperator_History() {
+	db, closeDB := openDB()
+	defer closeDB()
+	repo, err := gormlease.NewRepository(db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	op := admin.New(repo)
+	events, err := op.History(ctx, "report:user-42", admin.HistoryOptions{Limit: 20})
+	switch {
+	case errors.Is(err, admin.ErrNoHistory):
+		fmt.Println("no history kept: migrate with gormlease.WithHistory() to keep one")
+		return
+	case err != nil:
+		log.Fatal(err)
+	}
+	for _, e := range events {
+		fmt.Println(e.Seq, e.Kind, "generation", e.Generation, e.How, e.HeldFor() > 0)
+	}
+	// Output:
+	// no history kept: migrate with gormlease.WithHistory() to keep one
+}

@@ -178,6 +178,22 @@ type Backend interface {
 	// nothing.
 	PruneCount(ctx context.Context, db *gorm.DB, olderThan time.Duration) (int64, error)
 
+	// History reads, in one statement, the newest q.Limit events of the
+	// row q.Key whose seq is below q.Before (all when 0), newest first. It
+	// returns an error wrapping ErrNoEvents when the lease table keeps no
+	// history: the event table does not exist.
+	History(ctx context.Context, db *gorm.DB, q HistoryQuery) ([]Event, error)
+	// PruneEvents deletes up to q.BatchSize prunable events (see
+	// EventPruneQuery) from the key q.After on, and returns how many it
+	// deleted, the key of the last one, for the next batch's After, and
+	// whether more may follow; an error wrapping ErrNoEvents when the
+	// event table does not exist.
+	PruneEvents(ctx context.Context, db *gorm.DB, q EventPruneQuery) (deleted int64, last string, more bool, err error)
+	// PruneEventsCount counts, in one statement, the events that
+	// PruneEvents would delete now, deleting nothing; an error wrapping
+	// ErrNoEvents when the event table does not exist.
+	PruneEventsCount(ctx context.Context, db *gorm.DB, q EventPruneQuery) (int64, error)
+
 	// Pause marks the rows of keys (a target's, and its slots') paused,
 	// with reason and the operator by (NULL when ""), in one transaction,
 	// creating the first key's row, released at the generation floor, when

@@ -110,6 +110,16 @@ func (b *Backend) Count(ctx context.Context, db *gorm.DB, prefix string) (backen
 	return b.Backend.Count(ctx, db, prefix)
 }
 
+// History reads the events once the node has caught up (see catchUp), as
+// List reads the rows: the history read just after a job ended on another
+// node shows its end.
+func (b *Backend) History(ctx context.Context, db *gorm.DB, q backend.HistoryQuery) ([]backend.Event, error) {
+	if err := b.catchUp(ctx, db, q.Key); err != nil {
+		return nil, err
+	}
+	return b.Backend.History(ctx, db, q)
+}
+
 // ReadSaved reads what targetID's row saved, as Get reads it: once the
 // node has applied what the cluster committed before.
 func (b *Backend) ReadSaved(ctx context.Context, db *gorm.DB, targetID string) (backend.Saved, bool, error) {

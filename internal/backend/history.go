@@ -1,0 +1,177 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// The history's reads and deletes: the event table, named after the lease
+// table with "_event" appended (Tables.Event), holds one row per event of
+// a lease row, keyed by the row's key and seq, 1, 2, ... in the order
+// written. The statements that write it are the lease table's triggers,
+// which a migration with history installs; these only read and delete.
+
+// ErrNoEvents says that the event table does not exist: the lease table
+// keeps no history. History, PruneEvents and PruneEventsCount return an
+// error wrapping it, found from the database's error on the statement
+// itself (see MissingTables), never by a statement of its own.
+var ErrNoEvents = errors.New("no event table")
+
+// Event is a row of the event table, as History reads it. The columns
+// that an event of its kind does not have are nil.
+type Event struct {
+	Key            string
+	Seq            int64
+	At             time.Time
+	Kind           string
+	Generation     int64
+	Holder         string
+	How            *string
+	FromGeneration *int64
+	AcquiredAt     *time.Time
+	Operator       *string
+	Detail         *string
+}
+
+// EventColumns are the columns of an event that History reads, in the
+// order of Event.Columns.
+const EventColumns = "target_id, seq, at, kind, generation, holder, how, from_generation, acquired_at, operator, detail"
+
+// Columns returns where to scan EventColumns into e.
+func (e *Event) Columns() []any {
+	return []any{&e.Key, &e.Seq, &e.At, &e.Kind, &e.Generation, &e.Holder, &e.How, &e.FromGeneration,
+		&e.AcquiredAt, &e.Operator, &e.Detail}
+}
+
+// HistoryQuery chooses the events of a History: those of the row Key
+// whose seq is below Before (all when 0), the newest Limit of them.
+type HistoryQuery struct {
+	Key    string
+	Before int64
+	Limit  int
+}
+
+// EventPruneQuery chooses the events of a PruneEvents: those older than
+// OlderThan on the database's clock, except the newest of a key whose
+// lease row exists, so that its seq goes on from there; and, when Keep is
+// above 0, those of a key beyond its Keep newest. A batch deletes up to
+// BatchSize of them, from the key After on.
+type EventPruneQuery struct {
+	OlderThan time.Duration
+	Keep      int
+	BatchSize int
+	After     string
+}
+
+// noEvents returns err wrapping ErrNoEvents when it says that the event
+// table does not exist, and err as it is otherwise: a missing column of
+// the event table, or a missing lease table, stays an error wrapping
+// ErrMissingTables.
+func (c *Common) noEvents(err error) error {
+	var missing *MissingTablesError
+	if errors.As(err, &missing) && missing.Column == "" && missing.Table == unqualified(c.tables.Event()) {
+		return fmt.Errorf("%w: table %s does not exist", ErrNoEvents, c.tables.Event())
+	}
+	return err
+}
+
+// History reads the newest q.Limit events of the row q.Key below q.Before,
+// newest first, in one statement that reads the event table's primary key
+// backwards from there.
+func (c *Common) History(ctx context.Context, db *gorm.DB, q HistoryQuery) ([]Event, error) {
+	query := "SELECT " + EventColumns + " FROM " + c.tables.Event() + " WHERE target_id = ?"
+	args := []any{q.Key}
+	if q.Before > 0 {
+		query, args = query+" AND seq < ?", append(args, q.Before)
+	}
+	query += " ORDER BY seq DESC LIMIT " + strconv.Itoa(q.Limit)
+	rows, err := Query(ctx, db, c.d.Rebind(query), args...)
+	if err != nil {
+		return nil, c.noEvents(err)
+	}
+	defer rows.Close()
+	var out []Event
+	for rows.Next() {
+		var e Event
+		if err := rows.Scan(e.Columns()...); err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// prunableEvent is the condition on an event e that PruneEvents deletes
+// it by, and its arguments: older than q.OlderThan, but not the newest of
+// a key whose lease row exists (the trigger numbers the next event from
+// it); or, with q.Keep, not among its key's q.Keep newest. Each reads the
+// key's highest seq from the primary key, for the event alone.
+func (c *Common) prunableEvent(q EventPruneQuery) (string, []any) {
+	top := "(SELECT MAX(m.seq) FROM " + c.tables.Event() + " m WHERE m.target_id = e.target_id)"
+	cond := "(" + c.d.SecondsSince("e.at") + " > ? AND (e.seq < " + top +
+		" OR NOT EXISTS (SELECT 1 FROM " + c.tables.Lease + " l WHERE l.target_id = e.target_id)))"
+	args := []any{q.OlderThan.Seconds()}
+	if q.Keep > 0 {
+		cond = "(" + cond + " OR e.seq <= " + top + " - ?)"
+		args = append(args, int64(q.Keep))
+	}
+	return cond, args
+}
+
+// PruneEvents deletes up to q.BatchSize prunable events (see
+// EventPruneQuery), the first in key and seq order from the key q.After
+// on: it reads their keys in one statement, which reads the event table's
+// primary key in order from there, and deletes them by key in a second.
+// It returns the number of events deleted, the key of the last one read,
+// for the next batch's After, and whether more may follow. A key's events
+// that are kept are read again only by the batch that starts at that key.
+// It needs no transaction: an event that the first statement chose stays
+// prunable (time passes, and keys only get newer events), and one that a
+// concurrent prune deleted in between is not counted.
+func (c *Common) PruneEvents(ctx context.Context, db *gorm.DB, q EventPruneQuery) (deleted int64, last string, more bool, err error) {
+	cond, cargs := c.prunableEvent(q)
+	rows, err := Query(ctx, db, c.d.Rebind("SELECT e.target_id, e.seq FROM "+c.tables.Event()+" e WHERE e.target_id >= ? AND "+cond+
+		" ORDER BY e.target_id, e.seq LIMIT "+strconv.Itoa(q.BatchSize)), append([]any{q.After}, cargs...)...)
+	if err != nil {
+		return 0, "", false, c.noEvents(err)
+	}
+	var keys []any
+	for rows.Next() {
+		var key string
+		var seq int64
+		if err := rows.Scan(&key, &seq); err != nil {
+			rows.Close()
+			return 0, "", false, err
+		}
+		keys = append(keys, key, seq)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return 0, "", false, err
+	}
+	if len(keys) == 0 {
+		return 0, "", false, nil
+	}
+	n := len(keys) / 2
+	last = keys[len(keys)-2].(string)
+	in := "(target_id, seq) IN (" + strings.TrimSuffix(strings.Repeat("(?, ?), ", n), ", ") + ")"
+	_, deleted, err = Exec(ctx, db, c.d.Rebind("DELETE FROM "+c.tables.Event()+" WHERE "+in), keys...)
+	if err != nil {
+		return 0, "", false, c.noEvents(err)
+	}
+	return deleted, last, n == q.BatchSize, nil
+}
+
+// PruneEventsCount counts, in one statement, the events that PruneEvents
+// would delete now.
+func (c *Common) PruneEventsCount(ctx context.Context, db *gorm.DB, q EventPruneQuery) (int64, error) {
+	cond, args := c.prunableEvent(q)
+	var n int64
+	_, err := QueryRow(ctx, db, c.d.Rebind("SELECT COUNT(*) FROM "+c.tables.Event()+" e WHERE "+cond), args, &n)
+	return n, c.noEvents(err)
+}
