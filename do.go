@@ -364,6 +364,14 @@ func (r *Runner[T]) load(ctx context.Context, targetID string, load func(*gorm.D
 func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 	work func(ctx context.Context) (T, error), save func(tx *gorm.DB, result T) error,
 ) (T, error) {
+	return r.runWait(ctx, targetID, work, save, nil)
+}
+
+// runWait is RunWait, which calls seen, when not nil, with each read of
+// targetID's row that found its lease ended and made it try again.
+func (r *Runner[T]) runWait(ctx context.Context, targetID string,
+	work func(ctx context.Context) (T, error), save func(tx *gorm.DB, result T) error, seen func(backend.State),
+) (T, error) {
 	var zero T
 	if err := checkCall(ctx, targetID, work, save); err != nil {
 		return zero, err
@@ -385,7 +393,7 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 		if r.cfg.slots > 1 {
 			err = r.waitSlotFree(ctx, targetID)
 		} else {
-			err = r.waitEnded(ctx, targetID, &refused)
+			err = r.waitEnded(ctx, targetID, &refused, seen)
 		}
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -397,11 +405,11 @@ func (r *Runner[T]) RunWait(ctx context.Context, targetID string,
 }
 
 // waitEnded waits until a read of targetID's row, made after it was
-// called, shows the lease released or expired, or until ctx is done. It
-// holds the watch only while it waits, not while the next Run works. Each
-// read that finds the lease live replaces *refused with the HeldError of
-// what it read.
-func (r *Runner[T]) waitEnded(ctx context.Context, targetID string, refused *error) error {
+// called, shows the lease released or expired, or until ctx is done; it
+// calls seen, when not nil, with that read. It holds the watch only while
+// it waits, not while the next Run works. Each read that finds the lease
+// live replaces *refused with the HeldError of what it read.
+func (r *Runner[T]) waitEnded(ctx context.Context, targetID string, refused *error, seen func(backend.State)) error {
 	w := r.watch(targetID, nil)
 	defer w.Unsubscribe()
 	_, _, changed := w.Current()
@@ -416,6 +424,9 @@ func (r *Runner[T]) waitEnded(ctx context.Context, targetID string, refused *err
 		case st.Paused:
 			*refused = &PausedError{Target: targetID, Reason: st.PauseReason}
 		case !st.Live(r.cfg.leaseTimeout):
+			if seen != nil {
+				seen(st)
+			}
 			return nil
 		default:
 			*refused = r.heldError(targetID, st)

@@ -53,27 +53,45 @@ func NewElector(db *gorm.DB, name string, opts ...Option) (*Elector, error) {
 // out of reach or busy campaigns again, until ctx ends. A panic in lead is
 // a *PanicError. Fence the term's writes with Repository().CommitIfOwner
 // and that lease. docs/design.md, section "Electing a leader", tells more.
+//
+// With WithObserver, Lead reports its campaign and its term to the
+// observer (observe.EventCampaign, EventTermBegun, EventTermEnded), and
+// reads the role's row once before its first acquire, so that the term
+// can say how long the role had been without a leader.
 func (e *Elector) Lead(ctx context.Context, lead func(ctx context.Context) error) error {
 	if lead == nil {
 		return invalidf("lead function is nil")
 	}
+	t := e.campaign(ctx)
+	defer t.exited(ctx) // a term that lead left by runtime.Goexit
 	led := false
 	work := func(term context.Context) (struct{}, error) {
 		led = true
 		e.term.Store(&term)
 		defer e.term.Store(nil)
-		return struct{}{}, lead(term)
+		t.begin(term)
+		err := lead(term)
+		t.returned(term, err)
+		return struct{}{}, err
+	}
+	var seen func(backend.State) // the reads of the row that the campaign waited on
+	if t != nil {
+		seen = t.saw
 	}
 	wait := backend.Backoff{Pause: campaignRetry, Max: campaignMaxRetry}
-	var failed *WorkError // lead's error, as RunWait returns it
 	for {
-		_, err := e.runner.RunWait(ctx, e.name, work, func(*gorm.DB, struct{}) error { return nil })
+		_, err := e.runner.runWait(ctx, e.name, work, func(*gorm.DB, struct{}) error { return nil }, seen)
+		if led {
+			ret := err
+			var failed *WorkError // lead's error, as RunWait returns it
+			if errors.As(err, &failed) {
+				ret = failed.Err // the saver does nothing: the work is lead
+			}
+			t.ended(ctx, err, ret)
+			return ret
+		}
 		switch {
-		case err == nil:
-			return nil
-		case led && errors.As(err, &failed):
-			return failed.Err // the saver does nothing: the work is lead
-		case led || errors.Is(err, ErrInvalidArgument):
+		case err == nil, errors.Is(err, ErrInvalidArgument):
 			return err
 		case ctx.Err() != nil:
 			if errors.Is(err, ctx.Err()) {

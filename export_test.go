@@ -11,6 +11,7 @@ import (
 	"github.com/gormlease/gormlease/internal/backend"
 	"github.com/gormlease/gormlease/internal/backend/postgres"
 	"github.com/gormlease/gormlease/internal/heartbeat"
+	"github.com/gormlease/gormlease/observe"
 )
 
 // DefaultStatementAttempts is the default of WithStatementAttempts, which
@@ -220,4 +221,24 @@ func CommitAndRelease(r *Repository, ctx context.Context, l Lease, fn func(tx *g
 // keeps for the callers of Runner.Do that waited for the job.
 func ReleaseFailed(r *Repository, ctx context.Context, l Lease, cause error) error {
 	return r.releaseFailed(ctx, l, cause)
+}
+
+// Vacancy and TermEndOf are what an Elector reports of its terms: the time
+// that the role had been without a leader, and why a term ended.
+var (
+	Vacancy   = vacancy
+	TermEndOf = termEnd
+)
+
+// NewLossCause is the cause with which a Run's work is cancelled when its
+// lease is lost, of kind (observe.EventLeaseLost, EventSelfFenced or
+// EventMaxHoldExceeded).
+func NewLossCause(kind observe.EventKind) error {
+	return &lossCause{kind: kind, err: fmt.Errorf("gormlease: lost: %w", ErrLeaseLost)}
+}
+
+// NewStopRequested is the cause with which a Run's work is cancelled when
+// an operator asked its holder to stop.
+func NewStopRequested(target, reason string) error {
+	return &stopRequestedError{target: target, reason: reason}
 }

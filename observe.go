@@ -303,3 +303,147 @@ func (r *Runner[T]) waited(ctx context.Context, targetID string, kind observe.Ev
 	}
 	r.mon.record(ctx, observe.Event{Kind: kind, TargetID: targetID, Duration: until.Sub(begin)})
 }
+
+// termReport reports one call of Elector.Lead to the Elector's observer:
+// its campaign, and its term with the time the role had been without a
+// leader before it and the cause of its end. It lives on the goroutine of
+// the call. A nil *termReport, for an Elector without an observer,
+// reports nothing.
+type termReport struct {
+	mon      *monitor
+	role     string
+	fallback time.Duration // the lease timeout by which a row that records none is judged
+
+	// seen is the last read of the role's row before the acquire that
+	// began the term (its Read is zero when there was none).
+	seen backend.State
+	// The term begun and not yet ended (gen is 0 when none): when it
+	// began; whether lead returned, with leadErr, and the cause of the
+	// term's context when it did (nil when it was not cancelled).
+	gen     int64
+	began   time.Time
+	done    bool
+	leadErr error
+	cause   error
+}
+
+// campaign reports the beginning of a campaign of a call of Lead, and
+// reads the role's row once, so that a term that this call begins without
+// having waited can tell how long the role was without a leader: nil
+// without an observer.
+func (e *Elector) campaign(ctx context.Context) *termReport {
+	m := &e.runner.mon
+	if m.obs == nil {
+		return nil
+	}
+	m.record(ctx, observe.Event{Kind: observe.EventCampaign, TargetID: e.name})
+	t := &termReport{mon: m, role: e.name, fallback: e.runner.cfg.leaseTimeout}
+	if st, _, err := e.runner.readState(ctx, e.name); err == nil {
+		t.seen = st // a failed read leaves the time without a leader unknown
+	}
+	return t
+}
+
+// saw keeps st, a read of the role's row that found no live lease, after
+// which the campaign tries to acquire again.
+func (t *termReport) saw(st backend.State) { t.seen = st }
+
+// begin reports the beginning of the term of term, lead's context.
+func (t *termReport) begin(term context.Context) {
+	if t == nil {
+		return
+	}
+	lease, _ := LeaseFromContext(term)
+	*t = termReport{mon: t.mon, role: t.role, fallback: t.fallback, seen: t.seen, gen: lease.Generation, began: time.Now()}
+	t.mon.record(term, observe.Event{Kind: observe.EventTermBegun, TargetID: t.role, Generation: t.gen,
+		Duration: vacancy(t.seen, t.gen, t.began, t.fallback)})
+}
+
+// returned notes that lead returned err, with its context term.
+func (t *termReport) returned(term context.Context, err error) {
+	if t == nil {
+		return
+	}
+	t.done, t.leadErr, t.cause = true, err, context.Cause(term)
+}
+
+// ended reports the end of the term, whose Run returned runErr, and whose
+// Lead returns leadErr.
+func (t *termReport) ended(ctx context.Context, runErr, leadErr error) {
+	if t == nil || t.gen == 0 {
+		return
+	}
+	end := termEnd(t.done, t.leadErr, t.cause, runErr)
+	t.mon.record(ctx, observe.Event{Kind: observe.EventTermEnded, TargetID: t.role, Generation: t.gen,
+		Duration: time.Since(t.began), Err: leadErr, TermEnd: end})
+	t.gen = 0
+}
+
+// exited reports the end of a term that lead left by runtime.Goexit, when
+// Lead did not return.
+func (t *termReport) exited(ctx context.Context) {
+	if t == nil || t.gen == 0 {
+		return
+	}
+	t.ended(ctx, errWorkExited, errWorkExited)
+}
+
+// termEnd says why a term ended: lead returned (done) with leadErr, or
+// did not (it panicked or exited); its context had cause when it did (nil
+// when it was not cancelled); and the term's Run returned runErr.
+func termEnd(done bool, leadErr, cause, runErr error) observe.TermEnd {
+	if !done {
+		return observe.TermFailed
+	}
+	// The term's context says why it was cancelled; a loss found after
+	// lead returned, by a heartbeat before it stopped or by the fenced
+	// commit, is in Run's error.
+	for _, err := range []error{cause, runErr} {
+		switch lossKind(err) {
+		case observe.EventLeaseLost:
+			return observe.TermTakenOver
+		case observe.EventSelfFenced:
+			return observe.TermSelfFenced
+		case observe.EventMaxHoldExceeded:
+			return observe.TermMaxHold
+		}
+		if errors.Is(err, ErrStopRequested) {
+			return observe.TermStopRequested
+		}
+	}
+	switch {
+	case cause != nil:
+		return observe.TermCancelled // Lead's context, the term's parent, ended
+	case leadErr != nil:
+		return observe.TermFailed
+	case errors.Is(runErr, ErrLeaseLost):
+		return observe.TermTakenOver // the fenced commit found the lease gone
+	}
+	return observe.TermResigned
+}
+
+// vacancy is how long a role had been without a leader when the term of
+// generation began, at began: from the end of the previous term's lease,
+// its release or its expiry, whichever came first, as st, the last read of
+// the role's row before the acquire, shows them. The read's ages are on
+// the database's clock and its Read on this process's, so that the clocks
+// need not agree; the end it finds is late by at most the read's answer's
+// trip back. It is -1 when st cannot tell: no read, no row, a lease still
+// live when read, or a read of another generation than the one just before
+// this term.
+func vacancy(st backend.State, generation int64, began time.Time, fallback time.Duration) time.Duration {
+	if st.Read.IsZero() || !st.Found || st.Generation+1 != generation || st.Live(fallback) {
+		return -1
+	}
+	timeout := st.Timeout
+	if timeout <= 0 {
+		timeout = fallback
+	}
+	end := st.Read.Add(timeout - st.Age) // the expiry
+	if st.Released && st.ReleasedAge >= 0 {
+		if released := st.Read.Add(-st.ReleasedAge); released.Before(end) {
+			end = released
+		}
+	}
+	return max(began.Sub(end), 0)
+}

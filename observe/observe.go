@@ -1,6 +1,7 @@
 // Package observe defines what a gormlease Runner reports of itself to an
 // Observer, for metrics and traces: each of its steps as a Span, and each
-// outcome as an Event. Give an Observer to gormlease.NewRunner with
+// outcome as an Event. An Elector reports, besides its Runs', its
+// campaigns and terms (EventCampaign, EventTermBegun, EventTermEnded). Give an Observer to gormlease.NewRunner with
 // gormlease.WithObserver; the module github.com/gormlease/gormlease/otel
 // implements one with OpenTelemetry. Nothing here is needed to use gormlease
 // without an Observer, and the package depends on nothing but the standard
@@ -22,8 +23,9 @@ import (
 // The Runner calls it from the goroutines of its Runs and from those of
 // its heartbeats: the Runner's own heartbeat goroutine, which no other
 // Runner shares, and its heartbeat statements, up to four at once, each on
-// a goroutine of its own. So it must be safe for concurrent use; it should
-// return quickly, since the Runner waits for it.
+// a goroutine of its own; an Elector's, besides, from the goroutine that
+// calls Lead. So it must be safe for concurrent use; it should return
+// quickly, since the Runner waits for it.
 // Without an Observer, the Runner calls nothing.
 type Observer interface {
 	// Start is called as a span begins: a Run, one of its steps, or one of
@@ -150,7 +152,79 @@ const (
 	// EventLeaseLost). Err wraps gormlease.ErrStopRequested, with the
 	// request's reason; Duration is how long the Run had held the lease.
 	EventStopRequested
+	// EventCampaign is a call of gormlease.Elector.Lead that begins to
+	// campaign for its role, whose name is TargetID: from now on, until
+	// the call returns, the process is a candidate for the role. It comes
+	// once per call, before the call's first acquire.
+	EventCampaign
+	// EventTermBegun is an Elector that begins a term of its role
+	// (TargetID), as Lead is about to call its lead function: Generation is
+	// the term, and Duration how long the role had been without a leader
+	// before it, from the end of the previous term's lease (its release,
+	// or its expiry if that came first, as the role's row records them on
+	// the database's clock) until now. Duration is negative when the
+	// process could not tell: the role's first term, or a term whose
+	// campaign did not read the row after the previous term ended (see
+	// gormlease.Elector.Lead). Every EventTermBegun is followed by one
+	// EventTermEnded of the same Generation.
+	EventTermBegun
+	// EventTermEnded is the end of the term that an EventTermBegun of the
+	// same Generation began: lead has returned and the lease was released
+	// (or left held for a minimum hold, or found lost). TermEnd says why the
+	// term ended, Duration how long it lasted, and Err is the error that
+	// Lead returns (nil when the leader resigned).
+	EventTermEnded
 )
+
+// TermEnd says why an Elector's term ended (Event.TermEnd). The causes
+// are few and fixed, so that a metric may be labelled with them.
+type TermEnd uint8
+
+// The causes of a term's end.
+const (
+	// TermResigned: lead returned nil, and the lease was released (or held
+	// for a minimum hold): the leader stepped down.
+	TermResigned TermEnd = iota + 1
+	// TermFailed: lead returned an error, or panicked, while its term went
+	// on.
+	TermFailed
+	// TermCancelled: the context of Lead ended, and with it the term.
+	TermCancelled
+	// TermTakenOver: the lease was found taken over, or released by an
+	// operator (admin.Operator.ForceRelease), by a heartbeat or by the
+	// fenced commit after lead returned (gormlease.ErrLeaseLost).
+	TermTakenOver
+	// TermSelfFenced: no heartbeat confirmed the lease in time, and the
+	// leader stopped trusting it (gormlease.WithSafetyMargin).
+	TermSelfFenced
+	// TermMaxHold: the term lasted gormlease.WithMaxHold
+	// (gormlease.ErrMaxHoldExceeded).
+	TermMaxHold
+	// TermStopRequested: an operator asked the leader to stop
+	// (admin.Operator.RequestStop; gormlease.ErrStopRequested).
+	TermStopRequested
+)
+
+var termEndNames = [...]string{
+	TermResigned:      "resigned",
+	TermFailed:        "failed",
+	TermCancelled:     "cancelled",
+	TermTakenOver:     "taken_over",
+	TermSelfFenced:    "self_fenced",
+	TermMaxHold:       "max_hold",
+	TermStopRequested: "stop_requested",
+}
+
+// String names the cause in lower case with underscores, as a metric's
+// label would: "resigned", "failed", "cancelled", "taken_over",
+// "self_fenced", "max_hold" or "stop_requested"; "unknown" for any
+// other value.
+func (c TermEnd) String() string {
+	if int(c) < len(termEndNames) && termEndNames[c] != "" {
+		return termEndNames[c]
+	}
+	return "unknown"
+}
 
 // Event is one outcome of a Runner's work.
 type Event struct {
@@ -158,13 +232,16 @@ type Event struct {
 	// it sets.
 	Kind EventKind
 	// TargetID is the target of the Run; empty for EventHeartbeat, whose
-	// statement may renew the leases of many targets.
+	// statement may renew the leases of many targets. For the events of an
+	// Elector (EventCampaign, EventTermBegun, EventTermEnded) it is the
+	// role's name.
 	TargetID string
 	// Generation is the lease's generation, 0 when no lease was acquired.
 	Generation int64
 	// Holder is the Runner's holder name (gormlease.WithHolder).
 	Holder string
-	// Duration is how long the step took, or the lease was held, by Kind.
+	// Duration is how long the step took, the lease was held, the term
+	// lasted, or the role was without a leader, by Kind (see each).
 	Duration time.Duration
 	// Leases is, for EventHeartbeat, the number of leases that the
 	// statement renewed or tried to.
@@ -172,7 +249,9 @@ type Event struct {
 	// Err is, for EventAcquire and EventCommit, the step's outcome (see
 	// there); for EventHeartbeat the statement's error; for
 	// EventLeaseLost, EventSelfFenced, EventMaxHoldExceeded and
-	// EventStopRequested the cause that the work's context reports. It is
-	// nil otherwise.
+	// EventStopRequested the cause that the work's context reports; for
+	// EventTermEnded the error that Lead returns. It is nil otherwise.
 	Err error
+	// TermEnd is, for EventTermEnded, why the term ended; 0 otherwise.
+	TermEnd TermEnd
 }

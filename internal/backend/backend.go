@@ -480,6 +480,9 @@ type State struct {
 	Failure string
 	// Age is the time since the last acquire or heartbeat.
 	Age time.Duration
+	// ReleasedAge is the time since the generation was released, or -1
+	// while it is not.
+	ReleasedAge time.Duration
 	// Waiting reports whether the row is marked as waited on.
 	Waiting bool
 	// Holder is the holder that the generation's acquire recorded.

@@ -613,8 +613,9 @@ func TimeoutMillis(d time.Duration) int64 {
 // saved generation, failure, age, saved age, waiting, timeout_ms, holder,
 // whether it is paused and the pause's reason, whether its generation
 // was asked to stop, the seconds since its acquisition (NULL when the row
-// records none) and whether it is a minimum hold (HoldFor), in that
-// order, as each backend's State selects them.
+// records none), whether it is a minimum hold (HoldFor) and the seconds
+// since its release (NULL while it is not released), in that order, as
+// each backend's State selects them.
 func ScanState(ctx context.Context, db *gorm.DB, query, targetID string) (State, error) {
 	var (
 		st            State
@@ -623,10 +624,11 @@ func ScanState(ctx context.Context, db *gorm.DB, query, targetID string) (State,
 		timeoutMS     sql.NullInt64
 		reason        sql.NullString
 		heldFor       sql.NullFloat64
+		releasedAge   sql.NullFloat64
 	)
 	found, err := QueryRow(ctx, db, query, []any{targetID},
 		&st.Generation, &st.Released, &st.SavedGeneration, &failure, &age, &savedAge, &st.Waiting, &timeoutMS, &st.Holder,
-		&st.Paused, &reason, &st.Stopped, &heldFor, &st.MinHold)
+		&st.Paused, &reason, &st.Stopped, &heldFor, &st.MinHold, &releasedAge)
 	if err != nil || !found {
 		return State{}, err
 	}
@@ -640,6 +642,10 @@ func ScanState(ctx context.Context, db *gorm.DB, query, targetID string) (State,
 	}
 	st.Timeout = time.Duration(timeoutMS.Int64) * time.Millisecond
 	st.HeldFor = max(Seconds(heldFor.Float64), 0)
+	st.ReleasedAge = -1
+	if releasedAge.Valid {
+		st.ReleasedAge = max(Seconds(releasedAge.Float64), 0)
+	}
 	return st, nil
 }
 

@@ -96,7 +96,8 @@ func New(t backend.Tables) *Backend {
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	TIMESTAMPDIFF(MICROSECOND, updated_at, UTC_TIMESTAMP(6)) / 1e6,
 	TIMESTAMPDIFF(MICROSECOND, saved_at, UTC_TIMESTAMP(6)) / 1e6, false, timeout_ms, holder, paused_at IS NOT NULL, pause_reason,
-	COALESCE(stop_generation = generation, false), TIMESTAMPDIFF(MICROSECOND, acquired_at, UTC_TIMESTAMP(6)) / 1e6, ` + backend.MinHoldExpr + `
+	COALESCE(stop_generation = generation, false), TIMESTAMPDIFF(MICROSECOND, acquired_at, UTC_TIMESTAMP(6)) / 1e6, ` + backend.MinHoldExpr + `,
+	TIMESTAMPDIFF(MICROSECOND, released_at, UTC_TIMESTAMP(6)) / 1e6
 FROM ` + t.Lease + ` WHERE target_id = ?`,
 	}
 }

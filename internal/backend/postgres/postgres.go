@@ -69,7 +69,8 @@ func New(t backend.Tables) *Backend {
 		slotSQL:      t.Expand(slotSQL),
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	EXTRACT(EPOCH FROM clock_timestamp() - updated_at), EXTRACT(EPOCH FROM clock_timestamp() - saved_at), waiting, timeout_ms, holder, paused_at IS NOT NULL, pause_reason,
-	COALESCE(stop_generation = generation, false), EXTRACT(EPOCH FROM clock_timestamp() - acquired_at), ` + backend.MinHoldExpr + `
+	COALESCE(stop_generation = generation, false), EXTRACT(EPOCH FROM clock_timestamp() - acquired_at), ` + backend.MinHoldExpr + `,
+	EXTRACT(EPOCH FROM clock_timestamp() - released_at)
 FROM ` + t.Lease + ` WHERE target_id = $1`,
 		readSavedSQL: `SELECT COALESCE(saved_generation, 0), lease_token, released_at IS NOT NULL FROM ` + t.Lease +
 			` WHERE target_id = $1 FOR UPDATE`,

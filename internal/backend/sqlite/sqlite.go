@@ -94,7 +94,8 @@ func New(t backend.Tables) *Backend {
 		stateSQL: `SELECT generation, released_at IS NOT NULL, COALESCE(saved_generation, 0), failure,
 	(julianday('now') - julianday(updated_at)) * 86400.0,
 	(julianday('now') - julianday(saved_at)) * 86400.0, 0, timeout_ms, holder, paused_at IS NOT NULL, pause_reason,
-	COALESCE(stop_generation = generation, false), (julianday('now') - julianday(acquired_at)) * 86400.0, ` + backend.MinHoldExpr + `
+	COALESCE(stop_generation = generation, false), (julianday('now') - julianday(acquired_at)) * 86400.0, ` + backend.MinHoldExpr + `,
+	(julianday('now') - julianday(released_at)) * 86400.0
 FROM ` + t.Lease + ` WHERE target_id = ?`,
 	}
 }
