@@ -1,6 +1,7 @@
 // Package gormleaseotel reports what gormlease Runners do to OpenTelemetry:
 // metrics (acquires, leases held, heartbeat round trips, losses, commits,
-// waits) and traces (a span per Run with its acquire, heartbeats and fenced
+// waits, and for Electors the leader metrics: who leads each role, terms
+// begun and ended, time without a leader) and traces (a span per Run with its acquire, heartbeats and fenced
 // commit as children, and a client span per lease statement, following
 // OpenTelemetry's semantic conventions for database calls). It is a module
 // of its own, so that gormlease itself depends on no OpenTelemetry package.
@@ -41,6 +42,41 @@ const (
 	MetricLeasesStopped   = "gormlease.leases.stopped"     // counter: leases given up because an operator asked the holder to stop
 )
 
+// Metric names of the leader metrics, which an Elector's campaigns and
+// terms report (observe.EventCampaign, EventTermBegun, EventTermEnded):
+// one series per role (AttrRole, the role's name), however many targets
+// the process's Runners run. A Prometheus exporter names them
+// gormlease_leader_status, gormlease_leader_terms_begun_total,
+// gormlease_leader_terms_ended_total and
+// gormlease_leader_leaderless_duration_seconds; docs/operating.md, section
+// "Leader metrics", has queries and alerts.
+const (
+	// MetricLeaderStatus is 1 while this process leads the role, from the
+	// beginning of its term until the term is over (lead returned and the
+	// lease was released or found lost), and 0 from the first campaign of
+	// the role (a call of Elector.Lead) until then and after: an up-down
+	// counter, which Prometheus reads as a gauge. Summed over the
+	// processes, it is the number of leaders of the role.
+	MetricLeaderStatus = "gormlease.leader.status"
+	// MetricTermsBegun counts the terms that this process began.
+	MetricTermsBegun = "gormlease.leader.terms.begun"
+	// MetricTermsEnded counts the terms that ended, by AttrTermCause.
+	MetricTermsEnded = "gormlease.leader.terms.ended"
+	// MetricLeaderless is a histogram, in seconds, of how long the role had
+	// been without a leader when this process began a term: from the end
+	// of the previous term's lease (its release, or its expiry if that
+	// came first, as the row records them) to the new term. A term whose
+	// process could not tell (the role's first) records nothing.
+	MetricLeaderless = "gormlease.leader.leaderless.duration"
+	// MetricClientGoLeaderStatus is client-go's name of the leader status
+	// (Kubernetes' leader election), 1 while the process leads the lease
+	// named by the attribute "name" and 0 otherwise: with
+	// WithClientGoLeaderStatus, MetricLeaderStatus is reported under this
+	// name too, with the role as "name", so that dashboards and alerts
+	// written for Kubernetes controllers show gormlease's roles.
+	MetricClientGoLeaderStatus = "leader_election_master_status"
+)
+
 // Span names of the lease's steps: SpanNameRun is the name of a span of
 // kind observe.SpanRun, and so on. A statement's span (observe.SpanStatement)
 // is named after its operation and table, as the semantic conventions say:
@@ -60,6 +96,11 @@ const (
 	AttrOutcome    = "gormlease.outcome"    // metrics: acquire and commit outcomes
 	AttrLostCause  = "gormlease.lost.cause" // metrics: why a lease was lost
 	AttrWaitCall   = "gormlease.wait.call"  // metrics: run_wait or do
+	AttrRole       = "gormlease.role"       // leader metrics: the role's name (an Elector's)
+	AttrTermCause  = "gormlease.term.cause" // leader metrics: why a term ended (observe.TermEnd's names)
+	// AttrClientGoName is client-go's attribute of the lease's name, for
+	// MetricClientGoLeaderStatus.
+	AttrClientGoName = "name"
 
 	// OpenTelemetry's semantic conventions for database client calls.
 	AttrDBSystem     = "db.system.name"
@@ -78,6 +119,10 @@ type Observer struct {
 	held                              metric.Int64UpDownCounter
 	acquireDur, holdDur, heartbeatDur metric.Float64Histogram
 	commitDur, waitDur                metric.Float64Histogram
+
+	leaderStatus, clientGoStatus metric.Int64UpDownCounter // clientGoStatus is nil without WithClientGoLeaderStatus
+	termsBegun, termsEnded       metric.Int64Counter
+	leaderless                   metric.Float64Histogram
 }
 
 var _ observe.Observer = (*Observer)(nil)
@@ -86,8 +131,9 @@ var _ observe.Observer = (*Observer)(nil)
 type Option func(*settings)
 
 type settings struct {
-	tp trace.TracerProvider
-	mp metric.MeterProvider
+	tp       trace.TracerProvider
+	mp       metric.MeterProvider
+	clientGo bool
 }
 
 // WithTracerProvider sets the provider of the tracer. The default is
@@ -102,7 +148,23 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(s *settings) { s.mp = mp }
 }
 
-// New returns an Observer for gormlease.WithObserver.
+// WithClientGoLeaderStatus reports each role's leader status also as
+// client-go's leader_election_master_status (MetricClientGoLeaderStatus),
+// with the role's name as the attribute "name", for the dashboards and
+// alerts that chart Kubernetes controllers. It is off by default, since a
+// process that runs client-go's leader election too would report that name
+// twice.
+func WithClientGoLeaderStatus() Option {
+	return func(s *settings) { s.clientGo = true }
+}
+
+// leaderlessBuckets are the bounds of MetricLeaderless's buckets, in
+// seconds: a handover at a resignation takes milliseconds; one after a
+// leader died, the lease timeout (20 s by default) and a little more.
+var leaderlessBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 25, 30, 45, 60, 120, 300, 600}
+
+// New returns an Observer for gormlease.WithObserver (of a Runner, or of
+// an Elector for the leader metrics).
 func New(opts ...Option) (*Observer, error) {
 	s := settings{tp: otel.GetTracerProvider(), mp: otel.GetMeterProvider()}
 	for _, o := range opts {
@@ -136,6 +198,22 @@ func New(opts ...Option) (*Observer, error) {
 	o.heartbeatDur = seconds(MetricHeartbeatRTT, "Round trip of heartbeat statements.")
 	o.commitDur = seconds(MetricCommitDuration, "Duration of fenced commits, with the saver.")
 	o.waitDur = seconds(MetricWaitDuration, "Time RunWait and Do calls waited for other holders.")
+	updown := func(name, desc string) metric.Int64UpDownCounter {
+		c, err := m.Int64UpDownCounter(name, metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	o.leaderStatus = updown(MetricLeaderStatus, "1 while this process leads the role, 0 while it campaigns.")
+	if s.clientGo {
+		o.clientGoStatus = updown(MetricClientGoLeaderStatus,
+			"1 while this process leads the lease (a gormlease role) that name names, 0 while it stands by.")
+	}
+	o.termsBegun = counter(MetricTermsBegun, "Terms that this process began as the role's leader.")
+	o.termsEnded = counter(MetricTermsEnded, "Terms of this process that ended, by cause.")
+	o.leaderless, err = m.Float64Histogram(MetricLeaderless,
+		metric.WithDescription("How long the role had been without a leader when this process began a term."),
+		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(leaderlessBuckets...))
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("gormleaseotel: %w", err)
 	}
@@ -223,6 +301,27 @@ func (o *Observer) Record(ctx context.Context, e observe.Event) {
 		o.waitDur.Record(ctx, secs, metric.WithAttributes(attribute.String(AttrWaitCall, "run_wait")))
 	case observe.EventDoWait:
 		o.waitDur.Record(ctx, secs, metric.WithAttributes(attribute.String(AttrWaitCall, "do")))
+	case observe.EventCampaign:
+		o.leading(ctx, e.TargetID, 0) // the role's series, at 0 while the process campaigns
+	case observe.EventTermBegun:
+		role := metric.WithAttributes(attribute.String(AttrRole, e.TargetID))
+		o.leading(ctx, e.TargetID, 1)
+		o.termsBegun.Add(ctx, 1, role)
+		if e.Duration >= 0 {
+			o.leaderless.Record(ctx, secs, role)
+		}
+	case observe.EventTermEnded:
+		o.leading(ctx, e.TargetID, -1)
+		o.termsEnded.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrRole, e.TargetID),
+			attribute.String(AttrTermCause, e.TermEnd.String())))
+	}
+}
+
+// leading adds n to the leader status of role.
+func (o *Observer) leading(ctx context.Context, role string, n int64) {
+	o.leaderStatus.Add(ctx, n, metric.WithAttributes(attribute.String(AttrRole, role)))
+	if o.clientGoStatus != nil {
+		o.clientGoStatus.Add(ctx, n, metric.WithAttributes(attribute.String(AttrClientGoName, role)))
 	}
 }
 
