@@ -222,7 +222,15 @@ func fillEvents(t *testing.T, s *testdb.Server, db *gorm.DB, key string, n int) 
 	t.Helper()
 	digits := "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4" +
 		" UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)"
-	i := "(d0.d + 10 * d1.d + 100 * d2.d + 1000 * d3.d + 10000 * d4.d + 100000 * d5.d + 1)"
+	// As many tables of digits as n-1 has digits: i runs from 1 to a
+	// power of ten at least n.
+	i, from := "(1", ""
+	for k, p := 0, 1; k == 0 || p < n; k, p = k+1, p*10 {
+		d := fmt.Sprintf("d%d", k)
+		i += fmt.Sprintf(" + %d * %s.d", p, d)
+		from += ", " + digits + " " + d
+	}
+	i += ")"
 	at := map[string]string{
 		"postgres": "now() - (? - " + i + ") * interval '1 second'",
 		"mysql":    "UTC_TIMESTAMP(6) - INTERVAL (? - " + i + ") SECOND",
@@ -230,7 +238,7 @@ func fillEvents(t *testing.T, s *testdb.Server, db *gorm.DB, key string, n int) 
 	}[s.Name]
 	require.NoError(t, db.Exec("INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how)"+
 		" SELECT ?, "+i+", "+at+", 'acquired', "+i+", 'host/1', 'released'"+
-		" FROM "+digits+" d0, "+digits+" d1, "+digits+" d2, "+digits+" d3, "+digits+" d4, "+digits+" d5"+
+		" FROM "+from[2:]+
 		" WHERE "+i+" <= ?", key, n, n).Error)
 }
 
@@ -238,7 +246,8 @@ func fillEvents(t *testing.T, s *testdb.Server, db *gorm.DB, key string, n int) 
 // events of one target, among others' events, the newest page and one
 // from the middle each take a few milliseconds (the median of 7 reads is
 // logged; the bound, 250 ms, holds on a loaded machine under -race, while
-// a read of the whole history takes longer).
+// a read of the whole history takes longer). Then Prune caps the
+// histories, and logs how long it took.
 func TestHistory_PageAt100kEvents(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes 100,000 events")
@@ -282,5 +291,19 @@ func TestHistory_PageAt100kEvents(t *testing.T) {
 		require.Len(t, page, 1000)
 		assert.True(t, sort.SliceIsSorted(page, func(i, j int) bool { return page[i].Seq > page[j].Seq }))
 		assert.EqualValues(t, 1, page[999].Seq)
+
+		// Prune caps the histories in its default batches of 1,000 events,
+		// reading the event table once: 107,000 events of the 110,000 go.
+		var events int64
+		start := time.Now()
+		_, err = op.Prune(ctx, admin.PruneOptions{OlderThan: 10000 * time.Hour, KeepEvents: 1000, EventsDeleted: &events})
+		elapsed := time.Since(start)
+		require.NoError(t, err)
+		assert.EqualValues(t, historyEvents-1000+2*4000, events)
+		t.Logf("%s: Prune with KeepEvents 1000 deleted %d of %d events in %v", s.Name, events, historyEvents+10000, elapsed)
+		page, err = op.History(ctx, "busy", admin.HistoryOptions{Limit: 1000})
+		require.NoError(t, err)
+		require.Len(t, page, 1000)
+		assert.EqualValues(t, historyEvents-999, page[999].Seq)
 	})
 }

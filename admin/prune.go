@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/gormlease/gormlease/internal/backend"
@@ -60,8 +61,24 @@ type PruneOptions struct {
 	Progress func(deleted int64)
 	// DryRun deletes nothing: Prune counts, in one statement, the lease
 	// rows that it would delete now, and returns that count (Progress is
-	// not called). The options are checked as for a real prune.
+	// not called); and, in another, the events (EventsDeleted). The
+	// options are checked as for a real prune.
 	DryRun bool
+
+	// KeepEvents caps each row's history, where the table keeps one
+	// (gormlease.WithHistory): Prune also deletes a row's events beyond
+	// its KeepEvents newest, whatever their age. 0, the default, sets no
+	// cap; it cannot be negative.
+	KeepEvents int
+	// EventsDeleted, when not nil, is set to the number of events that
+	// Prune deleted (with DryRun, that it would delete now), also when it
+	// returns an error; 0 where the table keeps no history. The count
+	// that Prune returns is of lease rows only.
+	EventsDeleted *int64
+	// EventProgress, when set, is called after each batch that deleted
+	// events, on Prune's goroutine, with the number of events deleted so
+	// far.
+	EventProgress func(deleted int64)
 }
 
 // Prune deletes the lease rows that were released, or whose lease expired
@@ -75,13 +92,28 @@ type PruneOptions struct {
 // safe to run at any time, from several processes at once, while leases
 // are acquired, renewed and released: a row acquired meanwhile stays.
 //
+// Where the table keeps history (gormlease.WithHistory), Prune then
+// deletes the events older than opts.OlderThan, and with opts.KeepEvents
+// those of each row beyond its newest KeepEvents, in batches of
+// opts.BatchSize events, each a statement that reads the event table in
+// key order from where the last one stopped, and one that deletes what it
+// read: a whole Prune reads the event table about once. It keeps the
+// newest event of each row whose lease row it keeps, whatever its age, so
+// that the row's Seq goes on from it; a row's history ends with its lease
+// row, once Prune has deleted that and its events have aged. Where the
+// table keeps no history, there is nothing to delete, and no error.
+//
 // It returns the number of lease rows deleted, also when it stops early:
 // when ctx is done, with an error wrapping ctx.Err(), or on a database
-// error. With opts.DryRun it deletes nothing, and returns the number of
-// rows that it would delete now. Options it cannot honour return an error
-// wrapping gormlease.ErrInvalidArgument that names the field, and delete
-// nothing.
+// error; the events deleted are counted apart (opts.EventsDeleted). With
+// opts.DryRun it deletes nothing, and returns the number of rows that it
+// would delete now. Options it cannot honour return an error wrapping
+// gormlease.ErrInvalidArgument that names the field, and delete nothing.
 func (o *Operator) Prune(ctx context.Context, opts PruneOptions) (deleted int64, err error) {
+	var events int64
+	if opts.EventsDeleted != nil {
+		defer func() { *opts.EventsDeleted = events }()
+	}
 	r, err := o.parts()
 	if err != nil {
 		return 0, err
@@ -97,7 +129,10 @@ func (o *Operator) Prune(ctx context.Context, opts PruneOptions) (deleted int64,
 		return 0, ops.Invalidf("prune: PruneOptions.OlderThan %v is less than the minimum, %v", opts.OlderThan, minPruneAge)
 	case batchSize < 1 || batchSize > maxPruneBatchSize:
 		return 0, ops.Invalidf("prune: PruneOptions.BatchSize %d is not between 1 and %d", batchSize, maxPruneBatchSize)
+	case opts.KeepEvents < 0:
+		return 0, ops.Invalidf("prune: PruneOptions.KeepEvents is %d: give the most events to keep of each row, or 0 for no cap", opts.KeepEvents)
 	}
+	eq := backend.EventPruneQuery{OlderThan: opts.OlderThan, Keep: opts.KeepEvents, BatchSize: batchSize}
 	if opts.DryRun {
 		var n int64
 		err := r.Retry(ctx, func(ctx context.Context) (err error) {
@@ -106,6 +141,13 @@ func (o *Operator) Prune(ctx context.Context, opts PruneOptions) (deleted int64,
 		})
 		if err != nil {
 			return 0, ops.Wrapf(err, "prune (dry run)")
+		}
+		err = r.Retry(ctx, func(ctx context.Context) (err error) {
+			events, err = r.Backend.PruneEventsCount(ctx, r.DB, eq)
+			return err
+		})
+		if err != nil && !errors.Is(err, backend.ErrNoEvents) {
+			return n, ops.Wrapf(err, "prune events (dry run)")
 		}
 		return n, nil
 	}
@@ -130,8 +172,43 @@ func (o *Operator) Prune(ctx context.Context, opts PruneOptions) (deleted int64,
 			opts.Progress(deleted)
 		}
 		if !more || len(batch) == 0 {
-			return deleted, nil
+			break
 		}
 		after = batch[len(batch)-1]
+	}
+	return deleted, pruneEvents(ctx, r, eq, &events, opts.EventProgress)
+}
+
+// pruneEvents deletes the events that q chooses, in batches, adding each
+// batch's to *deleted, until none is left or ctx is done; nothing, and no
+// error, where the table keeps no history.
+func pruneEvents(ctx context.Context, r ops.Repository, q backend.EventPruneQuery, deleted *int64, progress func(int64)) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return ops.Wrapf(err, "prune events")
+		}
+		var (
+			n    int64
+			last string
+			more bool
+		)
+		err := r.Retry(ctx, func(ctx context.Context) (err error) {
+			n, last, more, err = r.Backend.PruneEvents(ctx, r.DB, q)
+			return err
+		})
+		switch {
+		case errors.Is(err, backend.ErrNoEvents):
+			return nil
+		case err != nil:
+			return ops.Wrapf(err, "prune events")
+		}
+		*deleted += n
+		if n > 0 && progress != nil {
+			progress(*deleted)
+		}
+		if !more {
+			return nil
+		}
+		q.After = last
 	}
 }

@@ -59,8 +59,9 @@ type HistoryQuery struct {
 
 // EventPruneQuery chooses the events of a PruneEvents: those older than
 // OlderThan on the database's clock, except the newest of a key whose
-// lease row exists, so that its seq goes on from there; and, when Keep is
-// above 0, those of a key beyond its Keep newest. A batch deletes up to
+// lease row stays (not prunable by OlderThan), so that its seq goes on
+// from there; and, when Keep is above 0, those of a key beyond its Keep
+// newest. A batch deletes up to
 // BatchSize of them, from the key After on.
 type EventPruneQuery struct {
 	OlderThan time.Duration
@@ -109,14 +110,21 @@ func (c *Common) History(ctx context.Context, db *gorm.DB, q HistoryQuery) ([]Ev
 
 // prunableEvent is the condition on an event e that PruneEvents deletes
 // it by, and its arguments: older than q.OlderThan, but not the newest of
-// a key whose lease row exists (the trigger numbers the next event from
-// it); or, with q.Keep, not among its key's q.Keep newest. Each reads the
-// key's highest seq from the primary key, for the event alone.
+// a key whose lease row Prune keeps (one not prunable: the trigger numbers
+// the next event from it); or, with q.Keep, not among its key's q.Keep
+// newest. Each reads the key's highest seq from the primary key, for the
+// event alone. A lease row that Prune would delete counts as gone already,
+// so that a dry run, made before the lease rows are deleted, counts what
+// Prune deletes after them.
 func (c *Common) prunableEvent(q EventPruneQuery) (string, []any) {
-	top := "(SELECT MAX(m.seq) FROM " + c.tables.Event() + " m WHERE m.target_id = e.target_id)"
+	secs := q.OlderThan.Seconds()
+	// Not MAX(m.seq), which a server may compute by reading every event
+	// of the key for each event (MySQL's correlated subqueries): the
+	// newest entry of the key in the primary key's index, read backwards.
+	top := "(SELECT m.seq FROM " + c.tables.Event() + " m WHERE m.target_id = e.target_id ORDER BY m.seq DESC LIMIT 1)"
 	cond := "(" + c.d.SecondsSince("e.at") + " > ? AND (e.seq < " + top +
-		" OR NOT EXISTS (SELECT 1 FROM " + c.tables.Lease + " l WHERE l.target_id = e.target_id)))"
-	args := []any{q.OlderThan.Seconds()}
+		" OR NOT EXISTS (SELECT 1 FROM " + c.tables.Lease + " l WHERE l.target_id = e.target_id AND NOT " + c.prunable() + ")))"
+	args := []any{secs, secs, secs}
 	if q.Keep > 0 {
 		cond = "(" + cond + " OR e.seq <= " + top + " - ?)"
 		args = append(args, int64(q.Keep))
@@ -127,7 +135,8 @@ func (c *Common) prunableEvent(q EventPruneQuery) (string, []any) {
 // PruneEvents deletes up to q.BatchSize prunable events (see
 // EventPruneQuery), the first in key and seq order from the key q.After
 // on: it reads their keys in one statement, which reads the event table's
-// primary key in order from there, and deletes them by key in a second.
+// primary key in order from there, and deletes them by key in a second,
+// each run of consecutive seqs of a key as one range.
 // It returns the number of events deleted, the key of the last one read,
 // for the next batch's After, and whether more may follow. A key's events
 // that are kept are read again only by the batch that starts at that key.
@@ -141,26 +150,36 @@ func (c *Common) PruneEvents(ctx context.Context, db *gorm.DB, q EventPruneQuery
 	if err != nil {
 		return 0, "", false, c.noEvents(err)
 	}
-	var keys []any
+	// The events to delete, as runs of consecutive seqs of one key: the
+	// triggers number a key's events without gaps, and a prune deletes
+	// the oldest, so a batch is mostly one run per key.
+	var (
+		where []string
+		args  []any
+		n     int
+		seq   int64
+	)
 	for rows.Next() {
 		var key string
-		var seq int64
-		if err := rows.Scan(&key, &seq); err != nil {
+		var s int64
+		if err := rows.Scan(&key, &s); err != nil {
 			rows.Close()
 			return 0, "", false, err
 		}
-		keys = append(keys, key, seq)
+		n++
+		if n > 1 && key == last && s == seq+1 {
+			args[len(args)-1], seq = s, s // the run goes on
+			continue
+		}
+		where, args, last, seq = append(where, "(target_id = ? AND seq BETWEEN ? AND ?)"), append(args, key, s, s), key, s
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
 		return 0, "", false, err
 	}
-	if len(keys) == 0 {
+	if n == 0 {
 		return 0, "", false, nil
 	}
-	n := len(keys) / 2
-	last = keys[len(keys)-2].(string)
-	in := "(target_id, seq) IN (" + strings.TrimSuffix(strings.Repeat("(?, ?), ", n), ", ") + ")"
-	_, deleted, err = Exec(ctx, db, c.d.Rebind("DELETE FROM "+c.tables.Event()+" WHERE "+in), keys...)
+	_, deleted, err = Exec(ctx, db, c.d.Rebind("DELETE FROM "+c.tables.Event()+" WHERE "+strings.Join(where, " OR ")), args...)
 	if err != nil {
 		return 0, "", false, c.noEvents(err)
 	}
