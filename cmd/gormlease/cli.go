@@ -39,7 +39,7 @@ type spec struct {
 }
 
 // order is the order of the commands in the usage text.
-var order = []string{"list", "show", "prune", "release", "pause", "resume", "stop", "migrate", "serve"}
+var order = []string{"list", "show", "history", "prune", "release", "pause", "resume", "stop", "migrate", "serve"}
 
 // specs are the commands' synopses: the package doc's synopsis says the
 // same (TestDocs_NameEveryCommandAndFlag checks that both name every flag).
@@ -47,14 +47,16 @@ var specs = map[string]spec{
 	"list": {"[-prefix P] [-state live|expired|released|paused] [-holder H] [-order key|age|held|expiry] [-after CURSOR] [-limit N] [-all] [-json]",
 		"list leases, 100 a page"},
 	"show": {"[-json] TARGET", "show a target's lease row, or a semaphore's slots"},
-	"prune": {"-older-than 30d [-keep-results] [-batch N] [-dry-run] [-json]",
-		"delete rows released or expired long ago"},
+	"history": {"[-slot N] [-limit N] [-before SEQ] [-json] TARGET",
+		"show a target's history (or a slot's), newest first, 100 events a page"},
+	"prune": {"-older-than 30d [-keep-events N] [-keep-results] [-batch N] [-dry-run] [-json]",
+		"delete rows released or expired long ago, and old events"},
 	"release": {"[-yes] [-json] [-as NAME] [-slot N] TARGET", "end a lease (with -slot N, one slot's) by force, fenced"},
 	"pause":   {"[-yes] [-json] [-as NAME] [-new] -reason R TARGET", "stop new acquisitions of a target until resume"},
 	"resume":  {"[-yes] [-json] [-as NAME] TARGET", "let a paused target be acquired again"},
 	"stop": {"[-yes] [-json] [-as NAME] -reason R [-slot N] [-wait [-timeout 2m]] TARGET",
 		"ask a target's holder (with -slot N, one slot's) to stop, and with -wait wait until it has"},
-	"migrate": {"[-json]", "create the tables, or add what an earlier version's lack (gormlease.AutoMigrate)"},
+	"migrate": {"[-history] [-json]", "create the tables, or add what an earlier version's lack (gormlease.AutoMigrate); with -history, keep each target's history"},
 	"serve": {"[-addr 127.0.0.1:8080] [-actions] [-trusted-network] [-json]",
 		"serve the operator's console (package console) until interrupted"},
 }
@@ -69,7 +71,8 @@ const commonFlags = `every command takes:
                         PATH (an existing SQLite file)
   -lease-table NAME   the lease table (default job_lease)
   -result-table NAME  the result table (default job_result)
-  -json               write the outcome as JSON on stdout (list and show: an object a row);
+  -json               write the outcome as JSON on stdout (list and show: an object a row;
+                      history: an object an event);
                       errors still go to stderr, with the exit code
 `
 
@@ -87,7 +90,7 @@ var usage = func() string {
 
 // commands are the commands, by name.
 var commands = map[string]func(context.Context, *command) error{
-	"list": listCmd, "show": showCmd, "prune": pruneCmd, "release": releaseCmd, "migrate": migrateCmd,
+	"list": listCmd, "show": showCmd, "history": historyCmd, "prune": pruneCmd, "release": releaseCmd, "migrate": migrateCmd,
 	"pause": pauseCmd, "resume": resumeCmd, "stop": stopCmd, "serve": serveCmd,
 }
 
@@ -104,7 +107,7 @@ func run(ctx context.Context, args []string, e env) int {
 	}
 	fn, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(e.stderr, "gormlease: unknown command %q: give list, show, prune, release, pause, resume, stop, migrate or serve\n\n%s", args[0], usage)
+		fmt.Fprintf(e.stderr, "gormlease: unknown command %q: give list, show, history, prune, release, pause, resume, stop, migrate or serve\n\n%s", args[0], usage)
 		return exitUsage
 	}
 	c := newCommand(args[0], e)
@@ -137,11 +140,16 @@ type command struct {
 	order                        admin.Order
 	limit                        int
 	all                          bool
+	// history
+	before int64
 	// prune
 	olderThan   age
 	keepResults bool
+	keepEvents  int
 	batch       int
 	dryRun      bool
+	// migrate
+	history bool
 	// release, pause, resume, stop
 	yes bool
 	as  string
@@ -206,12 +214,22 @@ func newCommand(name string, e env) *command {
 		f.BoolVar(&c.json, "json", false, "write JSON, an object a line")
 	case "show":
 		f.BoolVar(&c.json, "json", false, "write JSON (a semaphore: an object a slot, a line each)")
+	case "history":
+		f.IntVar(&c.slot, "slot", 0, "the history of this slot's row (a target with WithSlots), from 1 to 100")
+		f.IntVar(&c.limit, "limit", historyPage, "events per page, 1 to 1000")
+		f.Int64Var(&c.before, "before", 0, "only the events before this `SEQ`: the seq of the previous page's last event")
+		f.BoolVar(&c.json, "json", false, "write JSON, an object an event, a line each")
 	case "prune":
 		f.Var(&c.olderThan, "older-than", "delete rows released or expired at least this long ago, at least 1m: "+
 			"a Go duration (720h) with days before it if you like (30d, 1d12h) (required)")
 		f.BoolVar(&c.keepResults, "keep-results", false, "keep the result rows of the targets pruned")
+		f.IntVar(&c.keepEvents, "keep-events", 0, "where the table keeps history, keep at most this many newest events "+
+			"of each target (0: no cap; events older than -older-than go anyway)")
 		f.IntVar(&c.batch, "batch", 0, "rows deleted per transaction, up to 10000 (0: Prune's default, 1000)")
 		f.BoolVar(&c.dryRun, "dry-run", false, "count the rows that would be deleted now, and delete nothing")
+	case "migrate":
+		f.BoolVar(&c.history, "history", false, "keep each target's history: make the event table and the triggers "+
+			"that write it (gormlease.WithHistory); without it, a history kept stays")
 	case "serve":
 		c.serveFlags()
 	}
@@ -257,9 +275,19 @@ func (c *command) parse(args []string) error {
 	}
 	rest := c.flags.Args()
 	switch c.name {
-	case "show", "release", "pause", "resume", "stop":
+	case "show", "history", "release", "pause", "resume", "stop":
+		if len(rest) > 1 {
+			// Flags after the target.
+			if err := c.flags.Parse(rest[1:]); err != nil {
+				if errors.Is(err, flag.ErrHelp) {
+					return err
+				}
+				return usagef("%v", err)
+			}
+			rest = append(rest[:1], c.flags.Args()...)
+		}
 		if len(rest) != 1 {
-			return usagef("give one target: gormlease %s [flags] TARGET (flags go before the target)", c.name)
+			return usagef("give one target: gormlease %s [flags] TARGET", c.name)
 		}
 		c.target = rest[0]
 	default:
@@ -270,8 +298,17 @@ func (c *command) parse(args []string) error {
 	if c.flagSet("slot") && (c.slot < 1 || c.slot > gormlease.MaxSlots) {
 		return usagef("-slot %d: give a slot's number, from 1 to %d (leave -slot out for every slot)", c.slot, gormlease.MaxSlots)
 	}
+	if c.name == "history" && (c.limit < 1 || c.limit > maxHistoryPage) {
+		return usagef("-limit %d: give 1 to %d events per page", c.limit, maxHistoryPage)
+	}
+	if c.before < 0 {
+		return usagef("-before %d: give the seq of the previous page's last event (the events before it are shown)", c.before)
+	}
+	if c.keepEvents < 0 {
+		return usagef("-keep-events %d: give the most events to keep of each target, or 0 for no cap", c.keepEvents)
+	}
 	if (c.name == "pause" || c.name == "stop") && strings.TrimSpace(c.reason) == "" {
-		return usagef("give -reason, e.g. -reason \"deploy in progress\": it is recorded in the row (flags go before the target)")
+		return usagef("give -reason, e.g. -reason \"deploy in progress\": it is recorded in the row")
 	}
 	if c.acts() && c.json && !c.yes {
 		return usagef("-json needs -yes: %s asks for y on stdin otherwise, and no question comes in the middle of JSON", c.name)

@@ -34,7 +34,7 @@ const exitCodes = `exit codes:
   1  failed: the database, the tables, or another error
   2  bad usage: a flag, an argument or the DSN; nothing was done
   3  no such target: the target (or slot) has no lease row, never acquired or pruned
-     (show, release, pause without -new, resume, stop)
+     (show, history when it has no event either, release, pause without -new, resume, stop)
   4  nothing to do: the lease is released already (release, stop), or the target
      is not paused (resume); nothing changed
   5  not confirmed: the answer at the prompt was not y; nothing changed

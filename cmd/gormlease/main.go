@@ -1,5 +1,6 @@
 // Command gormlease is an operator's tool for the lease table of
-// github.com/gormlease/gormlease: list and show leases, prune old rows,
+// github.com/gormlease/gormlease: list and show leases, show a target's
+// history, prune old rows and events,
 // release a lease by force, pause and resume a target, ask a holder to
 // stop and wait until it has, create the tables, serve the operator's
 // console. It is made for scripts as well as people: each outcome has an
@@ -7,15 +8,16 @@
 //
 //	gormlease list [-prefix P] [-state live|expired|released|paused] [-holder H] [-order key|age|held|expiry] [-after CURSOR] [-limit N] [-all] [-json]
 //	gormlease show [-json] TARGET
-//	gormlease prune -older-than 30d [-keep-results] [-batch N] [-dry-run] [-json]
+//	gormlease history [-slot N] [-limit N] [-before SEQ] [-json] TARGET
+//	gormlease prune -older-than 30d [-keep-events N] [-keep-results] [-batch N] [-dry-run] [-json]
 //	gormlease release [-yes] [-json] [-as NAME] [-slot N] TARGET
 //	gormlease pause [-yes] [-json] [-as NAME] [-new] -reason R TARGET
 //	gormlease resume [-yes] [-json] [-as NAME] TARGET
 //	gormlease stop [-yes] [-json] [-as NAME] -reason R [-slot N] [-wait [-timeout 2m]] TARGET
-//	gormlease migrate [-json]
+//	gormlease migrate [-history] [-json]
 //	gormlease serve [-addr 127.0.0.1:8080] [-actions] [-trusted-network] [-json]
 //
-// Flags go before the target. list shows 100 rows a page (-limit, up to
+// Flags go before the target, or after it. list shows 100 rows a page (-limit, up to
 // 10000; -all every page; -after the cursor of the last row of the
 // previous page, which -json writes and which is its target when by key),
 // with each slot row of a semaphore under its target. It keeps the rows
@@ -28,8 +30,22 @@
 // (since the acquisition that the row records), and who paused the target
 // and who asked its holder to stop. prune deletes the rows released or
 // expired at least -older-than ago (at least 1m), with their results
-// unless -keep-results, -batch rows a transaction (up to 10000); with
-// -dry-run it counts them and deletes nothing.
+// unless -keep-results, -batch rows a transaction (up to 10000); where the
+// table keeps history, then the events older than that, and with
+// -keep-events N those of each target beyond its N newest, -batch events a
+// batch; with -dry-run it counts them and deletes nothing.
+//
+// history shows the events of a target's row (admin.Operator.History),
+// newest first, 100 a page (-limit, up to 1000; -before the seq of the
+// previous page's last event), or with -slot N of that slot's row: each
+// acquisition (how: new, released, expired or seized, from which
+// generation), save, end of a generation (the cause, how long it was
+// held, the failure), and operator's action (pause, resume, stop request,
+// forced release: who, and why). It needs a table that keeps history
+// (migrate -history, or gormlease.AutoMigrate with gormlease.WithHistory);
+// on another it fails, saying how to turn it on. A target without events
+// and without a lease row exits 3; one with a lease row but no event
+// (none since the history began, or pruned) says so and exits 0.
 //
 // release, pause, resume and stop say what they will do and ask for y on
 // stdin, unless -yes. release ends a lease by force, fenced
@@ -57,8 +73,8 @@
 // paused and who asked to stop.
 //
 // With -json, every command writes its outcome on stdout as JSON, and
-// nothing else there: list and show an object a row (a line each), the
-// others one object, with "command" naming the command. Errors still go
+// nothing else there: list and show an object a row (a line each),
+// history an object an event (a line each), the others one object, with "command" naming the command. Errors still go
 // to stderr, with the exit code, and stdout then stays empty, except
 // where something was done: prune says what it deleted before it failed,
 // and stop -wait what it saw when -timeout passed. A command that would
@@ -72,8 +88,10 @@
 // DSN exits 2 listing these forms, and no file is created for it. Every
 // command takes -lease-table and -result-table when the tables have other
 // names than job_lease and job_result. The migrate command creates the
-// tables (gormlease.AutoMigrate); another command run where they are
-// missing says so.
+// tables (gormlease.AutoMigrate); with -history also the event table and
+// the triggers that keep each target's history (gormlease.WithHistory);
+// without it, a history kept stays. Another command run where the tables
+// are missing says so.
 //
 // The serve command serves the console of package
 // github.com/gormlease/gormlease/console on -addr until interrupted
@@ -98,7 +116,7 @@
 //	1  failed: the database, the tables, or another error
 //	2  bad usage: a flag, an argument or the DSN; nothing was done
 //	3  no such target: the target (or slot) has no lease row, never acquired or pruned
-//	   (show, release, pause without -new, resume, stop)
+//	   (show, history when it has no event either, release, pause without -new, resume, stop)
 //	4  nothing to do: the lease is released already (release, stop), or the target
 //	   is not paused (resume); nothing changed
 //	5  not confirmed: the answer at the prompt was not y; nothing changed

@@ -24,6 +24,14 @@ type pruneJSON struct {
 	OlderThanSeconds float64 `json:"older_than_seconds"`
 	// KeepResults is -keep-results.
 	KeepResults bool `json:"keep_results"`
+	// EventsDeleted is the number of events deleted, where the table
+	// keeps history: 0 with -dry-run, and where it keeps none.
+	EventsDeleted int64 `json:"events_deleted"`
+	// WouldDeleteEvents is, with -dry-run, the number of events that
+	// prune would delete now.
+	WouldDeleteEvents *int64 `json:"would_delete_events,omitempty"`
+	// KeepEvents is -keep-events.
+	KeepEvents int `json:"keep_events"`
 	// Seconds is how long prune took.
 	Seconds float64 `json:"seconds"`
 }
@@ -33,7 +41,13 @@ type pruneJSON struct {
 // it deleted also when it failed after a batch or more.
 func pruneCmd(ctx context.Context, c *command) error {
 	start := time.Now()
-	opts := admin.PruneOptions{OlderThan: c.olderThan.d, BatchSize: c.batch, KeepResults: c.keepResults, DryRun: c.dryRun}
+	var events int64
+	opts := admin.PruneOptions{OlderThan: c.olderThan.d, BatchSize: c.batch, KeepResults: c.keepResults, DryRun: c.dryRun,
+		KeepEvents: c.keepEvents, EventsDeleted: &events}
+	what := "lease rows and their results"
+	if c.keepResults {
+		what = "lease rows (results kept)"
+	}
 	if c.dryRun {
 		n, err := c.op.Prune(ctx, opts)
 		if err != nil {
@@ -41,43 +55,61 @@ func pruneCmd(ctx context.Context, c *command) error {
 		}
 		if c.json {
 			return c.writeJSON(pruneJSON{Command: "prune", DryRun: true, WouldDelete: &n, OlderThanSeconds: c.olderThan.d.Seconds(),
-				KeepResults: c.keepResults, Seconds: time.Since(start).Seconds()})
+				KeepResults: c.keepResults, WouldDeleteEvents: &events, KeepEvents: c.keepEvents, Seconds: time.Since(start).Seconds()})
 		}
-		what := "lease rows and their results"
-		if c.keepResults {
-			what = "lease rows (results kept)"
-		}
-		fmt.Fprintf(c.env.stdout, "would prune %d %s released or expired more than %v ago (-dry-run: nothing deleted)\n",
-			n, what, c.olderThan.String())
+		fmt.Fprintf(c.env.stdout, "would prune %d %s released or expired more than %v ago%s (-dry-run: nothing deleted)\n",
+			n, what, c.olderThan.String(), c.eventsPruned(events))
 		return nil
 	}
+	progress := false // a line of progress is on stderr
 	if c.env.terminal {
 		opts.Progress = func(n int64) {
+			progress = true
 			fmt.Fprintf(c.env.stderr, "\rpruned %d rows (%.0f rows/s)", n, float64(n)/time.Since(start).Seconds())
+		}
+		eventStart := time.Time{}
+		opts.EventProgress = func(n int64) {
+			if eventStart.IsZero() {
+				if progress {
+					fmt.Fprintln(c.env.stderr)
+				}
+				eventStart = time.Now()
+			}
+			progress = true
+			fmt.Fprintf(c.env.stderr, "\rpruned %d events (%.0f events/s)", n, float64(n)/time.Since(eventStart).Seconds())
 		}
 	}
 	n, err := c.op.Prune(ctx, opts)
-	if c.env.terminal && n > 0 {
+	if progress {
 		fmt.Fprintln(c.env.stderr)
 	}
-	if err != nil && n == 0 {
+	if err != nil && n == 0 && events == 0 {
 		return invalid(err)
 	}
 	elapsed := time.Since(start)
 	if c.json {
 		if err := c.writeJSON(pruneJSON{Command: "prune", Deleted: n, OlderThanSeconds: c.olderThan.d.Seconds(),
-			KeepResults: c.keepResults, Seconds: elapsed.Seconds()}); err != nil {
+			KeepResults: c.keepResults, EventsDeleted: events, KeepEvents: c.keepEvents, Seconds: elapsed.Seconds()}); err != nil {
 			return err
 		}
 		return invalid(err)
 	}
-	what := "lease rows and their results"
-	if c.keepResults {
-		what = "lease rows (results kept)"
-	}
-	fmt.Fprintf(c.env.stdout, "pruned %d %s released or expired more than %v ago, in %v (%.0f rows/s)\n",
-		n, what, c.olderThan.String(), elapsed.Round(time.Millisecond), float64(n)/max(elapsed.Seconds(), 1e-9))
+	fmt.Fprintf(c.env.stdout, "pruned %d %s released or expired more than %v ago%s, in %v (%.0f rows/s)\n",
+		n, what, c.olderThan.String(), c.eventsPruned(events), elapsed.Round(time.Millisecond), float64(n)/max(elapsed.Seconds(), 1e-9))
 	return invalid(err)
+}
+
+// eventsPruned says, after prune's count of lease rows, how many events
+// it deleted (or would delete): "" when none, and no -keep-events, as on
+// a table that keeps no history.
+func (c *command) eventsPruned(events int64) string {
+	switch {
+	case c.keepEvents > 0:
+		return fmt.Sprintf(", and %d events older than that or beyond the newest %d of a target", events, c.keepEvents)
+	case events > 0:
+		return fmt.Sprintf(", and %d events older than that", events)
+	}
+	return ""
 }
 
 // checkOlderThan returns a usage error when -older-than is missing or

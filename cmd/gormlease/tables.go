@@ -87,13 +87,24 @@ func (c *command) explainMissingTable(ctx context.Context, db *gorm.DB, err erro
 // migrateCmd creates the tables, or adds what an earlier version's lack.
 func migrateCmd(ctx context.Context, c *command) error {
 	lease, result := c.repo.Tables()
-	if err := gormlease.AutoMigrate(ctx, c.db, gormlease.WithTableNames(lease, result)); err != nil {
+	opts := []gormlease.MigrateOption{gormlease.WithTableNames(lease, result)}
+	if c.history {
+		opts = append(opts, gormlease.WithHistory())
+	}
+	if err := gormlease.AutoMigrate(ctx, c.db, opts...); err != nil {
 		return invalid(err)
 	}
 	if c.json {
-		return c.writeJSON(migrateJSON{Command: "migrate", LeaseTable: lease, ResultTable: result, FloorTable: lease + "_floor"})
+		j := migrateJSON{Command: "migrate", LeaseTable: lease, ResultTable: result, FloorTable: lease + "_floor", History: c.history}
+		if c.history {
+			j.EventTable = lease + "_event"
+		}
+		return c.writeJSON(j)
 	}
 	fmt.Fprintf(c.env.stdout, "the tables %s, %s and %s_floor are ready\n", lease, result, lease)
+	if c.history {
+		fmt.Fprintf(c.env.stdout, "%s keeps each target's history in %s: gormlease history TARGET reads it\n", lease, lease+"_event")
+	}
 	return nil
 }
 
@@ -104,4 +115,8 @@ type migrateJSON struct {
 	LeaseTable  string `json:"lease_table"`
 	ResultTable string `json:"result_table"`
 	FloorTable  string `json:"floor_table"`
+	// History is -history, and EventTable the table of the history that
+	// it made ready.
+	History    bool   `json:"history"`
+	EventTable string `json:"event_table,omitempty"`
 }
