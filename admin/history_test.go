@@ -31,13 +31,13 @@ func historyDB(t *testing.T, s *testdb.Server) *gorm.DB {
 // ev is an event that a test writes by hand, age ago on the database's
 // clock; acquiredAge, when not 0, is the age of its AcquiredAt.
 type ev struct {
-	key                  string
-	seq                  int64
-	kind                 string
-	generation           int64
+	key                   string
+	seq                   int64
+	kind                  string
+	generation            int64
 	how, operator, detail string
-	from                 int64
-	age, acquiredAge     time.Duration
+	from                  int64
+	age, acquiredAge      time.Duration
 }
 
 // addEvents writes events into the event table, as the triggers would.
