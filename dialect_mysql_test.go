@@ -81,25 +81,58 @@ func TestAutoMigrate_MySQLMatchesDocsSchema(t *testing.T) {
 	ddl, err := os.ReadFile("docs/schema-mysql.sql")
 	require.NoError(t, err)
 	fromDocs := s.OpenEmpty(t, nil)
-	var code []string // the file without its comment lines
-	for _, line := range strings.Split(string(ddl), "\n") {
-		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
-			code = append(code, line)
-		}
-	}
+	// The file without its comment lines, split as the mysql client
+	// splits it: at the delimiter, which a DELIMITER line changes.
 	var statements int
-	for _, stmt := range strings.Split(strings.Join(code, "\n"), ";") {
-		if stmt = strings.TrimSpace(stmt); stmt != "" {
-			require.NoError(t, fromDocs.Exec(stmt).Error, stmt)
-			statements++
+	delimiter, stmt := ";", ""
+	for _, line := range strings.Split(string(ddl), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "--") {
+			continue
+		}
+		if d, ok := strings.CutPrefix(strings.TrimSpace(line), "DELIMITER "); ok {
+			delimiter = strings.TrimSpace(d)
+			continue
+		}
+		stmt += line + "\n"
+		for {
+			i := strings.Index(stmt, delimiter)
+			if i < 0 {
+				break
+			}
+			if run := strings.TrimSpace(stmt[:i]); run != "" {
+				require.NoError(t, fromDocs.Exec(run).Error, run)
+				statements++
+			}
+			stmt = stmt[i+len(delimiter):]
 		}
 	}
-	require.Equal(t, 5, statements, "statements in docs/schema-mysql.sql")
+	require.Empty(t, strings.TrimSpace(stmt), "text after the last statement")
+	require.Equal(t, 7, statements, "statements in docs/schema-mysql.sql")
 	fromCode := s.OpenEmpty(t, nil)
 	require.NoError(t, gormlease.AutoMigrate(context.Background(), fromCode, gormlease.WithHistory()))
 	for _, table := range []string{"job_lease", "job_result", "job_lease_floor", "job_lease_event"} {
 		assert.Equal(t, showCreateTable(t, fromCode, table), showCreateTable(t, fromDocs, table), table)
 	}
+	assert.Equal(t, triggers(t, fromCode), triggers(t, fromDocs), "the triggers")
+	assert.Len(t, triggers(t, fromCode), 2)
+}
+
+// triggers returns the triggers of db's database, by name, with their
+// timing, event, table and body.
+func triggers(t *testing.T, db *gorm.DB) map[string]string {
+	t.Helper()
+	rows, err := db.Raw("SELECT trigger_name, action_timing, event_manipulation, event_object_table, action_statement" +
+		" FROM information_schema.triggers WHERE trigger_schema = DATABASE()").Rows()
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var name, timing, event, table, body string
+		require.NoError(t, rows.Scan(&name, &timing, &event, &table, &body))
+		out[name] = timing + " " + event + " ON " + table + ": " + body
+	}
+	require.NoError(t, rows.Err())
+	return out
 }
 
 // showCreateTable returns MySQL's own DDL for table.

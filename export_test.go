@@ -220,7 +220,7 @@ func CommitAndRelease(r *Repository, ctx context.Context, l Lease, fn func(tx *g
 // ReleaseFailed is Release for a job that failed with cause, which the row
 // keeps for the callers of Runner.Do that waited for the job.
 func ReleaseFailed(r *Repository, ctx context.Context, l Lease, cause error) error {
-	return r.releaseFailed(ctx, l, cause)
+	return r.releaseFailed(ctx, l, backend.EndFailed, cause)
 }
 
 // Vacancy and TermEndOf are what an Elector reports of its terms: the time

@@ -791,3 +791,33 @@ func TestGalera_FlushSettingWarnsAtNewRunner(t *testing.T) {
 	require.NoError(t, plain.Open(t, nil).Raw("SELECT @@global.innodb_flush_log_at_trx_commit").Scan(&flush).Error)
 	assert.Empty(t, warnings(plain.Open(t, nil)), "warnings on a server that is no Galera node (its setting: %d)", flush)
 }
+
+// The history on a Galera cluster: a table migrated with WithHistory on
+// node 1 keeps the events of Runs and operators' steps sent to every node,
+// numbered in order, as the triggers of the node that ran each statement
+// wrote them and the cluster replicated them.
+func TestGalera_HistoryAcrossNodes(t *testing.T) {
+	f := newGaleraFixture(t)
+	ctx := context.Background()
+	names := gormlease.WithTableNames("galera_hist_lease", "galera_hist_result")
+	require.NoError(t, gormlease.AutoMigrate(ctx, f.nodes[0], names, gormlease.WithHistory()))
+	target := newTarget(t)
+	done := func(context.Context) (string, error) { return "done", nil }
+	for i, holder := range []string{"n1", "n2", "n3"} {
+		r := newRunner(t, f.nodes[i], galeraOpts(names, gormlease.WithHolder(holder))...)
+		_, err := r.Run(ctx, target, done, gormlease.SaveJSON[string])
+		require.NoError(t, err, "Run on node %d", i+1)
+	}
+	require.NoError(t, admin.New(newRepo(t, f.nodes[1], names)).As("alice").Pause(ctx, target, "upgrade"))
+	require.NoError(t, admin.New(newRepo(t, f.nodes[2], names)).As("bob").Resume(ctx, target))
+	assert.Equal(t, []event{
+		{Kind: "acquired", Generation: 1, Holder: "n1", How: "new"},
+		{Kind: "ended", Generation: 1, Holder: "n1", How: "saved"},
+		{Kind: "acquired", Generation: 2, Holder: "n2", How: "released", From: 1},
+		{Kind: "ended", Generation: 2, Holder: "n2", How: "saved"},
+		{Kind: "acquired", Generation: 3, Holder: "n3", How: "released", From: 2},
+		{Kind: "ended", Generation: 3, Holder: "n3", How: "saved"},
+		{Kind: "paused", Generation: 3, Holder: "n3", Operator: "alice", Detail: "upgrade"},
+		{Kind: "resumed", Generation: 3, Holder: "n3", Operator: "bob"},
+	}, readEvents(t, f.check, "galera_hist_lease_event", target))
+}

@@ -2,14 +2,25 @@ package gormlease_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"testing"
+	"time"
 
+	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	gormmysql "gorm.io/driver/mysql"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
+	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/leasetest"
 )
 
 // AutoMigrate makes the event table only with WithHistory, named after the
@@ -35,6 +46,32 @@ func TestAutoMigrate_WithHistoryMakesEventTable(t *testing.T) {
 		names := gormlease.WithTableNames("hist_lease", "hist_result")
 		require.NoError(t, gormlease.AutoMigrate(ctx, db, names, gormlease.WithHistory()))
 		assert.True(t, db.Migrator().HasTable("hist_lease_event"))
+
+		// Names qualified by the schema (PostgreSQL), database (MySQL) or
+		// attached database (SQLite): the event table, and the index,
+		// triggers and functions, are made in the lease table's, and the
+		// triggers write the events there.
+		var space string
+		switch s.Name {
+		case "postgres":
+			require.NoError(t, db.Raw("SELECT current_schema()").Scan(&space).Error)
+		case "mysql":
+			require.NoError(t, db.Raw("SELECT DATABASE()").Scan(&space).Error)
+		default:
+			space = "main"
+		}
+		qualified := []gormlease.MigrateOption{gormlease.WithTableNames(space+".qual_lease", space+".qual_result"), gormlease.WithHistory()}
+		require.NoError(t, gormlease.AutoMigrate(ctx, db, qualified...))
+		require.NoError(t, gormlease.AutoMigrate(ctx, db, qualified...), "again")
+		r, err := gormlease.NewRunner[string](db, gormlease.WithTableNames(space+".qual_lease", space+".qual_result"), gormlease.WithHolder("q"))
+		require.NoError(t, err)
+		target := newTarget(t)
+		_, err = r.Run(ctx, target, func(context.Context) (string, error) { return "v", nil }, gormlease.SaveJSON[string])
+		require.NoError(t, err)
+		assert.Equal(t, []event{
+			{Kind: "acquired", Generation: 1, Holder: "q", How: "new"},
+			{Kind: "ended", Generation: 1, Holder: "q", How: "saved"},
+		}, readEvents(t, db, space+".qual_lease_event", target))
 	})
 }
 
@@ -46,4 +83,394 @@ func TestAutoMigrate_NilOption(t *testing.T) {
 	require.ErrorIs(t, err, gormlease.ErrInvalidArgument)
 	assert.Contains(t, err.Error(), "option 1 is nil")
 	assert.False(t, db.Migrator().HasTable("job_lease"))
+}
+
+// event is an event of the history as a test expects it: what the event
+// table holds but for its seq (the list's order) and times.
+type event struct {
+	Kind, Holder, How, Operator, Detail string
+	Generation, From                    int64
+}
+
+// readEvents reads the events of key (a target's own row, or a slot's) from
+// db's event table event, in order, with plain SQL, and checks what every
+// list must be: seq 1, 2, ... and times that never go back, and an
+// acquisition time on each ended event, not after its end.
+func readEvents(t *testing.T, db *gorm.DB, table, key string) []event {
+	t.Helper()
+	rows, err := db.Raw("SELECT seq, kind, generation, holder, how, from_generation, operator, detail, at, acquired_at FROM "+
+		table+" WHERE target_id = ? ORDER BY seq", key).Rows()
+	require.NoError(t, err)
+	defer rows.Close()
+	var (
+		out  []event
+		last time.Time
+	)
+	for rows.Next() {
+		var (
+			seq             int64
+			e               event
+			how, op, detail sql.NullString
+			from            sql.NullInt64
+			at              time.Time
+			acquiredAt      *time.Time
+		)
+		require.NoError(t, rows.Scan(&seq, &e.Kind, &e.Generation, &e.Holder, &how, &from, &op, &detail, &at, &acquiredAt))
+		e.How, e.Operator, e.Detail, e.From = how.String, op.String, detail.String, from.Int64
+		require.EqualValues(t, len(out)+1, seq, "seq of event %+v", e)
+		assert.False(t, at.Before(last), "event %d at %v, before the one before it (%v)", seq, at, last)
+		last = at
+		if e.Kind == "ended" && assert.NotNil(t, acquiredAt, "acquired_at of ended event %d", seq) {
+			assert.False(t, at.Before(*acquiredAt), "event %d ended at %v, before its acquisition at %v", seq, at, *acquiredAt)
+		}
+		out = append(out, e)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// historyDB returns a pool on an empty schema (PostgreSQL), database
+// (MySQL) or file (SQLite) of s whose tables AutoMigrate made with
+// WithHistory.
+func historyDB(t *testing.T, s *testdb.Server) *gorm.DB {
+	t.Helper()
+	db := s.OpenEmpty(t, nil)
+	require.NoError(t, gormlease.AutoMigrate(context.Background(), db, gormlease.WithHistory()))
+	return db
+}
+
+// The issue's scripted sequence on one target: a Run that saves, a lease
+// that saves with CommitIfOwner and then expires, taken over by a Run that
+// fails, a lease that an operator pauses, asks to stop and releases by
+// force, and the resume. The event table holds exactly those events, in
+// order, with their generations, holders, hows, operators and details,
+// although no process was given any history option: the schema keeps
+// the history.
+func TestHistory_ScriptedSequence(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		ctx := context.Background()
+		db := historyDB(t, s)
+		target := newTarget(t)
+		opts := fast(100*time.Millisecond, 20*time.Second)
+
+		_, err := newRunner(t, db, append(opts, gormlease.WithHolder("h1"))...).Run(ctx, target,
+			func(context.Context) (string, error) { return "v1", nil }, gormlease.SaveJSON[string])
+		require.NoError(t, err)
+
+		repo2, err := gormlease.NewRepository(db, gormlease.WithHolder("h2"))
+		require.NoError(t, err)
+		l2, err := repo2.Acquire(ctx, target, time.Hour)
+		require.NoError(t, err)
+		require.NoError(t, repo2.CommitIfOwner(ctx, l2, func(tx *gorm.DB) error { return gormlease.SaveJSON(tx, "v2") }))
+		age(t, s, db, target, 2*time.Hour)
+
+		_, err = newRunner(t, db, append(opts, gormlease.WithHolder("h3"))...).Run(ctx, target,
+			func(context.Context) (string, error) { return "", errors.New("boom") }, gormlease.SaveJSON[string])
+		require.ErrorContains(t, err, "boom")
+		failure := leaseRow(t, db, target).Failure
+		require.NotNil(t, failure)
+
+		repo4, err := gormlease.NewRepository(db, gormlease.WithHolder("h4"))
+		require.NoError(t, err)
+		_, err = repo4.Acquire(ctx, target, time.Hour)
+		require.NoError(t, err)
+		op := admin.New(repo4)
+		require.NoError(t, op.As("alice").Pause(ctx, target, "deploy"))
+		require.NoError(t, op.As("bob").RequestStop(ctx, target, "runaway"))
+		forced, err := op.As("carol").ForceRelease(ctx, target)
+		require.NoError(t, err)
+		require.NotNil(t, forced.Failure)
+		if assert.NotNil(t, forced.EndCause) {
+			assert.Equal(t, "forced", *forced.EndCause)
+		}
+		if assert.NotNil(t, forced.EndedBy) {
+			assert.Equal(t, "carol", *forced.EndedBy)
+		}
+		require.NoError(t, op.As("dave").Resume(ctx, target))
+
+		assert.Equal(t, []event{
+			{Kind: "acquired", Generation: 1, Holder: "h1", How: "new"},
+			{Kind: "ended", Generation: 1, Holder: "h1", How: "saved"},
+			{Kind: "acquired", Generation: 2, Holder: "h2", How: "released", From: 1},
+			{Kind: "saved", Generation: 2, Holder: "h2"},
+			{Kind: "ended", Generation: 2, Holder: "h2", How: "expired"},
+			{Kind: "acquired", Generation: 3, Holder: "h3", How: "expired", From: 2},
+			{Kind: "ended", Generation: 3, Holder: "h3", How: "failed", Detail: *failure},
+			{Kind: "acquired", Generation: 4, Holder: "h4", How: "released", From: 3},
+			{Kind: "paused", Generation: 4, Holder: "h4", Operator: "alice", Detail: "deploy"},
+			{Kind: "stop_requested", Generation: 4, Holder: "h4", Operator: "bob", Detail: "runaway"},
+			{Kind: "ended", Generation: 4, Holder: "h4", How: "forced", Operator: "carol", Detail: *forced.Failure},
+			{Kind: "resumed", Generation: 5, Holder: "h4", Operator: "dave"},
+		}, readEvents(t, db, "job_lease_event", target))
+		assert.Contains(t, *failure, "boom")
+	})
+}
+
+// Each way a Run ends is the how of its generation's ended event, with the
+// failure as its detail: a panic, the caller's context, the saver's
+// failure, the max hold, an operator's stop; a minimum hold ends the
+// generation when the hold begins, so that the takeover after it writes
+// no second ended event; a takeover of a live lease (leasetest.TakeOver)
+// is a seizure; a Release that saved nothing is a release; a slot's
+// first acquisition is new.
+func TestHistory_EndCauses(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		ctx := context.Background()
+		db := historyDB(t, s)
+		opts := append(fast(100*time.Millisecond, 20*time.Second), gormlease.WithHolder("h"))
+		events := func(t *testing.T, key string) []event { return readEvents(t, db, "job_lease_event", key) }
+		failure := func(t *testing.T, target string) string {
+			row := leaseRow(t, db, target)
+			require.NotNil(t, row.Failure, "the row's failure")
+			return *row.Failure
+		}
+		// ended is the list of a Run of generation 1 that ended with how and
+		// the row's failure, if any, after the events between.
+		ended := func(t *testing.T, target, how string, between ...event) []event {
+			detail := ""
+			if how != "saved" {
+				detail = failure(t, target)
+			}
+			list := append([]event{{Kind: "acquired", Generation: 1, Holder: "h", How: "new"}}, between...)
+			return append(list, event{Kind: "ended", Generation: 1, Holder: "h", How: how, Detail: detail})
+		}
+		// blocked runs a Run whose work blocks until its context ends, and
+		// returns its error once started and then then have run.
+		blocked := func(t *testing.T, ctx context.Context, r *gormlease.Runner[string], target string, then func()) error {
+			started := make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				_, err := r.Run(ctx, target, func(ctx context.Context) (string, error) {
+					close(started)
+					<-ctx.Done()
+					return "", ctx.Err()
+				}, noSave(t))
+				done <- err
+			}()
+			recv(t, started, 20*time.Second, "the work to start")
+			then()
+			return recv(t, done, 20*time.Second, "the Run to end")
+		}
+
+		t.Run("panic", func(t *testing.T) {
+			target := newTarget(t)
+			_, err := newRunner(t, db, opts...).Run(ctx, target, func(context.Context) (string, error) { panic("oops") }, noSave(t))
+			require.ErrorContains(t, err, "oops")
+			assert.Equal(t, ended(t, target, "panic"), events(t, target))
+		})
+		t.Run("cancelled", func(t *testing.T) {
+			target := newTarget(t)
+			cctx, cancel := context.WithCancel(ctx)
+			err := blocked(t, cctx, newRunner(t, db, opts...), target, cancel)
+			require.ErrorIs(t, err, context.Canceled)
+			assert.Equal(t, ended(t, target, "cancelled"), events(t, target))
+		})
+		t.Run("save_failed", func(t *testing.T) {
+			target := newTarget(t)
+			_, err := newRunner(t, db, opts...).Run(ctx, target, func(context.Context) (string, error) { return "v", nil },
+				func(*gorm.DB, string) error { return errors.New("disk full") })
+			require.ErrorContains(t, err, "disk full")
+			assert.Equal(t, ended(t, target, "save_failed"), events(t, target))
+		})
+		t.Run("max_hold", func(t *testing.T) {
+			target := newTarget(t)
+			err := blocked(t, ctx, newRunner(t, db, append(opts, gormlease.WithMaxHold(200*time.Millisecond))...), target, func() {})
+			require.ErrorIs(t, err, gormlease.ErrMaxHoldExceeded)
+			assert.Equal(t, ended(t, target, "max_hold"), events(t, target))
+		})
+		t.Run("stopped", func(t *testing.T) {
+			target := newTarget(t)
+			op := admin.New(newRepository(t, db)).As("bob")
+			err := blocked(t, ctx, newRunner(t, db, opts...), target, func() {
+				require.NoError(t, op.RequestStop(ctx, target, "enough"))
+			})
+			require.ErrorIs(t, err, gormlease.ErrStopRequested)
+			assert.Equal(t, ended(t, target, "stopped",
+				event{Kind: "stop_requested", Generation: 1, Holder: "h", Operator: "bob", Detail: "enough"}), events(t, target))
+		})
+		t.Run("min_hold", func(t *testing.T) {
+			target := newTarget(t)
+			held := newRunner(t, db, append(opts, gormlease.WithMinHold(time.Hour))...)
+			_, err := held.Run(ctx, target, func(context.Context) (string, error) { return "v", nil }, gormlease.SaveJSON[string])
+			require.NoError(t, err)
+			_, err = held.Run(ctx, target, func(context.Context) (string, error) { return "v", nil }, gormlease.SaveJSON[string])
+			require.ErrorIs(t, err, gormlease.ErrLeaseHeld, "the minimum hold")
+			age(t, s, db, target, 2*time.Hour)
+			_, err = held.Run(ctx, target, func(context.Context) (string, error) { return "", errors.New("nope") }, noSave(t))
+			require.ErrorContains(t, err, "nope")
+			assert.Equal(t, []event{
+				{Kind: "acquired", Generation: 1, Holder: "h", How: "new"},
+				{Kind: "saved", Generation: 1, Holder: "h"},
+				{Kind: "ended", Generation: 1, Holder: "h", How: "saved"},
+				{Kind: "acquired", Generation: 2, Holder: "h", How: "released", From: 1},
+				{Kind: "ended", Generation: 2, Holder: "h", How: "failed", Detail: failure(t, target)},
+			}, events(t, target))
+		})
+		t.Run("seized_and_released", func(t *testing.T) {
+			target := newTarget(t)
+			repo, err := gormlease.NewRepository(db, gormlease.WithHolder("h"))
+			require.NoError(t, err)
+			_, err = repo.Acquire(ctx, target, time.Hour)
+			require.NoError(t, err)
+			l := leasetest.TakeOver(t, db, target)
+			require.NoError(t, leasetestRepository(t, db).Release(ctx, l))
+			assert.Equal(t, []event{
+				{Kind: "acquired", Generation: 1, Holder: "h", How: "new"},
+				{Kind: "ended", Generation: 1, Holder: "h", How: "seized"},
+				{Kind: "acquired", Generation: 2, Holder: leasetest.Holder, How: "seized", From: 1},
+				{Kind: "ended", Generation: 2, Holder: leasetest.Holder, How: "released"},
+			}, events(t, target))
+		})
+		t.Run("slot", func(t *testing.T) {
+			target := newTarget(t)
+			var key string
+			_, err := newRunner(t, db, append(opts, gormlease.WithSlots(2))...).Run(ctx, target, func(ctx context.Context) (string, error) {
+				l, _ := gormlease.LeaseFromContext(ctx)
+				key = slotKey(target, l.Slot)
+				return "v", nil
+			}, gormlease.SaveJSON[string])
+			require.NoError(t, err)
+			assert.Equal(t, []event{
+				{Kind: "acquired", Generation: 1, Holder: "h", How: "new"},
+				{Kind: "ended", Generation: 1, Holder: "h", How: "saved"},
+			}, events(t, key))
+			assert.Empty(t, events(t, target), "the target's own row: SetSlots made no event")
+		})
+	})
+}
+
+// leasetestRepository is a Repository with the test kit's holder name.
+func leasetestRepository(t *testing.T, db *gorm.DB) *gormlease.Repository {
+	t.Helper()
+	repo, err := gormlease.NewRepository(db, gormlease.WithHolder(leasetest.Holder))
+	require.NoError(t, err)
+	return repo
+}
+
+// Whether a table keeps history is its schema's: a Runner made with no
+// option at all records events on a table migrated with WithHistory, and
+// none on a table migrated without it, which has no event table; a
+// heartbeat writes no event.
+func TestHistory_DecidedBySchema(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		ctx := context.Background()
+		for _, history := range []bool{true, false} {
+			db := s.OpenEmpty(t, nil)
+			var opts []gormlease.MigrateOption
+			if history {
+				opts = append(opts, gormlease.WithHistory())
+			}
+			require.NoError(t, gormlease.AutoMigrate(ctx, db, opts...))
+			r, err := gormlease.NewRunner[string](db)
+			require.NoError(t, err)
+			target := newTarget(t)
+			repo := r.Repository()
+			l, err := repo.Acquire(ctx, target, time.Hour)
+			require.NoError(t, err)
+			for range 3 {
+				require.NoError(t, repo.Heartbeat(ctx, l))
+			}
+			require.NoError(t, repo.Release(ctx, l))
+			_, err = r.Run(ctx, target, func(context.Context) (string, error) { return "v", nil }, gormlease.SaveJSON[string])
+			require.NoError(t, err)
+			if !history {
+				assert.False(t, db.Migrator().HasTable("job_lease_event"), "an event table without WithHistory")
+				continue
+			}
+			holder := leaseRow(t, db, target).Holder
+			assert.Equal(t, []event{
+				{Kind: "acquired", Generation: 1, Holder: holder, How: "new"},
+				{Kind: "ended", Generation: 1, Holder: holder, How: "released"},
+				{Kind: "acquired", Generation: 2, Holder: holder, How: "released", From: 1},
+				{Kind: "ended", Generation: 2, Holder: holder, How: "saved"},
+			}, readEvents(t, db, "job_lease_event", target))
+		}
+	})
+}
+
+// With history kept, a full job sends the same statements as without it,
+// on every database but MySQL (not MariaDB): the triggers write the events
+// inside the statements that the job sends anyway. On MySQL an acquire
+// reads its generation back by its token, as on any table with a trigger
+// that runs a statement (see TestMySQL_TriggersOnTheLeaseTable): one
+// statement more per acquire.
+func TestHistory_FullJobSameStatements(t *testing.T) {
+	t.Parallel()
+	eachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		ctx := context.Background()
+		// shapes returns each statement of a job's as its first words,
+		// its values left out, for each of three jobs on one target after
+		// one that made its row.
+		shapes := func(t *testing.T, history bool) (jobs [3][]string, events int) {
+			db := s.OpenEmpty(t, nil)
+			var opts []gormlease.MigrateOption
+			if history {
+				opts = append(opts, gormlease.WithHistory())
+			}
+			require.NoError(t, gormlease.AutoMigrate(ctx, db, opts...))
+			rec, st := recording(db)
+			r := newRunner(t, rec)
+			target := newTarget(t)
+			job := func() {
+				_, err := r.Run(ctx, target, func(context.Context) (string, error) { return "v", nil }, gormlease.SaveJSON[string])
+				require.NoError(t, err)
+			}
+			job()
+			st.take()
+			for i := range jobs {
+				job()
+				for _, sql := range steps(st) {
+					words := strings.Fields(sql)
+					jobs[i] = append(jobs[i], strings.Join(words[:min(len(words), 4)], " "))
+				}
+			}
+			if history {
+				events = len(readEvents(t, db, "job_lease_event", target))
+			}
+			return jobs, events
+		}
+		without, _ := shapes(t, false)
+		with, events := shapes(t, true)
+		assert.Equal(t, 8, events, "two events per job")
+		for i := range with {
+			if flavour(s) == "mysql" {
+				assert.Len(t, with[i], len(without[i])+1, "job %d: %q against %q", i, with[i], without[i])
+				continue
+			}
+			assert.Equal(t, without[i], with[i], "job %d's statements", i)
+		}
+		t.Logf("%s: %d statements a job: %q", s.Name, len(with[0]), with[0])
+	})
+}
+
+// On MySQL and MariaDB, a migrating user without the TRIGGER privilege
+// gets an error that names it, from AutoMigrate with WithHistory, and the
+// lease table keeps working without a history.
+func TestAutoMigrate_MySQLHistoryWithoutTriggerPrivilege(t *testing.T) {
+	t.Parallel()
+	s := testdb.MySQL(t)
+	ctx := context.Background()
+	cfg, err := mysqldriver.ParseDSN(s.EmptyDSN(t))
+	require.NoError(t, err)
+	root := s.DB(t)
+	user := fmt.Sprintf("gl_notrigger_%d", os.Getpid())
+	require.NoError(t, root.Exec("CREATE USER IF NOT EXISTS '"+user+"'@'%' IDENTIFIED BY 'pw'").Error)
+	t.Cleanup(func() { root.Exec("DROP USER IF EXISTS '" + user + "'@'%'") })
+	require.NoError(t, root.Exec("GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX ON `"+cfg.DBName+"`.* TO '"+user+"'@'%'").Error)
+	cfg.User, cfg.Passwd = user, "pw"
+	db, err := gorm.Open(gormmysql.Open(cfg.FormatDSN()), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	t.Cleanup(func() { sqlDB.Close() })
+
+	err = gormlease.AutoMigrate(ctx, db, gormlease.WithHistory())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "grant the TRIGGER privilege")
+	assert.Contains(t, err.Error(), "docs/operating.md")
+	_, err = newRunner(t, db).Run(ctx, newTarget(t), func(context.Context) (string, error) { return "v", nil }, gormlease.SaveJSON[string])
+	require.NoError(t, err, "the tables work without the history")
 }

@@ -118,6 +118,7 @@ func main() {
 	tables := gormlease.WithTableNames("app_lease", "app_result")
 	holder := gormlease.WithHolder("ops")
 	_ = gormlease.AutoMigrate(ctx, nil, tables)
+	_ = gormlease.AutoMigrate(ctx, nil, tables, gormlease.WithHistory())
 	_, _, _ = gormlease.LoadJSON[string](ctx, nil, "t", tables)
 	_, _ = gormlease.NewRepository(nil, tables, holder)
 	_, _ = gormlease.NewRunner[string](nil, tables, holder, gormlease.WithLeaseTimeout(time.Minute))
@@ -129,9 +130,15 @@ func main() {
 		{"RunnerOptionToNewRepository", `_, _ = gormlease.NewRepository(nil, gormlease.WithLeaseTimeout(time.Minute))`,
 			"gormlease.Option does not implement gormlease.RepositoryOption"},
 		{"RunnerOptionToAutoMigrate", `_ = gormlease.AutoMigrate(ctx, nil, gormlease.WithObserver(nil))`,
-			"gormlease.Option does not implement gormlease.TableOption"},
+			"gormlease.Option does not implement gormlease.MigrateOption"},
 		{"HolderToAutoMigrate", `_ = gormlease.AutoMigrate(ctx, nil, gormlease.WithHolder("ops"))`,
-			"gormlease.RepositoryOption does not implement gormlease.TableOption"},
+			"gormlease.RepositoryOption does not implement gormlease.MigrateOption"},
+		{"HistoryToNewRunner", `_, _ = gormlease.NewRunner[string](nil, gormlease.WithHistory())`,
+			"gormlease.MigrateOption does not implement gormlease.Option"},
+		{"HistoryToNewRepository", `_, _ = gormlease.NewRepository(nil, gormlease.WithHistory())`,
+			"gormlease.MigrateOption does not implement gormlease.RepositoryOption"},
+		{"HistoryToLoadJSON", `_, _, _ = gormlease.LoadJSON[string](ctx, nil, "t", gormlease.WithHistory())`,
+			"gormlease.MigrateOption does not implement gormlease.TableOption"},
 		{"RunnerOptionToLoadJSON", `_, _, _ = gormlease.LoadJSON[string](ctx, nil, "t", gormlease.WithLeaseTimeout(time.Minute))`,
 			"gormlease.Option does not implement gormlease.TableOption"},
 	} {

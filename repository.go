@@ -607,12 +607,14 @@ func (r *Repository) Release(ctx context.Context, l Lease) error {
 // releaseFailed is Release for a job that failed with cause: the row also
 // keeps the start of cause's message, up to 255 bytes, until the next
 // acquisition, for the callers of Runner.Do that waited for the job, which
-// get it as their SharedJobError's Message, in this process or another.
-func (r *Repository) releaseFailed(ctx context.Context, l Lease, cause error) error {
+// get it as their SharedJobError's Message, in this process or another;
+// and end, how the generation ended (backend.EndFailed, ...), as its
+// end_cause.
+func (r *Repository) releaseFailed(ctx context.Context, l Lease, end string, cause error) error {
 	if cause == nil {
 		return invalidf("release %q: the failure is nil", l.TargetID)
 	}
-	return r.release(ctx, l, backend.ReleaseFailed, failureText(cause))
+	return r.release(ctx, l, backend.ReleaseFailed, failureText(cause), end)
 }
 
 // release releases l with op, Release or ReleaseFailed, whose own
@@ -637,14 +639,24 @@ func (r *Repository) release(ctx context.Context, l Lease, op backend.Own, args 
 // passed, the hold reads as released, not expired. d must be greater than
 // zero. When l is no longer the caller's, Hold changes nothing and returns
 // an error wrapping ErrLeaseLost.
+//
+// The hold ends l's generation in its history (WithHistory): the row
+// records "saved" as its end cause when the generation saved a result,
+// "released" otherwise.
 func (r *Repository) Hold(ctx context.Context, l Lease, d time.Duration) error {
+	return r.hold(ctx, l, d, nil, nil)
+}
+
+// hold is Hold, recording end as the end cause (nil: as Hold does) and
+// failure as the row's failure (nil for none).
+func (r *Repository) hold(ctx context.Context, l Lease, d time.Duration, end, failure *string) error {
 	if err := l.check(); err != nil {
 		return err
 	}
 	if d <= 0 {
 		return invalidf("hold %q: duration must be > 0, got %v", l.TargetID, d)
 	}
-	n, err := r.updateOwn(ctx, backend.HoldFor, l.row(), backend.TimeoutMillis(d))
+	n, err := r.updateOwn(ctx, backend.HoldFor, l.row(), backend.TimeoutMillis(d), nullText(end), nullText(failure))
 	if err != nil {
 		return wrapf(err, "hold %q", l.TargetID)
 	}
@@ -652,6 +664,14 @@ func (r *Repository) Hold(ctx context.Context, l Lease, d time.Duration) error {
 		return wrapf(ErrLeaseLost, "hold %q", l.TargetID)
 	}
 	return nil
+}
+
+// nullText is s as a statement's argument: NULL when nil.
+func nullText(s *string) any {
+	if s == nil {
+		return nil
+	}
+	return *s
 }
 
 // updateOwn runs op on l's own row and returns the number of rows it

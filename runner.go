@@ -157,7 +157,7 @@ func (r *Runner[T]) run(ctx context.Context, targetID string,
 	returned := false
 	defer func() {
 		if !returned {
-			_ = r.releaseAfter(ctx, lease, sent, wrapf(errWorkExited, "run %q", targetID))
+			_ = r.releaseAfter(ctx, lease, sent, backend.EndFailed, wrapf(errWorkExited, "run %q", targetID))
 		}
 	}()
 	result, err := r.hold(ctx, lease, sent, work, save)
@@ -195,18 +195,22 @@ func (r *Runner[T]) hold(ctx context.Context, lease Lease, sent time.Time,
 	switch cause := context.Cause(workCtx); {
 	case errors.Is(cause, ErrLeaseLost), errors.Is(cause, ErrMaxHoldExceeded):
 		r.lost(ctx, lease, sent, cause)
-		return zero, r.releaseAfter(ctx, lease, sent, cause)
+		end := backend.EndLost
+		if errors.Is(cause, ErrMaxHoldExceeded) {
+			end = backend.EndMaxHold
+		}
+		return zero, r.releaseAfter(ctx, lease, sent, end, cause)
 	case errors.Is(cause, ErrStopRequested):
 		r.stopped(ctx, lease, sent, cause)
-		return zero, r.releaseAfter(ctx, lease, sent, cause)
+		return zero, r.releaseAfter(ctx, lease, sent, backend.EndStopped, cause)
 	case cause != nil:
-		return zero, r.releaseAfter(ctx, lease, sent, wrapf(cause, "run %q", targetID))
+		return zero, r.releaseAfter(ctx, lease, sent, backend.EndCancelled, wrapf(cause, "run %q", targetID))
 	case workErr != nil:
 		if _, panicked := workErr.(*PanicError); panicked {
 			// the panic says "work panicked"
-			return zero, r.releaseAfter(ctx, lease, sent, wrapf(workErr, "run %q", targetID))
+			return zero, r.releaseAfter(ctx, lease, sent, backend.EndPanic, wrapf(workErr, "run %q", targetID))
 		}
-		return zero, r.releaseAfter(ctx, lease, sent,
+		return zero, r.releaseAfter(ctx, lease, sent, backend.EndFailed,
 			&WorkError{Step: "work", Target: targetID, Generation: lease.Generation, Err: workErr})
 	}
 
@@ -261,7 +265,7 @@ func (e *commitTimeoutError) Unwrap() error { return context.DeadlineExceeded }
 // releasing then), and wakes the target's waiters.
 func (r *Runner[T]) saved(ctx context.Context, lease Lease, sent time.Time) commitOutcome {
 	if r.holdLeft(sent) > 0 {
-		r.holdFor(ctx, lease, sent)
+		r.holdFor(ctx, lease, sent, backend.EndSaved, nil)
 	}
 	r.wake(lease)
 	return commitSaved
@@ -277,17 +281,23 @@ func (r *Runner[T]) holdLeft(sent time.Time) time.Duration {
 }
 
 // holdFor keeps lease held for the rest of its minimum hold, in place of
-// its release, on a context that survives ctx's cancellation. When that
-// fails the lease stays held until its timeout: longer, never shorter.
-// It reports whether the lease is held so.
-func (r *Runner[T]) holdFor(ctx context.Context, lease Lease, sent time.Time) bool {
+// its release, on a context that survives ctx's cancellation, recording
+// end as how its generation ended and runErr (nil for none) as its
+// failure. When that fails the lease stays held until its timeout: longer,
+// never shorter. It reports whether the lease is held so.
+func (r *Runner[T]) holdFor(ctx context.Context, lease Lease, sent time.Time, end string, runErr error) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.operationTimeout)
 	defer cancel()
 	hold := r.holdLeft(sent)
 	if hold <= 0 {
 		return false
 	}
-	err := r.repo.Hold(ctx, lease, hold)
+	var failure *string
+	if runErr != nil {
+		text := failureText(runErr)
+		failure = &text
+	}
+	err := r.repo.hold(ctx, lease, hold, &end, failure)
 	switch {
 	case err == nil:
 		r.mon.logLease(ctx, slog.LevelDebug, "gormlease: lease held for the rest of its minimum hold", lease,
@@ -335,7 +345,7 @@ func (r *Runner[T]) commitFailed(ctx context.Context, lease Lease, sent, failed 
 			}
 			// Nothing saved, and the lease is still the Run's.
 			if err = nothingSaved(lease, unknown); !release {
-				return commitFailed, r.releaseAfter(ctx, lease, sent, err)
+				return commitFailed, r.releaseAfter(ctx, lease, sent, commitEnd(ctx, err), err)
 			}
 			settled = true
 		case errors.Is(err, ErrLeaseLost) && settled:
@@ -351,11 +361,11 @@ func (r *Runner[T]) commitFailed(ctx context.Context, lease Lease, sent, failed 
 		case !endedBeforeCommit(err):
 			// The transaction was rolled back: the lease is still ours, or
 			// already gone, and releasing is safe.
-			return commitFailed, r.releaseAfter(ctx, lease, sent, err)
+			return commitFailed, r.releaseAfter(ctx, lease, sent, commitEnd(ctx, err), err)
 		}
 		attempt++
 		if attempt > commitAttempts || time.Since(failed) >= r.cfg.reconnect() || !pause.Wait(ctx) {
-			return commitFailed, r.releaseAfter(ctx, lease, sent, err)
+			return commitFailed, r.releaseAfter(ctx, lease, sent, commitEnd(ctx, err), err)
 		}
 		r.mon.logLease(ctx, slog.LevelDebug, "gormlease: fenced commit ended without saving, committing again", lease,
 			slog.Any("reason", err))
@@ -387,17 +397,18 @@ func checkCall[T any](ctx context.Context, targetID string,
 	return checkTargetID(targetID)
 }
 
-// releaseAfter releases lease after Run failed with runErr, and returns
+// releaseAfter releases lease after Run failed with runErr, recording end
+// (backend.EndFailed, ...) as how its generation ended, and returns
 // runErr, with the release's own error added when that failed for a reason
 // other than the lease being gone already.
-func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, sent time.Time, runErr error) error {
+func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, sent time.Time, end string, runErr error) error {
 	// A holder asked to stop gives the lease up at once, minimum hold or
 	// not, so that another can take over.
 	stopped := errors.Is(runErr, ErrStopRequested)
-	if !stopped && r.holdLeft(sent) > 0 && r.holdFor(ctx, lease, sent) {
+	if !stopped && r.holdLeft(sent) > 0 && r.holdFor(ctx, lease, sent, end, runErr) {
 		return runErr // held for the rest of the minimum hold instead
 	}
-	err := r.releaseFailed(ctx, lease, runErr)
+	err := r.releaseFailed(ctx, lease, end, runErr)
 	if err == nil {
 		r.wake(lease)
 	}
@@ -418,18 +429,31 @@ func (r *Runner[T]) releaseAfter(ctx context.Context, lease Lease, sent time.Tim
 // held would keep the target from everyone until it timed out. A release
 // whose answer was lost and that did release is found so by the next
 // attempt, which then reports the lease gone.
-func (r *Runner[T]) releaseFailed(ctx context.Context, lease Lease, runErr error) error {
+func (r *Runner[T]) releaseFailed(ctx context.Context, lease Lease, end string, runErr error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(r.cfg.operationTimeout, r.cfg.reconnect()))
 	defer cancel()
 	b := backend.ReconnectBackoff()
 	for {
 		actx, acancel := context.WithTimeout(ctx, r.cfg.operationTimeout)
-		err := r.repo.releaseFailed(actx, lease, runErr)
+		err := r.repo.releaseFailed(actx, lease, end, runErr)
 		acancel()
 		if err == nil || !backend.Unreachable(err) || !b.Wait(ctx) {
 			return err
 		}
 	}
+}
+
+// commitEnd is how a generation whose fenced commit failed with err ended:
+// by a panic of the saver, the caller's context, or the save's failure.
+func commitEnd(ctx context.Context, err error) string {
+	var panicked *PanicError
+	switch {
+	case errors.As(err, &panicked):
+		return backend.EndPanic
+	case ctx.Err() != nil:
+		return backend.EndCancelled
+	}
+	return backend.EndSaveFailed
 }
 
 // nothingSaved is Run's error after a COMMIT that got no answer was settled

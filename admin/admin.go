@@ -50,12 +50,15 @@ const maxOperatorLength = 255
 
 // As returns an Operator on the same Repository that records name as the
 // operator of its actions: Pause records it in the rows' paused_by
-// (gormlease.JobLease.PausedBy, LeaseInfo.PausedBy) and Resume clears it
-// with the pause; RequestStop and RequestStopSlot record it in stop_by
-// (JobLease.StopBy, LeaseInfo.StopBy); ForceRelease and ForceReleaseSlot
-// write the failure "released by force by operator NAME" (cut to the 255
-// bytes that the column holds) instead of "released by force by an
-// operator". An Operator made by New records no name (NULL), and o itself
+// (gormlease.JobLease.PausedBy, LeaseInfo.PausedBy) and Resume replaces
+// it with its own as it clears the pause (LeaseInfo.PausedBy is empty once
+// the row is not paused); RequestStop and RequestStopSlot record it in
+// stop_by (JobLease.StopBy, LeaseInfo.StopBy); ForceRelease and
+// ForceReleaseSlot record it in ended_by (JobLease.EndedBy) and write the
+// failure "released by force by operator NAME" (cut to the 255 bytes that
+// the column holds) instead of "released by force by an operator". The
+// history (gormlease.WithHistory) carries these names as its events'
+// operators. An Operator made by New records no name (NULL), and o itself
 // is unchanged. name must be 1 to 255 bytes of valid UTF-8 without NUL:
 // otherwise every method of the returned Operator returns an error
 // wrapping gormlease.ErrInvalidArgument and writes nothing (Waiters a zero

@@ -17,7 +17,7 @@ import (
 )
 
 // An Operator made by As records its operator: Pause in paused_by (and a
-// pause again without a name clears it; Resume clears it with the pause),
+// pause again without a name clears it; Resume replaces it with its own),
 // RequestStop and RequestStopSlot in stop_by, ForceRelease and
 // ForceReleaseSlot in the failure; List reads them back. The Operator it
 // was made from records none.
@@ -49,8 +49,18 @@ func TestOperatorAs_RecordsTheOperator(t *testing.T) {
 		require.NoError(t, op.Resume(ctx, target))
 		row = testkit.LeaseRow(t, db, target)
 		assert.Nil(t, row.PausedAt)
-		assert.Nil(t, row.PausedBy, "Resume clears the operator")
+		assert.Nil(t, row.PausedBy, "a Resume without a name records none")
 		assert.Empty(t, info(target).PausedBy)
+		require.NoError(t, alice.Pause(ctx, target, "deploy"))
+		require.NoError(t, op.As("bob").Resume(ctx, target))
+		row = testkit.LeaseRow(t, db, target)
+		assert.Nil(t, row.PausedAt)
+		if assert.NotNil(t, row.PausedBy) {
+			assert.Equal(t, "bob", *row.PausedBy, "Resume records who resumed, in place of who paused")
+		}
+		assert.Empty(t, info(target).PausedBy, "a row not paused shows no PausedBy")
+		require.NoError(t, op.As("carol").Resume(ctx, target))
+		assert.Equal(t, "bob", *testkit.LeaseRow(t, db, target).PausedBy, "a Resume of a row not paused records no one")
 
 		require.NoError(t, op.As("bob").RequestStop(ctx, target, "runaway"))
 		row = testkit.LeaseRow(t, db, target)

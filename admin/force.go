@@ -36,7 +36,8 @@ func forcedFailure(by string) string {
 // NAME" from an Operator made by As (the Message of the
 // *gormlease.SharedJobError that callers of Runner.Do waiting for the job
 // get), so that the holder's later heartbeat, fenced commit and release
-// fail with gormlease.ErrLeaseLost. The row is kept, and a pause stays. On
+// fail with gormlease.ErrLeaseLost. The row records "forced" as its
+// EndCause and the operator as its EndedBy. The row is kept, and a pause stays. On
 // a semaphore (WithSlots) it ends every slot's lease that is not released,
 // in the same statement. It returns the row as it left it (the target's
 // own, or else the lowest slot's it ended, whose TargetID is that row's
@@ -101,7 +102,7 @@ func forceRelease(ctx context.Context, r ops.Repository, by, step string, keys [
 	}
 	var rows []backend.Row
 	err = r.Retry(ctx, func(ctx context.Context) (err error) {
-		rows, err = r.Backend.ForceRelease(ctx, r.DB, keys, token, forcedFailure(by))
+		rows, err = r.Backend.ForceRelease(ctx, r.DB, keys, token, forcedFailure(by), by)
 		return err
 	})
 	switch {

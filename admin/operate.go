@@ -81,8 +81,10 @@ func (o *Operator) Pause(ctx context.Context, targetID, reason string) error {
 
 // Resume lets targetID, and its slots, be acquired again, and wakes those
 // that wait for it: at once in this process, and within their poll, or by
-// notification on PostgreSQL, in others. It clears the pause's time,
-// reason and operator from the rows. Resuming a target that is not
+// notification on PostgreSQL, in others. It clears the pause's time and
+// reason from the rows, and records the operator who resumed (see As) in
+// place of the one who paused (the history's resumed event reads it; the
+// LeaseInfo of a row not paused shows no PausedBy). Resuming a target that is not
 // paused is not an error; the rows are written all the same, so that a nil
 // return means the resume is as durable as any write.
 func (o *Operator) Resume(ctx context.Context, targetID string) error {
@@ -95,7 +97,7 @@ func (o *Operator) Resume(ctx context.Context, targetID string) error {
 	}
 	keys := operatedKeys(targetID)
 	err = r.Retry(ctx, func(ctx context.Context) error {
-		_, err := r.Backend.Resume(ctx, r.DB, keys)
+		_, err := r.Backend.Resume(ctx, r.DB, keys, o.name)
 		return err
 	})
 	if err != nil {

@@ -131,26 +131,46 @@ func openPool(ctx context.Context, dsn string, conns int, c *counter) (*pgxpool.
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
+// historyName names gormlease on tables that keep a history.
+const historyName = "gormlease, with history"
+
 // newGormlease is gormlease: Repository steps for try, Runner.Run for job.
 func newGormlease(dsn string, conns int) (*impl, error) {
+	return newGormleaseOn(dsn, conns, "gormlease", "job_lease")
+}
+
+// newGormleaseHistory is gormlease on historyTables, which keep a history
+// (gormlease.WithHistory): the same Runner and Repository, given no
+// history option, whose statements' triggers write the events.
+func newGormleaseHistory(dsn string, conns int) (*impl, error) {
+	return newGormleaseOn(dsn, conns, historyName, "hist_lease", historyTables)
+}
+
+// newGormleaseOn is gormlease, called name, on the lease table lease that
+// tables name (the default tables without any).
+func newGormleaseOn(dsn string, conns int, name, lease string, tables ...gormlease.TableOption) (*impl, error) {
 	c := &counter{}
 	db, sqlDB, err := openGorm(dsn, conns, c)
 	if err != nil {
 		return nil, err
 	}
-	repo, err := gormlease.NewRepository(db)
+	var repoOpts []gormlease.RepositoryOption
+	runOpts := []gormlease.Option{gormlease.WithLeaseTimeout(leaseTimeout), gormlease.WithHeartbeatInterval(5 * time.Second)}
+	for _, t := range tables {
+		repoOpts, runOpts = append(repoOpts, t), append(runOpts, t)
+	}
+	repo, err := gormlease.NewRepository(db, repoOpts...)
 	if err != nil {
 		return nil, err
 	}
-	runner, err := gormlease.NewRunner[string](db, gormlease.WithLeaseTimeout(leaseTimeout),
-		gormlease.WithHeartbeatInterval(5*time.Second))
+	runner, err := gormlease.NewRunner[string](db, runOpts...)
 	if err != nil {
 		return nil, err
 	}
 	return &impl{
-		name:  "gormlease",
+		name:  name,
 		stmts: c,
-		rowOf: "FROM job_lease WHERE target_id = $1",
+		rowOf: "FROM " + lease + " WHERE target_id = $1",
 		try: func(ctx context.Context, target string) (func(context.Context) error, bool, error) {
 			l, err := repo.Acquire(ctx, target, leaseTimeout)
 			if errors.Is(err, gormlease.ErrLeaseHeld) {

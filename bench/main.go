@@ -362,6 +362,9 @@ func (b *bench) createTables(ctx context.Context, name string) error {
 		if err := autoMigrate(ctx, db); err != nil {
 			return err
 		}
+		if err := autoMigrateHistory(ctx, db); err != nil {
+			return err
+		}
 		if err := db.Exec(rawTable).Error; err != nil {
 			return err
 		}
@@ -480,6 +483,7 @@ func (b *bench) lockScenarios(ctx context.Context) error {
 	const conns = 34
 	makers := []maker{
 		func() (*impl, error) { return newGormlease(b.dsn, conns) },
+		func() (*impl, error) { return newGormleaseHistory(b.dsn, conns) },
 		func() (*impl, error) { return newPlain(ctx, b.dsn, conns) },
 		func() (*impl, error) { return newPlainGorm(b.dsn, conns, true) },
 		func() (*impl, error) { return newPlainGorm(b.dsn, conns, false) },

@@ -33,6 +33,8 @@ UPDATE raw_lease AS l SET
 	acquired_at = clock_timestamp(),
 	released_at = NULL,
 	failure     = NULL,
+	end_cause   = NULL,
+	ended_by    = NULL,
 	waiting     = false,
 	timeout_ms  = CAST($6 AS bigint)
 WHERE l.target_id = CAST($1 AS varchar)
@@ -53,8 +55,8 @@ SELECT COALESCE((SELECT generation FROM took), (SELECT generation FROM ins)), cu
 	CAST(EXTRACT(EPOCH FROM cur.age) AS double precision), cur.micros, COALESCE(cur.paused, false), cur.pause_reason,
 	CAST(EXTRACT(EPOCH FROM cur.held) AS double precision), COALESCE(cur.minhold, false)
 FROM (VALUES (1)) AS one (x) LEFT JOIN cur ON true`
-	rawRelease     = `UPDATE raw_lease SET released_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
-	rawSaveRelease = `UPDATE raw_lease SET released_at = clock_timestamp(), saved_generation = generation, saved_at = clock_timestamp() WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
+	rawRelease     = `UPDATE raw_lease SET released_at = clock_timestamp(), end_cause = CASE WHEN saved_generation = generation THEN 'saved' ELSE 'released' END WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
+	rawSaveRelease = `UPDATE raw_lease SET released_at = clock_timestamp(), saved_generation = generation, saved_at = clock_timestamp(), end_cause = 'saved' WHERE target_id = $1 AND lease_token = $2 AND released_at IS NULL RETURNING CASE WHEN waiting THEN pg_notify('gormlease', 'raw_lease ' || target_id) END`
 	rawTable       = `CREATE TABLE raw_lease (LIKE job_lease INCLUDING ALL) WITH (fillfactor = 80)`
 	rawFloorTable  = `CREATE TABLE raw_lease_floor (LIKE job_lease_floor INCLUDING ALL)`
 )

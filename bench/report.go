@@ -151,6 +151,14 @@ func (b *bench) goals() []goal {
 		add("queries (round trips) per full job (saver: 1 statement), 1 worker", "≤ 1 + 5", j.StmtPerOp, "%.2f", j.StmtPerOp <= 6)
 		add("WAL flushes (pg_stat_wal wal_sync) per full job, 1 worker, least of 3 points", "≤ 2", j.WALSyncOp, "%.2f", j.WALSyncOp <= 2)
 	}
+	if r := b.ratio("full job", historyName, me, 8); r > 0 {
+		add("full job with history (WithHistory's triggers) vs without, 8 workers", "≥ 0.85×", r, "%.2f×", r >= 0.85)
+		reference("full job with history vs without, 1 worker", b.ratio("full job", historyName, me, 1))
+		reference("acquire+release with history vs without, 8 workers", b.ratio("acquire+release", historyName, me, 8))
+	}
+	if j, ok := b.find("full job", historyName, 1); ok {
+		add("queries (round trips) per full job with history, 1 worker", "as without: ≤ 1 + 5", j.StmtPerOp, "%.2f", j.StmtPerOp <= 6)
+	}
 	r = b.ratio(contendedScenario, me, plain, 32)
 	add("contended attempts/s vs a plain-SQL lease's upsert, 32 workers", "≥ 5×", r, "%.2f×", r >= 5)
 	for _, w := range []int{1, 8, 32} {

@@ -67,7 +67,7 @@
 // bad input gets 400. Each action, done or refused, is logged through
 // log/slog with its target and reason, and the operator's name
 // (WithIdentity), which a pause, a stop and a release also record in the
-// rows (a resume clears the pause's).
+// rows (a resume records its own in place of the pause's).
 //
 // An action must match the target's state when it is posted: a pause of
 // a paused target, a resume of one not paused, a stop or release of a

@@ -42,7 +42,8 @@
 -- generation, so it needs no clearing.
 --
 -- paused_at and pause_reason record an operator's Repository.Pause: while
--- paused_at is set, no acquisition takes the row (Resume clears both).
+-- paused_at is set, no acquisition takes the row (Resume clears both, and
+-- writes who resumed into paused_by).
 -- stop_generation and stop_reason record Repository.RequestStop: the holder
 -- of that generation stops at its next heartbeat; a later acquisition raises
 -- the generation, so a request never applies to a later lease.
@@ -135,3 +136,99 @@ CREATE TABLE IF NOT EXISTS job_lease_event (
 	PRIMARY KEY (target_id, seq),
 	KEY job_lease_event_at (at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- The triggers that write the events, each in the statement that makes the
+-- change it records (docs/design.md, section History). MySQL has no WHEN
+-- clause: the first IF of the trigger on UPDATE lets a heartbeat, which
+-- changes only updated_at, through. Creating them needs the TRIGGER
+-- privilege and, with binary logging on, SUPER or
+-- log_bin_trust_function_creators=1 (docs/operating.md, section History).
+-- Their bodies hold semicolons: the mysql client needs the DELIMITER lines.
+-- To stop keeping history:
+--   DROP TRIGGER job_lease_history_update; DROP TRIGGER job_lease_history_insert;
+DELIMITER //
+CREATE TRIGGER job_lease_history_insert AFTER INSERT ON job_lease FOR EACH ROW
+BEGIN
+	IF NEW.released_at IS NULL THEN
+		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how)
+		SELECT NEW.target_id, COALESCE(MAX(seq), 0) + 1, UTC_TIMESTAMP(6), 'acquired', NEW.generation, NEW.holder, 'new'
+		FROM job_lease_event WHERE target_id = NEW.target_id;
+	END IF;
+END
+//
+CREATE TRIGGER job_lease_history_update AFTER UPDATE ON job_lease FOR EACH ROW
+BEGIN
+	DECLARE v_seq BIGINT;
+	DECLARE v_how VARCHAR(16);
+	DECLARE v_live BOOLEAN;
+	IF NEW.generation <> OLD.generation
+		OR NOT (NEW.released_at <=> OLD.released_at)
+		OR NOT (NEW.saved_at <=> OLD.saved_at)
+		OR NOT (NEW.hold_generation <=> OLD.hold_generation)
+		OR NOT (NEW.paused_at <=> OLD.paused_at)
+		OR NOT (NEW.pause_reason <=> OLD.pause_reason)
+		OR NOT (NEW.paused_by <=> OLD.paused_by)
+		OR NOT (NEW.stop_generation <=> OLD.stop_generation)
+		OR NOT (NEW.stop_reason <=> OLD.stop_reason)
+		OR NOT (NEW.stop_by <=> OLD.stop_by) THEN
+		SELECT COALESCE(MAX(seq), 0) INTO v_seq FROM job_lease_event WHERE target_id = NEW.target_id;
+		IF NEW.generation <> OLD.generation AND NEW.released_at IS NULL THEN
+			SET v_live = OLD.timeout_ms IS NOT NULL
+				AND OLD.updated_at >= UTC_TIMESTAMP(6) - INTERVAL OLD.timeout_ms * 1000 MICROSECOND;
+			SET v_how = CASE WHEN OLD.lease_token = '00000000-0000-0000-0000-000000000000' THEN 'new'
+				WHEN OLD.released_at IS NOT NULL THEN 'released'
+				WHEN v_live THEN 'seized'
+				WHEN OLD.hold_generation = OLD.generation THEN 'released'
+				ELSE 'expired' END;
+			IF OLD.released_at IS NULL AND NOT (OLD.hold_generation <=> OLD.generation) THEN
+				SET v_seq = v_seq + 1;
+				INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, acquired_at)
+				VALUES (NEW.target_id, v_seq, UTC_TIMESTAMP(6), 'ended', OLD.generation, OLD.holder, v_how, OLD.acquired_at);
+			END IF;
+			SET v_seq = v_seq + 1;
+			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, from_generation)
+			VALUES (NEW.target_id, v_seq, UTC_TIMESTAMP(6), 'acquired', NEW.generation, NEW.holder, v_how,
+				CASE WHEN v_how <> 'new' THEN OLD.generation END);
+		END IF;
+		IF NEW.released_at IS NULL AND NEW.generation = OLD.generation AND NEW.saved_generation = NEW.generation
+			AND NOT (NEW.saved_at <=> OLD.saved_at) THEN
+			SET v_seq = v_seq + 1;
+			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder)
+			VALUES (NEW.target_id, v_seq, UTC_TIMESTAMP(6), 'saved', NEW.generation, NEW.holder);
+		END IF;
+		IF NEW.released_at IS NULL AND NEW.generation = OLD.generation AND NEW.hold_generation = NEW.generation
+			AND NOT (OLD.hold_generation <=> OLD.generation) THEN
+			SET v_seq = v_seq + 1;
+			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, acquired_at, detail)
+			VALUES (NEW.target_id, v_seq, UTC_TIMESTAMP(6), 'ended', NEW.generation, NEW.holder, COALESCE(NEW.end_cause, 'released'),
+				NEW.acquired_at, NEW.failure);
+		END IF;
+		IF OLD.released_at IS NULL AND NEW.released_at IS NOT NULL AND NOT (OLD.hold_generation <=> OLD.generation) THEN
+			SET v_seq = v_seq + 1;
+			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, acquired_at, operator, detail)
+			VALUES (NEW.target_id, v_seq, UTC_TIMESTAMP(6), 'ended', OLD.generation, OLD.holder,
+				COALESCE(NEW.end_cause, CASE WHEN NEW.failure IS NOT NULL THEN 'failed'
+					WHEN NEW.saved_generation = OLD.generation THEN 'saved' ELSE 'released' END),
+				OLD.acquired_at, NEW.ended_by, NEW.failure);
+		END IF;
+		IF NEW.paused_at IS NOT NULL AND (OLD.paused_at IS NULL OR NOT (NEW.pause_reason <=> OLD.pause_reason)
+			OR NOT (NEW.paused_by <=> OLD.paused_by)) THEN
+			SET v_seq = v_seq + 1;
+			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, operator, detail)
+			VALUES (NEW.target_id, v_seq, UTC_TIMESTAMP(6), 'paused', NEW.generation, NEW.holder, NEW.paused_by, NEW.pause_reason);
+		ELSEIF OLD.paused_at IS NOT NULL AND NEW.paused_at IS NULL THEN
+			SET v_seq = v_seq + 1;
+			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, operator)
+			VALUES (NEW.target_id, v_seq, UTC_TIMESTAMP(6), 'resumed', NEW.generation, NEW.holder, NEW.paused_by);
+		END IF;
+		IF NEW.stop_generation = NEW.generation AND (NOT (OLD.stop_generation <=> NEW.stop_generation)
+			OR NOT (NEW.stop_reason <=> OLD.stop_reason) OR NOT (NEW.stop_by <=> OLD.stop_by)) THEN
+			SET v_seq = v_seq + 1;
+			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, operator, detail)
+			VALUES (NEW.target_id, v_seq, UTC_TIMESTAMP(6), 'stop_requested', NEW.stop_generation, NEW.holder, NEW.stop_by,
+				NEW.stop_reason);
+		END IF;
+	END IF;
+END
+//
+DELIMITER ;

@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS job_lease (
 -- as released, not expired, once that hold has passed. A later acquisition
 -- raises the generation, so it needs no clearing. paused_at and
 -- pause_reason record an operator's Repository.Pause: while paused_at is set,
--- no acquisition takes the row (Resume clears both). stop_generation and
+-- no acquisition takes the row (Resume clears both, and writes who resumed
+-- into paused_by). stop_generation and
 -- stop_reason record Repository.RequestStop: the holder of that generation
 -- stops at its next heartbeat; a later acquisition raises the generation, so
 -- a request never applies to a later lease. acquired_at is the database time
@@ -119,3 +120,117 @@ CREATE TABLE IF NOT EXISTS job_lease_event (
 	PRIMARY KEY (target_id, seq)
 );
 CREATE INDEX IF NOT EXISTS job_lease_event_at ON job_lease_event (at);
+
+-- event_seq is the seq of the row's last event, which the trigger on UPDATE
+-- advances in the row it writes, so that it numbers an event without reading
+-- the event table; NULL until then. Do not change it by hand.
+ALTER TABLE job_lease ADD COLUMN IF NOT EXISTS event_seq bigint;
+
+-- job_lease_history_new() writes the acquired event of a row that an acquire
+-- inserts, numbered 1 + the target's last seq. job_lease_history() writes, in
+-- a statement that changes a row, before the row is written and under its
+-- lock, the events of the change: an acquisition (new, released, expired or
+-- seized, with the ended event of an unreleased lease taken over first), the
+-- end of a generation (its cause from end_cause, written by the statement that
+-- ends it), a fenced save, a minimum hold, a pause, a resume and a stop request.
+CREATE OR REPLACE FUNCTION job_lease_history_new() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how)
+	SELECT NEW.target_id, COALESCE(max(e.seq), 0) + 1, clock_timestamp(), 'acquired', NEW.generation, NEW.holder, 'new'
+	FROM job_lease_event e WHERE e.target_id = NEW.target_id;
+	RETURN NULL;
+END
+$$;
+CREATE OR REPLACE FUNCTION job_lease_history() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+	n     bigint := OLD.event_seq;
+	v_how varchar(16);
+BEGIN
+	IF n IS NULL THEN
+		SELECT COALESCE(max(e.seq), 0) INTO n FROM job_lease_event e WHERE e.target_id = NEW.target_id;
+	END IF;
+	IF NEW.generation <> OLD.generation AND NEW.released_at IS NULL THEN
+		v_how := CASE WHEN OLD.lease_token = '00000000-0000-0000-0000-000000000000' THEN 'new'
+			WHEN OLD.released_at IS NOT NULL THEN 'released'
+			WHEN OLD.timeout_ms IS NOT NULL
+				AND OLD.updated_at >= clock_timestamp() - OLD.timeout_ms * interval '1 millisecond' THEN 'seized'
+			WHEN OLD.hold_generation = OLD.generation THEN 'released'
+			ELSE 'expired' END;
+		IF OLD.released_at IS NULL AND OLD.hold_generation IS DISTINCT FROM OLD.generation THEN
+			n := n + 1;
+			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, acquired_at)
+			VALUES (NEW.target_id, n, clock_timestamp(), 'ended', OLD.generation, OLD.holder, v_how, OLD.acquired_at);
+		END IF;
+		n := n + 1;
+		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, from_generation)
+		VALUES (NEW.target_id, n, clock_timestamp(), 'acquired', NEW.generation, NEW.holder, v_how,
+			CASE WHEN v_how <> 'new' THEN OLD.generation END);
+		NEW.event_seq := n;
+		RETURN NEW;
+	END IF;
+	IF OLD.released_at IS NULL AND NEW.released_at IS NOT NULL AND OLD.hold_generation IS DISTINCT FROM OLD.generation THEN
+		n := n + 1;
+		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, acquired_at, operator, detail)
+		VALUES (NEW.target_id, n, clock_timestamp(), 'ended', OLD.generation, OLD.holder,
+			COALESCE(NEW.end_cause, CASE WHEN NEW.failure IS NOT NULL THEN 'failed'
+				WHEN NEW.saved_generation = OLD.generation THEN 'saved' ELSE 'released' END),
+			OLD.acquired_at, NEW.ended_by, NEW.failure);
+		NEW.event_seq := n;
+		RETURN NEW;
+	END IF;
+	IF NEW.released_at IS NULL AND NEW.generation = OLD.generation AND NEW.saved_generation = NEW.generation
+		AND NEW.saved_at IS DISTINCT FROM OLD.saved_at THEN
+		n := n + 1;
+		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder)
+		VALUES (NEW.target_id, n, clock_timestamp(), 'saved', NEW.generation, NEW.holder);
+	END IF;
+	IF NEW.released_at IS NULL AND NEW.generation = OLD.generation AND NEW.hold_generation = NEW.generation
+		AND OLD.hold_generation IS DISTINCT FROM OLD.generation THEN
+		n := n + 1;
+		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, acquired_at, detail)
+		VALUES (NEW.target_id, n, clock_timestamp(), 'ended', NEW.generation, NEW.holder, COALESCE(NEW.end_cause, 'released'),
+			NEW.acquired_at, NEW.failure);
+	END IF;
+	IF NEW.paused_at IS NOT NULL AND (OLD.paused_at IS NULL OR NEW.pause_reason IS DISTINCT FROM OLD.pause_reason
+		OR NEW.paused_by IS DISTINCT FROM OLD.paused_by) THEN
+		n := n + 1;
+		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, operator, detail)
+		VALUES (NEW.target_id, n, clock_timestamp(), 'paused', NEW.generation, NEW.holder, NEW.paused_by, NEW.pause_reason);
+	ELSIF OLD.paused_at IS NOT NULL AND NEW.paused_at IS NULL THEN
+		n := n + 1;
+		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, operator)
+		VALUES (NEW.target_id, n, clock_timestamp(), 'resumed', NEW.generation, NEW.holder, NEW.paused_by);
+	END IF;
+	IF NEW.stop_generation = NEW.generation AND (OLD.stop_generation IS DISTINCT FROM NEW.stop_generation
+		OR NEW.stop_reason IS DISTINCT FROM OLD.stop_reason OR NEW.stop_by IS DISTINCT FROM OLD.stop_by) THEN
+		n := n + 1;
+		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, operator, detail)
+		VALUES (NEW.target_id, n, clock_timestamp(), 'stop_requested', NEW.stop_generation, NEW.holder, NEW.stop_by,
+			NEW.stop_reason);
+	END IF;
+	NEW.event_seq := n;
+	RETURN NEW;
+END
+$$;
+
+-- The triggers, made only when missing. The WHEN clause of the trigger on
+-- UPDATE is checked on the row without calling the function: a heartbeat,
+-- which changes only updated_at, never calls it. To stop keeping history:
+--   DROP TRIGGER job_lease_history_update ON job_lease;
+--   DROP TRIGGER job_lease_history_insert ON job_lease;
+--   DROP FUNCTION job_lease_history(), job_lease_history_new();
+-- (and DROP TABLE job_lease_event to delete the events too).
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_insert') THEN
+		CREATE TRIGGER job_lease_history_insert AFTER INSERT ON job_lease
+		FOR EACH ROW WHEN (NEW.released_at IS NULL) EXECUTE FUNCTION job_lease_history_new();
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_update') THEN
+		CREATE TRIGGER job_lease_history_update BEFORE UPDATE ON job_lease
+		FOR EACH ROW WHEN (NEW.updated_at = OLD.updated_at OR NEW.generation <> OLD.generation
+			OR NEW.hold_generation IS DISTINCT FROM OLD.hold_generation)
+		EXECUTE FUNCTION job_lease_history();
+	END IF;
+END
+$$;

@@ -100,11 +100,12 @@ type Backend interface {
 	// ForceRelease ends the leases of the rows of keys (a target's, or
 	// its slots') that are not released, whoever holds them: in one
 	// transaction each such row gets token, the next generation, its
-	// release time and failure, and the rows that carry token are read
+	// release time and failure, EndForced as its end_cause and by (NULL
+	// when "") as ended_by, and the rows that carry token are read
 	// back. It returns those rows, in no order, none when there was no
 	// lease to end. token is fresh: run again with the same token after
 	// an error, it also returns the rows that an earlier run ended.
-	ForceRelease(ctx context.Context, db *gorm.DB, keys []string, token uuid.UUID, failure string) ([]Row, error)
+	ForceRelease(ctx context.Context, db *gorm.DB, keys []string, token uuid.UUID, failure, by string) ([]Row, error)
 
 	// CommitFenced runs one attempt of the fenced commit f on db, in one
 	// transaction (see Fence): it begins it and locks f.Lease's row,
@@ -200,11 +201,12 @@ type Backend interface {
 	// it has none. A row already paused keeps the time of its pause and
 	// gets the new reason and operator.
 	Pause(ctx context.Context, db *gorm.DB, keys []string, reason, by string) error
-	// Resume clears the pause of the rows of keys, with its reason and
-	// operator, in one statement that notifies their waiters where the
-	// backend can (Capabilities.Notify). It reports how many rows were
-	// paused.
-	Resume(ctx context.Context, db *gorm.DB, keys []string) (int64, error)
+	// Resume clears the pause of the rows of keys, with its reason, in one
+	// statement that notifies their waiters where the backend can
+	// (Capabilities.Notify), and records by (NULL when "") as paused_by in
+	// the rows that were paused: who resumed them, which the history's
+	// resumed event reads. It reports how many rows it wrote.
+	Resume(ctx context.Context, db *gorm.DB, keys []string, by string) (int64, error)
 	// RequestStop records, in one statement, a request to stop in those
 	// rows of keys whose lease is not released: stop_generation becomes
 	// their generation, stop_reason reason and stop_by the operator by
@@ -248,18 +250,24 @@ type Own uint8
 const (
 	// Renew stamps the row with the database's time: a heartbeat.
 	Renew Own = iota
-	// Release marks the row released.
+	// Release marks the row released, with EndSaved as its end_cause when
+	// the generation saved, EndReleased otherwise.
 	Release
-	// ReleaseFailed marks it released, with the failure of the job.
+	// ReleaseFailed marks it released, with its arguments: the failure of
+	// the job, and the end_cause (EndFailed, EndLost, ...).
 	ReleaseFailed
 	// Save records the lease's generation as the saved one (the fenced
 	// commit of CommitIfOwner).
 	Save
-	// SaveRelease records the save and releases the lease, in one
-	// statement that also locks and checks the row (Run's fenced commit).
+	// SaveRelease records the save and releases the lease, with EndSaved
+	// as its end_cause, in one statement that also locks and checks the
+	// row (Run's fenced commit).
 	SaveRelease
-	// HoldFor stamps the row and records its argument, in milliseconds, as
-	// the lease's timeout: the lease stays held, unrenewed, until then.
+	// HoldFor stamps the row and records its first argument, in
+	// milliseconds, as the lease's timeout: the lease stays held,
+	// unrenewed, until then. Its work has ended: the second argument is
+	// the end_cause (nil: as Release records it) and the third the
+	// failure (nil for none).
 	HoldFor
 )
 

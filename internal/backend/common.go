@@ -92,6 +92,27 @@ type Common struct {
 	get    string
 }
 
+// The causes that end_cause records, by which a generation ended: the
+// history's ended events (docs/design.md, section History) carry them as
+// their how.
+const (
+	EndSaved      = "saved"       // a fenced commit saved, and released or held
+	EndReleased   = "released"    // released, nothing saved, no failure
+	EndFailed     = "failed"      // the work returned an error
+	EndSaveFailed = "save_failed" // the saver, or the fenced commit, failed
+	EndLost       = "lost"        // the Run lost its lease, and the release still found the row
+	EndStopped    = "stopped"     // an operator's stop request
+	EndMaxHold    = "max_hold"    // WithMaxHold passed
+	EndPanic      = "panic"       // the work or the saver panicked
+	EndCancelled  = "cancelled"   // the caller's context ended
+	EndForced     = "forced"      // an operator's ForceRelease
+)
+
+// releasedCause is the end_cause of a release that names none: saved
+// when the generation saved a result (CommitIfOwner, then Release),
+// released otherwise.
+const releasedCause = "CASE WHEN saved_generation = generation THEN '" + EndSaved + "' ELSE '" + EndReleased + "' END"
+
 // ownWhere is the condition by which the statements on the caller's own
 // row find it: the target, the caller's token, not released. The fenced
 // commit's statements find it so too.
@@ -100,13 +121,16 @@ const ownWhere = " WHERE target_id = ? AND lease_token = ? AND released_at IS NU
 // NewCommon returns the Common of d for tables t.
 func NewCommon(d Dialect, t Tables) Common {
 	c := Common{d: d, tables: t}
+	// Each statement that ends a generation records how in end_cause
+	// (see EndSaved...), which the history's triggers copy.
 	set := [...]string{
 		Renew:         "updated_at = " + d.Now,
-		Release:       "released_at = " + d.Now,
-		ReleaseFailed: "released_at = " + d.Now + ", failure = ?",
+		Release:       "released_at = " + d.Now + ", end_cause = " + releasedCause,
+		ReleaseFailed: "released_at = " + d.Now + ", failure = ?, end_cause = ?",
 		Save:          "saved_generation = generation, saved_at = " + d.Now,
-		SaveRelease:   "released_at = " + d.Now + ", saved_generation = generation, saved_at = " + d.Now,
-		HoldFor:       "updated_at = " + d.Now + ", timeout_ms = ?, hold_generation = generation",
+		SaveRelease:   "released_at = " + d.Now + ", saved_generation = generation, saved_at = " + d.Now + ", end_cause = '" + EndSaved + "'",
+		HoldFor: "updated_at = " + d.Now + ", timeout_ms = ?, hold_generation = generation, end_cause = COALESCE(?, " + releasedCause +
+			"), failure = ?",
 	}
 	for op, s := range set {
 		suffix := d.Notify
@@ -199,13 +223,16 @@ func ReadSavedWith(ctx context.Context, db *gorm.DB, targetID string,
 // ForceRelease ends the leases of the rows of keys that are not
 // released, in one transaction that also reads back the rows carrying
 // token: those it ended, and those that an earlier run with token ended.
-func (c *Common) ForceRelease(ctx context.Context, db *gorm.DB, keys []string, token uuid.UUID, failure string) ([]Row, error) {
+// It records EndForced as their end_cause, and by ("" for none) as
+// ended_by.
+func (c *Common) ForceRelease(ctx context.Context, db *gorm.DB, keys []string, token uuid.UUID, failure, by string) ([]Row, error) {
 	end := c.d.Rebind("UPDATE " + c.tables.Lease + " SET lease_token = ?, generation = generation + 1," +
-		" released_at = " + c.d.Now + ", failure = ? WHERE " + in(len(keys)) + " AND released_at IS NULL" + c.d.Notify)
+		" released_at = " + c.d.Now + ", failure = ?, end_cause = '" + EndForced + "', ended_by = ?" +
+		" WHERE " + in(len(keys)) + " AND released_at IS NULL" + c.d.Notify)
 	read := c.d.Rebind("SELECT " + RowColumns + " FROM " + c.tables.Lease + " WHERE " + in(len(keys)) + " AND lease_token = ?")
 	var ended []Row
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if _, _, err := Exec(ctx, tx, end, append([]any{token.String(), failure}, keyArgs(keys)...)...); err != nil {
+		if _, _, err := Exec(ctx, tx, end, append([]any{token.String(), failure, nullable(by)}, keyArgs(keys)...)...); err != nil {
 			return err
 		}
 		rows, err := Query(ctx, tx, read, append(keyArgs(keys), token.String())...)
@@ -884,14 +911,18 @@ func (c *Common) lockTarget(ctx context.Context, tx *gorm.DB, targetID string) e
 }
 
 // Resume clears the pause of the rows of keys, and notifies their waiters
-// where the dialect can. It writes every row of keys, paused or not: a
-// Resume sent again after one whose answer was lost then still waits, as
-// any write does, for the synchronous standbys, and does not return nil on
-// an isolated old primary that kept the lost one (PostgreSQL writes a row
-// whose values do not change).
-func (c *Common) Resume(ctx context.Context, db *gorm.DB, keys []string) (int64, error) {
-	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+c.tables.Lease+" SET paused_at = NULL, pause_reason = NULL, paused_by = NULL WHERE "+
-		in(len(keys))+c.d.Notify), keyArgs(keys)...)
+// where the dialect can; in the rows that were paused, it records by ("" for
+// none) as paused_by: who resumed them, for the history (see Backend). It
+// writes every row of keys, paused or not: a Resume sent again after one
+// whose answer was lost then still waits, as any write does, for the
+// synchronous standbys, and does not return nil on an isolated old primary
+// that kept the lost one (PostgreSQL writes a row whose values do not
+// change). paused_by is assigned first: MySQL's later assignments see the
+// earlier ones' values.
+func (c *Common) Resume(ctx context.Context, db *gorm.DB, keys []string, by string) (int64, error) {
+	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+c.tables.Lease+
+		" SET paused_by = CASE WHEN paused_at IS NOT NULL THEN ? ELSE paused_by END, paused_at = NULL, pause_reason = NULL WHERE "+
+		in(len(keys))+c.d.Notify), append([]any{nullable(by)}, keyArgs(keys)...)...)
 	return n, err
 }
 

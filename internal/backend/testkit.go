@@ -16,8 +16,8 @@ import (
 type TestKit interface {
 	// SeizeLease gives l's lease, live or not, to a new holder as a
 	// takeover would: a.Token, the next generation, a.Holder, the
-	// database's time (as the last heartbeat and the acquisition), a.Timeout recorded, the release and the failure
-	// cleared. It changes nothing, and reports false, when the row no
+	// database's time (as the last heartbeat and the acquisition), a.Timeout recorded, the release, the failure
+	// and the end cause cleared. It changes nothing, and reports false, when the row no
 	// longer carries l's token and generation.
 	SeizeLease(ctx context.Context, db *gorm.DB, l Lease, a AcquireArgs) (seized bool, err error)
 	// Backdate moves the last heartbeat of l's own row (its token,
@@ -46,7 +46,8 @@ func NewKit(d Dialect, t Tables, earlier func(col string) string) Kit {
 // generation.
 func (k *Kit) SeizeLease(ctx context.Context, db *gorm.DB, l Lease, a AcquireArgs) (bool, error) {
 	_, n, err := Exec(ctx, db, k.d.Rebind("UPDATE "+k.tables.Lease+" SET lease_token = ?, generation = generation + 1,"+
-		" holder = ?, updated_at = "+k.d.Now+", acquired_at = "+k.d.Now+", released_at = NULL, failure = NULL, timeout_ms = ?"+
+		" holder = ?, updated_at = "+k.d.Now+", acquired_at = "+k.d.Now+", released_at = NULL, failure = NULL,"+
+		" end_cause = NULL, ended_by = NULL, timeout_ms = ?"+
 		" WHERE target_id = ? AND lease_token = ? AND generation = ?"),
 		a.Token.String(), a.Holder, TimeoutMillis(a.Timeout), l.TargetID, l.Token.String(), l.Generation)
 	return n == 1, err

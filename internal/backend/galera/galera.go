@@ -280,13 +280,13 @@ func (b *Backend) HeartbeatBatch(ctx context.Context, db *gorm.DB, leases []back
 // (a pool spread over the nodes may send it to another node than the
 // causal read): on a node behind an acquire made elsewhere, the statement
 // would leave that lease live, the slots' among them.
-func (b *Backend) ForceRelease(ctx context.Context, db *gorm.DB, keys []string, token uuid.UUID, failure string) ([]backend.Row, error) {
+func (b *Backend) ForceRelease(ctx context.Context, db *gorm.DB, keys []string, token uuid.UUID, failure, by string) ([]backend.Row, error) {
 	if err := b.catchUp(ctx, db, keys[0]); err != nil {
 		return nil, err
 	}
 	wait := backend.StatementBackoff()
 	for attempt := 1; ; attempt++ {
-		rows, err := b.Backend.ForceRelease(ctx, db, keys, token, failure)
+		rows, err := b.Backend.ForceRelease(ctx, db, keys, token, failure, by)
 		if err != nil || len(rows) > 0 || attempt >= Attempts || !b.behind(ctx, db, keys[0], held) || !wait.Wait(ctx) {
 			return rows, err
 		}
@@ -305,11 +305,11 @@ func (b *Backend) Pause(ctx context.Context, db *gorm.DB, keys []string, reason,
 // Resume clears the pause once the node has caught up (see catchUp): on a
 // node that had not applied a Pause made elsewhere, the statement would
 // find nothing paused, change nothing, and leave the pause in place.
-func (b *Backend) Resume(ctx context.Context, db *gorm.DB, keys []string) (int64, error) {
+func (b *Backend) Resume(ctx context.Context, db *gorm.DB, keys []string, by string) (int64, error) {
 	if err := b.catchUp(ctx, db, keys[0]); err != nil {
 		return 0, err
 	}
-	return b.Backend.Resume(ctx, db, keys)
+	return b.Backend.Resume(ctx, db, keys, by)
 }
 
 // RequestStop records the request once the node has caught up (see

@@ -24,6 +24,7 @@ type Backend struct {
 	backend.Common
 	backend.Kit
 	lease                                       string
+	tables                                      backend.Tables
 	leaseDDL, resultDDL, takeOverSQL, insertSQL string
 	floorDDL, floorRow, stateSQL, slotSQL       string
 	eventDDL                                    string
@@ -82,6 +83,7 @@ func New(t backend.Tables) *Backend {
 		Common:      backend.NewCommon(d, t),
 		Kit:         backend.NewKit(d, t, func(col string) string { return "(" + col + " - INTERVAL ? MICROSECOND)" }),
 		lease:       t.Lease,
+		tables:      t,
 		leaseDDL:    leaseDDL(t),
 		resultDDL:   t.Expand(resultTable),
 		takeOverSQL: t.Expand(takeOverSQL),
@@ -153,25 +155,6 @@ const (
 
 	floorRow = `INSERT IGNORE INTO job_lease_floor (id, generation) VALUES (1, 0)`
 
-	// eventTable is the history's event table (the optional part of
-	// docs/schema-mysql.sql), keyed by target and seq, with its index by
-	// time, which Prune reads.
-	eventTable = `CREATE TABLE IF NOT EXISTS job_lease_event (
-	target_id       varbinary(255) NOT NULL,
-	seq             bigint NOT NULL,
-	at              datetime(6) NOT NULL,
-	kind            varchar(16) NOT NULL,
-	generation      bigint NOT NULL,
-	holder          varchar(255) NOT NULL DEFAULT '',
-	how             varchar(16) NULL,
-	from_generation bigint NULL,
-	acquired_at     datetime(6) NULL,
-	operator        varchar(255) NULL,
-	detail          varchar(255) NULL,
-	PRIMARY KEY (target_id, seq),
-	KEY job_lease_event_at (at)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
-
 	resultTable = `CREATE TABLE IF NOT EXISTS job_result (
 	target_id  varbinary(255) NOT NULL,
 	data       json NOT NULL,
@@ -188,11 +171,7 @@ func (b *Backend) Migrate(ctx context.Context, db *gorm.DB, history bool) error 
 	if err := CheckTimes(ctx, db); err != nil {
 		return err
 	}
-	ddls := []string{b.leaseDDL, b.resultDDL, b.floorDDL, b.floorRow}
-	if history {
-		ddls = append(ddls, b.eventDDL)
-	}
-	for _, ddl := range ddls {
+	for _, ddl := range []string{b.leaseDDL, b.resultDDL, b.floorDDL, b.floorRow} {
 		if err := db.Exec(ddl).Error; err != nil {
 			return err
 		}
@@ -201,21 +180,20 @@ func (b *Backend) Migrate(ctx context.Context, db *gorm.DB, history bool) error 
 	if err := backend.AddMissingColumns(db, b.lease, addedColumns); err != nil {
 		return err
 	}
-	return addPausedIndex(ctx, db, backend.Tables{Lease: b.lease})
+	if err := addPausedIndex(ctx, db, backend.Tables{Lease: b.lease}); err != nil {
+		return err
+	}
+	if !history {
+		return nil
+	}
+	return b.migrateHistory(ctx, db, b.tables)
 }
 
 // leaseDDL is leaseTable for tables t: the index's name is never
 // qualified by the schema.
 func leaseDDL(t backend.Tables) string {
 	index, _ := t.PausedIndex()
-	return strings.Replace(t.Expand(leaseTable), " KEY "+t.Lease+"_paused ", " KEY "+index+" ", 1)
-}
-
-// eventDDL is eventTable for tables t: the index's name is never
-// qualified by the schema.
-func eventDDL(t backend.Tables) string {
-	index, _ := backend.Unqualified(t.Event() + "_at")
-	return strings.Replace(t.Expand(eventTable), " KEY "+t.Event()+"_at ", " KEY "+index+" ", 1)
+	return strings.Replace(t.Expand(leaseTable), "\tKEY "+t.Lease+"_paused ", "\tKEY "+index+" ", 1)
 }
 
 // addPausedIndex adds the index of the paused rows (job_lease_paused, on
@@ -315,6 +293,8 @@ const takeOverSQL = `UPDATE job_lease SET
 	acquired_at = UTC_TIMESTAMP(6),
 	released_at = NULL,
 	failure     = NULL,
+	end_cause   = NULL,
+	ended_by    = NULL,
 	timeout_ms  = ?
 WHERE target_id = ?
   AND CASE WHEN paused_at IS NULL
@@ -474,6 +454,8 @@ ON DUPLICATE KEY UPDATE
 	acquired_at = IF(` + takenSQL + `, VALUES(acquired_at), job_lease.acquired_at),
 	released_at = IF(` + takenSQL + `, NULL, job_lease.released_at),
 	failure     = IF(` + takenSQL + `, NULL, job_lease.failure),
+	end_cause   = IF(` + takenSQL + `, NULL, job_lease.end_cause),
+	ended_by    = IF(` + takenSQL + `, NULL, job_lease.ended_by),
 	timeout_ms  = IF(` + takenSQL + `, VALUES(timeout_ms), job_lease.timeout_ms)
 RETURNING lease_token, generation, holder,
 	released_at IS NULL AND updated_at >= UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND,
@@ -682,6 +664,8 @@ const slotSQL = `UPDATE job_lease SET
 	acquired_at = UTC_TIMESTAMP(6),
 	released_at = NULL,
 	failure     = NULL,
+	end_cause   = NULL,
+	ended_by    = NULL,
 	timeout_ms  = ?
 WHERE target_id IN (%s) AND slots = ? AND paused_at IS NULL
   AND (released_at IS NOT NULL OR updated_at < UTC_TIMESTAMP(6) - INTERVAL COALESCE(timeout_ms * 1000, ?) MICROSECOND)

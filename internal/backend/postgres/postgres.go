@@ -210,38 +210,11 @@ CREATE TABLE IF NOT EXISTS job_result (
 	updated_at timestamptz  NOT NULL
 );`
 
-// HistorySchema is the DDL of the history, the optional part of
-// docs/schema.sql that AutoMigrate runs with WithHistory: the event table,
-// keyed by target and seq, and its index by time, which Prune reads.
-const HistorySchema = `
-CREATE TABLE IF NOT EXISTS job_lease_event (
-	target_id       varchar(255) NOT NULL,
-	seq             bigint       NOT NULL,
-	at              timestamptz  NOT NULL,
-	kind            varchar(16)  NOT NULL,
-	generation      bigint       NOT NULL,
-	holder          varchar(255) NOT NULL DEFAULT '',
-	how             varchar(16),
-	from_generation bigint,
-	acquired_at     timestamptz,
-	operator        varchar(255),
-	detail          varchar(255),
-	PRIMARY KEY (target_id, seq)
-);
-CREATE INDEX IF NOT EXISTS job_lease_event_at ON job_lease_event (at);`
-
 // schemaSQL is Schema for tables t. The index takes its schema from the
 // table, so its name in CREATE INDEX is never qualified.
 func schemaSQL(t backend.Tables) string {
 	index, _ := t.PausedIndex()
 	return strings.Replace(t.Expand(Schema), " "+t.Lease+"_paused ON ", " "+index+" ON ", 1)
-}
-
-// historySQL is HistorySchema for tables t, with the names of the
-// objects that take their schema from their table unqualified.
-func historySQL(t backend.Tables) string {
-	index, _ := backend.Unqualified(t.Event() + "_at")
-	return strings.Replace(t.Expand(HistorySchema), " "+t.Event()+"_at ON ", " "+index+" ON ", 1)
 }
 
 // migrateLock is the advisory lock key that serialises concurrent
@@ -334,7 +307,7 @@ RETURNING l.generation`
 // generation, the caller's holder name ($3) and timeout in milliseconds
 // ($6), the database's time as the last heartbeat and as the acquisition
 // of the new generation (acquired_at, "held since"), and the last lease's
-// release, failure and waiters cleared. A column that a takeover sets is
+// release, failure, end cause and waiters cleared. A column that a takeover sets is
 // added here, once.
 const takeOverSetSQL = `
 	lease_token = CAST($2 AS uuid),
@@ -344,6 +317,8 @@ const takeOverSetSQL = `
 	acquired_at = clock_timestamp(),
 	released_at = NULL,
 	failure     = NULL,
+	end_cause   = NULL,
+	ended_by    = NULL,
 	waiting     = false,
 	timeout_ms  = CAST($6 AS bigint)`
 

@@ -164,33 +164,6 @@ CREATE TABLE IF NOT EXISTS job_result (
 	updated_at datetime     NOT NULL
 );`
 
-// eventSchema is the DDL of the history's event table (the optional part
-// of docs/sqlite.md), keyed by target and seq, with its index by time,
-// which Prune reads.
-const eventSchema = `
-CREATE TABLE IF NOT EXISTS job_lease_event (
-	target_id       varchar(255) NOT NULL,
-	seq             integer      NOT NULL,
-	at              datetime     NOT NULL,
-	kind            varchar(16)  NOT NULL,
-	generation      integer      NOT NULL,
-	holder          varchar(255) NOT NULL DEFAULT '',
-	how             varchar(16),
-	from_generation integer,
-	acquired_at     datetime,
-	operator        text,
-	detail          text,
-	PRIMARY KEY (target_id, seq)
-);
-CREATE INDEX IF NOT EXISTS job_lease_event_at ON job_lease_event (at);`
-
-// eventSQL is eventSchema for tables t. SQLite qualifies the index's
-// name, not its table's, with the schema.
-func eventSQL(t backend.Tables) string {
-	event, _ := backend.Unqualified(t.Event())
-	return strings.Replace(t.Expand(eventSchema), " ON "+t.Event()+" (at)", " ON "+event+" (at)", 1)
-}
-
 // pausedIndex is the DDL of the index of the paused rows, by key (see
 // docs/sqlite.md), for tables t: it comes after the columns that
 // AddMissingColumns adds, paused_at among them. SQLite qualifies the
@@ -248,6 +221,8 @@ ON CONFLICT (target_id) DO UPDATE SET
 	acquired_at = excluded.acquired_at,
 	released_at = NULL,
 	failure     = NULL,
+	end_cause   = NULL,
+	ended_by    = NULL,
 	timeout_ms  = excluded.timeout_ms
 WHERE l.paused_at IS NULL
   AND (l.released_at IS NOT NULL
@@ -318,6 +293,8 @@ UPDATE job_lease SET
 	acquired_at = ` + now + `,
 	released_at = NULL,
 	failure     = NULL,
+	end_cause   = NULL,
+	ended_by    = NULL,
 	timeout_ms  = ?5
 WHERE target_id = (
 	SELECT target_id FROM job_lease
