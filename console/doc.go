@@ -40,9 +40,27 @@
 //     and its result row (gormlease.SaveJSON). Every legal target ID has a
 //     page, up to 255 bytes; one that no target can have is a 400 that
 //     says why.
+//   - The target page ends with the row's history (admin.Operator.History),
+//     when the lease table keeps one: a timeline, newest first, with an
+//     entry per generation (its holder, how it began: new, released,
+//     expired from generation g or seized; how it ended: saved, failed
+//     with the failure's text, released by force by whom and why...; and
+//     how long it was held), the operator's actions while it was held
+//     (a stop request, a pause) in it, and those between generations
+//     (paused, resumed, with who and why) as entries of their own. A page
+//     reads at most 100 events, however long the history; it ends at the
+//     oldest generation that begins on it, and its "Older events" link
+//     carries ?before=, the position where the older page starts.
+//     ?history=N shows slot N's history instead of the target's own
+//     row's. A table that keeps no history says so in one line, with how
+//     to turn it on (gormlease.AutoMigrate with gormlease.WithHistory(),
+//     or gormlease migrate -history); an error reading the history is
+//     shown in its section, and the rest of the page is not affected.
 //   - ?format=json on either answers the same data as JSON
 //     (application/json): the list's rows, counts and next cursor (pass it
-//     as ?after=), or the target's row, slots and result. Times are RFC
+//     as ?after=), or the target's row, slots, result and history (its
+//     events, newest first, as the timeline shows them, and older: the
+//     ?before= of the older page). Times are RFC
 //     3339 in UTC, durations in milliseconds, and text is as it is stored
 //     (no HTML escaping). Errors are JSON too: {"error": ..., "status": ...}.
 //

@@ -156,6 +156,58 @@ type targetJSON struct {
 	// HeldSlots is the number of live slots.
 	HeldSlots int         `json:"held_slots"`
 	Result    *resultJSON `json:"result"`
+	// History is the page's events of the target's own row, or of the
+	// slot that ?history= names.
+	History historyJSON `json:"history"`
+}
+
+// historyJSON is the target page's history in the JSON view: the same
+// events as the page's timeline, newest first.
+type historyJSON struct {
+	// Kept is false when the lease table keeps no history; Error is the
+	// history's read error, absent when there is none.
+	Kept  bool   `json:"kept"`
+	Error string `json:"error,omitempty"`
+	// Slot is the slot whose history it is, absent for the target's own
+	// row.
+	Slot   int         `json:"slot,omitempty"`
+	Events []eventJSON `json:"events"`
+	// Older is the value of ?before= for the older events, absent when
+	// there are none.
+	Older int64 `json:"older,omitempty"`
+}
+
+// eventJSON is an admin.Event in the JSON view. FromGeneration,
+// AcquiredAt and HeldForMS are absent when the event has none (see
+// admin.Event), and so are the empty texts.
+type eventJSON struct {
+	Key            string     `json:"key"`
+	Seq            int64      `json:"seq"`
+	At             time.Time  `json:"at"`
+	Kind           string     `json:"kind"`
+	Generation     int64      `json:"generation"`
+	Holder         string     `json:"holder"`
+	How            string     `json:"how,omitempty"`
+	FromGeneration int64      `json:"from_generation,omitempty"`
+	AcquiredAt     *time.Time `json:"acquired_at,omitempty"`
+	HeldForMS      *int64     `json:"held_for_ms,omitempty"`
+	Operator       string     `json:"operator,omitempty"`
+	Detail         string     `json:"detail,omitempty"`
+}
+
+// json is t as the JSON view shows it.
+func (t timeline) json() historyJSON {
+	j := historyJSON{Kept: t.Kept, Error: t.Err, Slot: t.Slot, Older: t.Older, Events: make([]eventJSON, len(t.Events))}
+	for i, e := range t.Events {
+		j.Events[i] = eventJSON{Key: e.Key, Seq: e.Seq, At: e.At.UTC(), Kind: string(e.Kind), Generation: e.Generation,
+			Holder: e.Holder, How: e.How, FromGeneration: e.FromGeneration, AcquiredAt: utc(e.AcquiredAt),
+			Operator: e.Operator, Detail: e.Detail}
+		if e.Kind == admin.EventEnded && e.AcquiredAt != nil {
+			held := ms(e.HeldFor())
+			j.Events[i].HeldForMS = &held
+		}
+	}
+	return j
 }
 
 // resultJSON is a target's result row in the JSON view.
@@ -172,7 +224,7 @@ type resultJSON struct {
 
 // json is v as the JSON view shows it.
 func (v targetView) json() targetJSON {
-	j := targetJSON{TargetID: v.TargetID, Slots: jsonRows(v.Slots), HeldSlots: v.Held}
+	j := targetJSON{TargetID: v.TargetID, Slots: jsonRows(v.Slots), HeldSlots: v.Held, History: v.History.json()}
 	if v.Row != nil {
 		r := v.Row.json()
 		j.Row = &r

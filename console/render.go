@@ -81,7 +81,7 @@ func duration(d time.Duration) string {
 // stamp writes t in UTC to the second.
 func stamp(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") }
 
-var funcs = template.FuncMap{"duration": duration, "stamp": stamp}
+var funcs = template.FuncMap{"duration": duration, "stamp": stamp, "ended": ended, "act": operatorAct}
 
 // layout is the frame of every page: the style, the refresh script and
 // the title. A page defines "content".
@@ -92,10 +92,10 @@ const layout = `{{define "page"}}<!doctype html>
 <style nonce="{{.Nonce}}">
 :root{color-scheme:light dark;--fg:#222;--bg:#fff;--muted:#6a6a6a;--link:#0645ad;--line:#ddd;--head:#f4f4f4;--pre:#f8f8f8;
 --live:#d4f4d4;--expired:#fde2b8;--released:#e8e8e8;--paused:#f8c8c8;--stopping:#f4d0f0;
---note:#eef4ff;--note-line:#b8ccf0;--error:#fde8e8;--error-line:#e8a0a0;--warn:#fff4d6;--warn-line:#e8c870;--danger:#b00020}
+--note:#eef4ff;--note-line:#b8ccf0;--error:#fde8e8;--error-line:#e8a0a0;--warn:#fff4d6;--warn-line:#e8c870;--danger:#b00020;--ok:#4caf50}
 @media (prefers-color-scheme:dark){:root{--fg:#e4e4e4;--bg:#16181c;--muted:#9a9a9a;--link:#8ab4f8;--line:#3a3d44;--head:#23262c;--pre:#1e2126;
 --live:#1f4d2b;--expired:#5c4310;--released:#3a3d44;--paused:#6b2525;--stopping:#5a2757;
---note:#1c2a45;--note-line:#35507f;--error:#4a1d1d;--error-line:#8a3a3a;--warn:#43391a;--warn-line:#8a7430;--danger:#ff8a80}}
+--note:#1c2a45;--note-line:#35507f;--error:#4a1d1d;--error-line:#8a3a3a;--warn:#43391a;--warn-line:#8a7430;--danger:#ff8a80;--ok:#3d8c4f}}
 body{font:14px/1.4 system-ui,sans-serif;margin:1em 2em;color:var(--fg);background:var(--bg)}
 h1{font-size:1.3em;margin:.2em 0 .6em;overflow-wrap:anywhere}h2{font-size:1.1em;margin-top:1.5em}
 a{color:var(--link)}table{border-collapse:collapse;width:100%}
@@ -115,6 +115,9 @@ button.danger{color:var(--danger);font-weight:600}
 pre{background:var(--pre);padding:.5em;overflow:auto;max-height:30em}
 form.filter,form.act{margin:.5em 0}input[name=reason]{width:24em;max-width:100%;box-sizing:border-box}form.slot{margin:0}form.slot input[name=reason]{width:10em}
 form.filter label{display:inline-block;margin:0 .5em .3em 0}form.filter input,form.filter select{max-width:100%;box-sizing:border-box}
+#timeline{list-style:none;padding:0;margin:.5em 0}#timeline>li{border-left:4px solid var(--line);padding:.2em .6em;margin:.5em 0;overflow-wrap:anywhere}
+#timeline>li.good{border-left-color:var(--ok)}#timeline>li.bad{border-left-color:var(--error-line)}#timeline>li.open{border-left-color:var(--warn-line)}
+#timeline>li.op{border-left-color:var(--note-line)}ul.during{margin:.2em 0;padding-left:1.2em}
 dl{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2em 1em}dt{font-weight:600}dd{margin:0;overflow-wrap:anywhere}
 @media (max-width:600px){body{margin:.5em}dl{grid-template-columns:minmax(0,1fr)}dd{margin-left:1em}}
 </style>

@@ -55,6 +55,8 @@ type targetView struct {
 	Done     string
 	DoneSlot int
 	Actions  bool
+	// History is the timeline of the target's own row, or of a slot's.
+	History timeline
 }
 
 // Paused reports whether the target is paused: its row, or one of its
@@ -169,7 +171,11 @@ func (h *handler) targetPage(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadRequest, problem)
 		return
 	}
-	v := targetView{TargetID: id, Actions: h.authorize != nil}
+	v := targetView{TargetID: id, Actions: h.authorize != nil, History: timeline{TargetID: id}}
+	if problem := parseTimeline(r.URL.Query(), &v.History); problem != "" {
+		h.fail(w, r, http.StatusBadRequest, problem)
+		return
+	}
 	if done := r.URL.Query().Get("done"); isAction(done) {
 		v.Done = done
 		v.DoneSlot, _ = parseSlot(done, r.URL.Query().Get("slot"))
@@ -186,8 +192,19 @@ func (h *handler) targetPage(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusInternalServerError, "could not read the target: "+err.Error())
 		return
 	}
+	// The history is read after the rows, whose current generation it
+	// marks; its errors are the section's own, and the rest of the page is
+	// shown.
+	v.History.row = v.Row
+	if v.History.Slot > 0 {
+		v.History.row = v.slot(v.History.Slot)
+	}
+	for _, s := range v.Slots {
+		v.History.Slots = append(v.History.Slots, s.Slot)
+	}
+	h.readTimeline(ctx, &v.History)
 	status := http.StatusOK
-	if v.Rowless() && v.Result == nil {
+	if v.Rowless() && v.Result == nil && len(v.History.Events) == 0 {
 		status = http.StatusNotFound
 	}
 	if wantsJSON(r) {
@@ -255,7 +272,7 @@ func (h *handler) readTarget(ctx context.Context, v *targetView) error {
 	return nil
 }
 
-var targetTmpl = mustPage(`{{define "content"}}
+var targetTmpl = mustPage(timelineTmpl + `{{define "content"}}
 <h1>Target <code id="target">{{.TargetID}}</code></h1>
 {{if .Done}}<p class="note" id="done">{{.Done}}{{if .DoneSlot}} slot {{.DoneSlot}}{{end}}: done.</p>{{end}}
 {{if .Row}}{{with .Row}}
@@ -309,4 +326,5 @@ var targetTmpl = mustPage(`{{define "content"}}
 Release by force: the lease ends now, fenced; its holder learns at its next heartbeat. Both ask you to confirm.{{else}}No lease to stop or release: {{if .Rowless}}never acquired{{else}}released{{end}}.{{end}}
 {{if .Slots}}On this target, stop and release act on every slot; a slot's own buttons, in the table above, act on that slot only.{{end}}</p>
 {{end}}
+{{template "timeline" .History}}
 {{end}}`)
