@@ -189,29 +189,49 @@ func ExampleOperator_List_order() {
 	// etl:b
 }
 
-// An operator reads a target's history, newest first, a page at a time;
-// a table without history says so with ErrNoHistory, and how to turn it
-// on.
+// An operator reads a target's history, newest first, a page at a time:
+// the history is turned on once, where the schema is migrated, and every
+// Runner, Repository and Operator on the table records its events from
+// then on. A table without history says so with ErrNoHistory.
 func ExampleOperator_History() {
 	db, closeDB := openDB()
 	defer closeDB()
-	repo, err := gormlease.NewRepository(db)
+	ctx := context.Background()
+	if err := gormlease.AutoMigrate(ctx, db, gormlease.WithHistory()); err != nil {
+		log.Fatal(err)
+	}
+	runner, err := gormlease.NewRunner[string](db, gormlease.WithHolder("worker-1"))
 	if err != nil {
 		log.Fatal(err)
 	}
-	ctx := context.Background()
-	op := admin.New(repo)
+	work := func(context.Context) (string, error) { return "sent", nil }
+	if _, err := runner.Run(ctx, "report:user-42", work, gormlease.SaveJSON[string]); err != nil {
+		log.Fatal(err)
+	}
+	op := admin.New(runner.Repository())
+	if err := op.As("alice").Pause(ctx, "report:user-42", "deploy in progress"); err != nil {
+		log.Fatal(err)
+	}
+
 	events, err := op.History(ctx, "report:user-42", admin.HistoryOptions{Limit: 20})
 	switch {
 	case errors.Is(err, admin.ErrNoHistory):
-		fmt.Println("no history kept: migrate with gormlease.WithHistory() to keep one")
-		return
+		log.Fatal("no history kept: migrate with gormlease.WithHistory() to keep one")
 	case err != nil:
 		log.Fatal(err)
 	}
 	for _, e := range events {
-		fmt.Println(e.Seq, e.Kind, "generation", e.Generation, e.How, e.HeldFor() > 0)
+		line := fmt.Sprintf("%d %s generation %d", e.Seq, e.Kind, e.Generation)
+		if e.How != "" {
+			line += " " + e.How
+		}
+		if e.Operator != "" {
+			line += " by " + e.Operator + ": " + e.Detail
+		}
+		fmt.Println(line)
 	}
 	// Output:
-	// no history kept: migrate with gormlease.WithHistory() to keep one
+	// 3 paused generation 1 by alice: deploy in progress
+	// 2 ended generation 1 saved
+	// 1 acquired generation 1 new
 }

@@ -307,3 +307,70 @@ func TestHistory_PageAt100kEvents(t *testing.T) {
 		assert.EqualValues(t, historyEvents-999, page[999].Seq)
 	})
 }
+
+// kindHow is an event's kind, how and operator, as a test expects them.
+type kindHow struct {
+	kind       admin.EventKind
+	generation int64
+	how        string
+	operator   string
+}
+
+// History returns what happened to a target, written by the lease
+// table's triggers as it happened, newest first: a Run that saved, a Run
+// whose work failed, an operator's pause and resume, an acquire and its
+// forced release; each end with its cause and how long the generation
+// was held, each operator's action with who acted and why.
+func TestHistory_RecordsWhatHappened(t *testing.T) {
+	t.Parallel()
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, _ *gorm.DB) {
+		ctx := context.Background()
+		db := historyDB(t, s)
+		repo, op := newOperator(t, db)
+		r := testkit.NewRunner(t, db, gormlease.WithHolder("worker-1"))
+		target := "report:42"
+		_, err := r.Run(ctx, target, func(context.Context) (string, error) { return "ok", nil }, gormlease.SaveJSON[string])
+		require.NoError(t, err)
+		_, err = r.Run(ctx, target, func(context.Context) (string, error) { return "", fmt.Errorf("upstream down") },
+			gormlease.SaveJSON[string])
+		require.Error(t, err)
+		require.NoError(t, op.As("alice").Pause(ctx, target, "deploy"))
+		require.NoError(t, op.As("bob").Resume(ctx, target))
+		_, err = repo.Acquire(ctx, target, time.Hour)
+		require.NoError(t, err)
+		_, err = op.As("carol").ForceRelease(ctx, target)
+		require.NoError(t, err)
+
+		events, err := op.History(ctx, target, admin.HistoryOptions{})
+		require.NoError(t, err)
+		var got []kindHow
+		for _, e := range events {
+			got = append(got, kindHow{e.Kind, e.Generation, e.How, e.Operator})
+		}
+		assert.Equal(t, []kindHow{
+			{admin.EventEnded, 3, admin.HowForced, "carol"},
+			{admin.EventAcquired, 3, admin.HowReleased, ""},
+			{admin.EventResumed, 2, "", "bob"},
+			{admin.EventPaused, 2, "", "alice"},
+			{admin.EventEnded, 2, admin.HowFailed, ""},
+			{admin.EventAcquired, 2, admin.HowReleased, ""},
+			{admin.EventEnded, 1, admin.HowSaved, ""},
+			{admin.EventAcquired, 1, admin.HowNew, ""},
+		}, got)
+		require.Len(t, events, 8)
+		assert.Equal(t, []int64{8, 7, 6, 5, 4, 3, 2, 1}, seqs(events))
+		assert.Contains(t, events[4].Detail, "upstream down", "the failure's text")
+		assert.Equal(t, "deploy", events[3].Detail, "the pause's reason")
+		assert.Equal(t, "worker-1", events[7].Holder)
+		assert.EqualValues(t, 1, events[5].FromGeneration, "the acquisition of a released row names the generation before")
+		for _, i := range []int{0, 4, 6} {
+			e := events[i]
+			if assert.NotNil(t, e.AcquiredAt, "seq %d's AcquiredAt", e.Seq) {
+				assert.False(t, e.At.Before(*e.AcquiredAt), "seq %d ended before it began", e.Seq)
+			}
+		}
+		for i := 1; i < len(events); i++ {
+			assert.False(t, events[i].At.After(events[i-1].At), "seq %d after seq %d", events[i].Seq, events[i-1].Seq)
+		}
+	})
+}
