@@ -37,6 +37,15 @@ type Input struct {
 	// Pauses are the operator's pauses of targets (admin.Operator.Pause, then
 	// Resume): no Run may start work on a paused target.
 	Pauses []Pause
+	// EventsKept says that the lease table keeps a history
+	// (gormlease.WithHistory): LeaseEvents are all its events, which
+	// Check cross-checks against Changes, the workers' Events and
+	// OperatorCalls (see checkEvents).
+	EventsKept  bool
+	LeaseEvents []LeaseEvent
+	// OperatorCalls are the operator's calls on the targets: Pause, Resume
+	// and RequestStop, each sent until it landed.
+	OperatorCalls []OperatorCall
 	// Targets are the targets the workers ran on.
 	Targets []string
 	// From and To bound the run (wall clock, Unix microseconds).
@@ -110,8 +119,10 @@ type Report struct {
 	Violations []Violation
 	// Runs, Acquisitions, Saves and Changes count what was checked (Runs
 	// every call: Run, RunWait, Do); Ops the operations of the model
-	// check; Windows the quiet windows.
+	// check; Windows the quiet windows; Events the events of the history,
+	// and OperatorEvents those of them that the operator's calls wrote.
 	Runs, Acquisitions, Saves, Changes, Ops, Windows int
+	Events, OperatorEvents                           int
 	// Calls counts the calls by what was called, and Outcomes by outcome.
 	Calls    map[string]int
 	Outcomes map[string]int
@@ -127,15 +138,20 @@ type Report struct {
 type run struct {
 	worker, target string
 	call           string // KindRun, KindRunWait or KindDo
-	// again marks a work of the call after its first.
-	again          bool
-	id             int64
-	start, work    int64
-	workEnd        int64
-	save, end      int64 // 0: not logged
-	gen            int64
-	token, outcome string
-	err            string
+	// again marks a work of the call after its first; superseded one
+	// that the call's next work ended (its end is made up).
+	again, superseded bool
+	id                int64
+	start, work       int64
+	workEnd           int64
+	save, end         int64 // 0: not logged
+	gen               int64
+	token, outcome    string
+	err               string
+	// holder is the holder name of the call's Runner (its work's log);
+	// workOutcome and workErr what its work returned (WorkFailed,
+	// WorkInterrupted, or "" for a value).
+	holder, workOutcome, workErr string
 	// tries is the number of works of the call (on its last run).
 	tries int
 	// Do's: see Event.
@@ -272,6 +288,10 @@ func Check(in Input) Report {
 
 	checkDo(in, runs, saved, add)
 
+	if in.EventsKept {
+		rep.Events, rep.OperatorEvents = checkEvents(in, runs, saved, add)
+	}
+
 	// Liveness: in every quiet window, each target has a Run that saved.
 	windows := quietWindows(in)
 	rep.Windows = len(windows)
@@ -320,15 +340,15 @@ func assemble(events []Event) []*run {
 			if r.token != "" {
 				// The call runs its work again: the work before ended
 				// without a save that counts.
-				r.end, r.outcome, r.err = e.At, OutcomeError, "the call ran its work again"
+				r.end, r.outcome, r.err, r.superseded = e.At, OutcomeError, "the call ran its work again", true
 				r = &run{worker: e.Worker, id: e.Run, target: e.Target, call: r.call, start: r.start, tries: r.tries, again: true}
 				byKey[k] = r
 				runs = append(runs, r)
 			}
-			r.work, r.gen, r.token = e.At, e.Gen, e.Token
+			r.work, r.gen, r.token, r.holder = e.At, e.Gen, e.Token, e.Holder
 			r.tries++
 		case KindWorkEnd:
-			r.workEnd = e.At
+			r.workEnd, r.workOutcome, r.workErr = e.At, e.Outcome, e.Err
 		case KindSave:
 			r.save = e.At
 		case KindEnd:

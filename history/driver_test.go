@@ -132,22 +132,40 @@ func land(call func(ctx context.Context) error) (failed int, err error) {
 	}
 }
 
+// operatorName is the name the driver's operator records as its actions'
+// operator (admin.Operator.As), which the history's events carry.
+const operatorName = "history-driver"
+
 // operate pauses target with repo as kind says, holds the pause for hold,
-// and resumes it, each call sent until it lands (land). When settled is
-// not nil, it is closed once the failover of the phase is healed: the
-// Resume is then confirmed on the primary that survived (see below). The
-// fault covers it all, from the first call to the end of the Resume and
-// its confirmation; the pause is certain from the answer to Pause to the
-// first Resume sent (see Pause). It also returns how many attempts failed
-// and were sent again, and whether the Resume was lost in the failover.
+// and resumes it, each call sent until it lands (land), as the operator
+// operatorName. When settled is not nil, it is closed once the failover of
+// the phase is healed: the Resume is then confirmed on the primary that
+// survived (see below). The fault covers it all, from the first call to
+// the end of the Resume and its confirmation; the pause is certain from
+// the answer to Pause to the first Resume sent (see Pause). It also
+// returns each call made (see OperatorCall), how many attempts failed and
+// were sent again, and whether the Resume was lost in the failover.
 func operate(repo *gormlease.Repository, kind, target string, hold time.Duration, settled <-chan struct{}) (
-	_ Fault, _ Pause, retries int, lost bool, _ error,
+	_ Fault, _ Pause, calls []OperatorCall, retries int, lost bool, _ error,
 ) {
 	f := Fault{Kind: kind, Worker: "operator", Start: Micros(time.Now())}
-	op := admin.New(repo)
+	op := admin.New(repo).As(operatorName)
 	var errs []error
-	send := func(step string, call func(ctx context.Context) error) bool {
-		n, err := land(call)
+	// send lands call, an operator's call of the event kind event with
+	// reason, recording it: attempt returns the attempt's answer, and
+	// whether the error it returns is one for which the call is not sent
+	// again though it was not answered nil (see OperatorCall.Answered).
+	send := func(step, event, reason string, attempt func(ctx context.Context) (answered bool, err error)) bool {
+		c := OperatorCall{Target: target, Kind: event, Operator: operatorName, Reason: reason, Sent: Micros(time.Now())}
+		n, err := land(func(ctx context.Context) error {
+			answered, err := attempt(ctx)
+			if answered && c.Answered == 0 {
+				c.Answered = Micros(time.Now())
+			}
+			return err
+		})
+		c.Done = Micros(time.Now())
+		calls = append(calls, c)
 		retries += n
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s after %d attempts: %w", step, n+1, err))
@@ -155,20 +173,24 @@ func operate(repo *gormlease.Repository, kind, target string, hold time.Duration
 		return err == nil
 	}
 	stop := func() {
-		send("stop", func(ctx context.Context) error {
+		send("stop", string(admin.EventStopRequested), "history", func(ctx context.Context) (bool, error) {
 			// No live lease: nobody to stop, or an attempt whose answer
 			// was lost stopped it.
-			if err := op.RequestStop(ctx, target, "history"); !errors.Is(err, gormlease.ErrNoLiveLease) {
-				return err
+			err := op.RequestStop(ctx, target, "history")
+			if errors.Is(err, gormlease.ErrNoLiveLease) {
+				return false, nil
 			}
-			return nil
+			return err == nil, err
 		})
 	}
 	if kind == OperateStopThenPause {
 		stop()
 	}
 	p := Pause{Target: target, Sent: Micros(time.Now())}
-	if send("pause", func(ctx context.Context) error { return op.Pause(ctx, target, "history") }) {
+	if send("pause", string(admin.EventPaused), "history", func(ctx context.Context) (bool, error) {
+		err := op.Pause(ctx, target, "history")
+		return err == nil, err
+	}) {
 		p.Committed = Micros(time.Now())
 	}
 	if kind == OperatePauseThenStop {
@@ -176,8 +198,12 @@ func operate(repo *gormlease.Repository, kind, target string, hold time.Duration
 	}
 	time.Sleep(hold)
 	p.Resumed = Micros(time.Now())
+	resume := func(ctx context.Context) (bool, error) {
+		err := op.Resume(ctx, target)
+		return err == nil, err
+	}
 	// The Resume must land, or the target stays paused for good.
-	send("resume", func(ctx context.Context) error { return op.Resume(ctx, target) })
+	send("resume", string(admin.EventResumed), "", resume)
 	if settled != nil {
 		// Its nil may come from an old primary that nobody stopped (a
 		// Patroni kill), whose commits the failover throws away: when an
@@ -186,20 +212,22 @@ func operate(repo *gormlease.Repository, kind, target string, hold time.Duration
 		// without waiting for the standby. Once the cluster is healed,
 		// read the row on its primary, and resume again while it is paused.
 		<-settled
-		send("confirm the resume", func(ctx context.Context) error {
+		send("confirm the resume", "", "", func(ctx context.Context) (bool, error) {
 			row, _, err := op.Get(ctx, target)
 			if err != nil || row.PausedAt == nil {
-				return err
+				return false, err
 			}
 			lost = true
-			if err := op.Resume(ctx, target); err != nil {
-				return err
+			if !send("resume again", string(admin.EventResumed), "", resume) {
+				return false, nil // its error is recorded
 			}
-			return errors.New("resumed again: read the row again")
+			return false, errors.New("resumed again: read the row again")
 		})
 	}
 	f.End = Micros(time.Now())
-	return f, p, retries, lost, errors.Join(errs...)
+	// The confirmation's own record is no call that records an event.
+	calls = slices.DeleteFunc(calls, func(c OperatorCall) bool { return c.Kind == "" })
+	return f, p, calls, retries, lost, errors.Join(errs...)
 }
 
 // operatorDelay is how long after the start of a phase whose failover is
@@ -400,9 +428,9 @@ type database struct {
 	// workerDSN is the DSN of a worker's new incarnation, whose proxies
 	// (one per address, in order) are proxies.
 	workerDSN func(proxies []*testdb.Proxy) string
-	// read reads what Check judges the Runs by: every saved result and
-	// every lease row change.
-	read func(t *testing.T) ([]Result, []Change)
+	// read reads what Check judges the Runs by: every saved result,
+	// every lease row change, and every event of the history.
+	read func(t *testing.T) ([]Result, []Change, []LeaseEvent)
 	// patroni, when set, is the Patroni cluster that the failovers fail.
 	patroni *testdb.Patroni
 	// resolution is Input.Resolution's.
@@ -470,10 +498,12 @@ func serverDatabase(t *testing.T, server *testdb.Server) *database {
 	if server.Name == "sqlite" {
 		d.resolution = time.Millisecond
 	}
-	d.read = func(t *testing.T) ([]Result, []Change) {
+	d.read = func(t *testing.T) ([]Result, []Change, []LeaseEvent) {
 		results, changes, err := ReadDB(context.Background(), d.db)
 		require.NoError(t, err)
-		return results, changes
+		events, err := ReadEvents(context.Background(), d.db)
+		require.NoError(t, err)
+		return results, changes, events
 	}
 	return d
 }
@@ -520,7 +550,7 @@ func patroniDatabase(t *testing.T, c *testdb.Patroni) *database {
 		return fmt.Sprintf("host=%s port=%s user=postgres dbname=%s sslmode=disable connect_timeout=2"+
 			" target_session_attrs=read-write", strings.Join(hosts, ","), strings.Join(ports, ","), name)
 	}
-	d.read = func(t *testing.T) ([]Result, []Change) {
+	d.read = func(t *testing.T) ([]Result, []Change, []LeaseEvent) {
 		c.Heal(t) // healthy: one primary, its synchronous standby, a replica
 		leader := c.Leader()
 		require.NotNil(t, leader, "no Patroni leader after the last heal")
@@ -530,9 +560,11 @@ func patroniDatabase(t *testing.T, c *testdb.Patroni) *database {
 		require.False(t, inRecovery, "%s, the Patroni leader, is in recovery", leader.Name())
 		results, changes, err := ReadDB(context.Background(), db)
 		require.NoError(t, err)
+		events, err := ReadEvents(context.Background(), db)
+		require.NoError(t, err)
 		require.Same(t, leader, c.Leader(), "the Patroni leader changed while the checker read %s", leader.Name())
 		t.Logf("the checker read %s, the primary after the last heal", leader.Name())
-		return results, changes
+		return results, changes, events
 	}
 	return d
 }
@@ -587,7 +619,9 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 	ctx := context.Background()
 	t.Logf("scenario on %s: %v, %d workers, %d targets, faults %v, failovers %v, seed %d",
 		d.name, sc.duration, sc.workers, sc.targets, sc.faults, sc.failovers, sc.seed)
-	require.NoError(t, gormlease.AutoMigrate(ctx, d.db))
+	// With the history kept (the event table and its triggers), which
+	// Check cross-checks.
+	require.NoError(t, gormlease.AutoMigrate(ctx, d.db, gormlease.WithHistory()))
 	migrate := Migrate
 	if d.migrate != nil {
 		migrate = d.migrate
@@ -684,6 +718,7 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 		mu     sync.Mutex
 		faults []Fault
 		pauses []Pause
+		calls  []OperatorCall
 	)
 	if sc.doOnly {
 		slots[0].lift = func() error { return liftAfterWave(d, slots) }
@@ -810,7 +845,7 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 				}
 				wg.Go(func() {
 					time.Sleep(delay)
-					f, p, retries, lost, err := operate(repo, kind, target, hold, settled)
+					f, p, made, retries, lost, err := operate(repo, kind, target, hold, settled)
 					if err != nil {
 						t.Errorf("%s on %s: %v", kind, target, err)
 					}
@@ -819,7 +854,7 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 						kind, target, micros(f.Start), micros(f.End), micros(p.Sent), micros(p.Committed), micros(p.Resumed), retries, lost)
 					mu.Lock()
 					defer mu.Unlock()
-					faults, pauses = append(faults, f), append(pauses, p)
+					faults, pauses, calls = append(faults, f), append(pauses, p), append(calls, made...)
 					counts[kind]++
 					counts[operatorRetries] += retries
 					if lost {
@@ -869,15 +904,18 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 
 	events, err := ReadLogs(dir)
 	require.NoError(t, err)
-	results, changes := d.read(t)
+	results, changes, leaseEvents := d.read(t)
 	if d.patroni != nil {
 		counts[operatedAcrossFailover] = acrossFailovers(faults)
 	}
 	in := Input{Events: events, Results: results, Changes: changes, Faults: faults, Pauses: pauses, Targets: targets,
+		EventsKept: true, LeaseEvents: leaseEvents, OperatorCalls: calls,
 		From: from, To: to, Recovery: recovery, Window: window, Resolution: d.resolution, CallLag: callLag, VisualizeDir: visualize}
 	rep := Check(in)
-	t.Logf("checked %d calls (%v; %v), %d acquisitions, %d saves, %d lease row changes, %d model operations, %d quiet windows; faults %v; %d violations",
-		rep.Runs, rep.Calls, rep.Outcomes, rep.Acquisitions, rep.Saves, rep.Changes, rep.Ops, rep.Windows, counts, len(rep.Violations))
+	t.Logf("checked %d calls (%v; %v), %d acquisitions, %d saves, %d lease row changes, %d events (%d of %d operator calls), "+
+		"%d model operations, %d quiet windows; faults %v; %d violations",
+		rep.Runs, rep.Calls, rep.Outcomes, rep.Acquisitions, rep.Saves, rep.Changes, rep.Events, rep.OperatorEvents, len(calls),
+		rep.Ops, rep.Windows, counts, len(rep.Violations))
 	if d.patroni != nil {
 		t.Logf("on the old primaries: %d waits for synchronous replication cancelled by their client, %d cut by the shutdown",
 			syncWait.cancelled, syncWait.terminated)

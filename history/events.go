@@ -19,10 +19,12 @@ const (
 	KindDo = "do"
 	// KindRunWait: RunWait is called (Target).
 	KindRunWait = "runwait"
-	// KindWork: the work starts: the acquire succeeded (Gen, Token); Try
-	// counts the works of the call, from 1.
+	// KindWork: the work starts: the acquire succeeded (Gen, Token, and
+	// Holder, the Runner's WithHolder); Try counts the works of the call,
+	// from 1.
 	KindWork = "work"
-	// KindWorkEnd: the work returns.
+	// KindWorkEnd: the work returns: a value (no Outcome), or an error
+	// (Outcome WorkFailed or WorkInterrupted, and Err its text).
 	KindWorkEnd = "workend"
 	// KindSave: the saver starts, inside the fenced commit (Gen, Token).
 	KindSave = "save"
@@ -46,6 +48,16 @@ const (
 	OutcomeSharedFailed = "shared job failed"
 )
 
+// The outcomes of a work, in its KindWorkEnd, when it returned an error.
+const (
+	// WorkFailed: the work failed of its own accord (Err).
+	WorkFailed = "failed"
+	// WorkInterrupted: the work returned because its context ended (Err
+	// is the context's cause: the lease lost, a stop request, the
+	// caller's context).
+	WorkInterrupted = "interrupted"
+)
+
 // Event is one line of a worker's log.
 type Event struct {
 	// Worker names the worker process (its name and incarnation); Run
@@ -56,9 +68,12 @@ type Event struct {
 	Target string `json:"t,omitempty"`
 	Gen    int64  `json:"g,omitempty"`
 	Token  string `json:"tok,omitempty"`
+	// Holder is a KindWork's: the holder name of the Runner that made the
+	// call.
+	Holder string `json:"h,omitempty"`
 	// Try is a KindWork's: which work of its call it is, from 1.
 	Try int `json:"try,omitempty"`
-	// Outcome and Err are a KindEnd's.
+	// Outcome and Err are a KindEnd's, and a KindWorkEnd's.
 	Outcome string `json:"o,omitempty"`
 	Err     string `json:"e,omitempty"`
 	// Shared, Loaded and Failed are the KindEnd of a Do: the shared flag

@@ -168,23 +168,29 @@ func galeraDatabase(t *testing.T, c *testdb.Galera, s galeraSettings) (*database
 		}
 		return in(c.Node(i+1), proxies[i].Addr(), map[string]string{"wsrep_sync_wait": strconv.Itoa(s.syncWait)})
 	}
-	d.read = func(t *testing.T) ([]Result, []Change) {
+	d.read = func(t *testing.T) ([]Result, []Change, []LeaseEvent) {
 		var results []Result
 		var changes []Change
+		var events []LeaseEvent
 		for _, n := range c.Nodes() {
 			db := openDB(t, in(n, n.Addr(), map[string]string{"wsrep_sync_wait": "1"}))
 			r, ch, err := ReadDB(context.Background(), db)
 			require.NoError(t, err, "read node %d", n.N())
+			evs, err := ReadEvents(context.Background(), db)
+			require.NoError(t, err, "read node %d's events", n.N())
 			if n == first {
-				results, changes = r, ch
+				results, changes, events = r, ch, evs
 				continue
 			}
 			require.Equal(t, len(results), len(r), "saved results on node %d and node 1", n.N())
 			require.Equal(t, len(changes), len(ch), "lease row changes on node %d and node 1", n.N())
+			// The events are rows replicated as they are: the same on
+			// every node.
+			require.Equal(t, events, evs, "events on node %d and node 1", n.N())
 		}
 		changes, restored := restoreReleases(results, changes)
 		t.Logf("%d releases missing from the lease table's versions restored from their saved results", restored)
-		return results, changes
+		return results, changes, events
 	}
 	var crashes atomic.Int64
 	phases := 0
@@ -242,8 +248,8 @@ func restoreReleases(results []Result, changes []Change) ([]Change, int) {
 		at, ok := saved[key{c.Target, c.OldGen, c.OldToken}]
 		if !c.Insert && c.Takeover() && c.OldReleased == 0 && ok {
 			out = append(out, Change{Target: c.Target, OldGen: c.OldGen, NewGen: c.OldGen, OldToken: c.OldToken,
-				NewToken: c.OldToken, OldUpdated: c.OldUpdated, NewUpdated: c.OldUpdated, NewReleased: at,
-				OldTimeoutMS: c.OldTimeoutMS, NewTimeoutMS: c.OldTimeoutMS})
+				NewToken: c.OldToken, OldHolder: c.OldHolder, NewHolder: c.OldHolder, OldUpdated: c.OldUpdated,
+				NewUpdated: c.OldUpdated, NewReleased: at, OldTimeoutMS: c.OldTimeoutMS, NewTimeoutMS: c.OldTimeoutMS})
 			c.OldReleased = at
 			restored++
 		}

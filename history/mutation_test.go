@@ -1,14 +1,18 @@
 package history
 
 import (
+	"context"
+	"errors"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 
 	"github.com/gormlease/gormlease/internal/testdb"
 )
@@ -97,4 +101,93 @@ func requireCaught(t *testing.T, o outcome) {
 	}
 	assert.NotZero(t, kinds[ViolationStaleSave], "no stale save found; violations: %v", kinds)
 	assert.NotZero(t, kinds[ViolationNotLinearizable], "the model check found nothing; violations: %v", kinds)
+}
+
+// After a clean run, its history is corrupted in the event table, one
+// flaw at a time, each in a transaction that is rolled back: an event
+// deleted, a how changed (an acquisition's, which the audit log
+// contradicts, and an end's, which the worker's call does), an operator's
+// event deleted, and, the table's key dropped, a seq made a duplicate.
+// The checker, reading the table as after any run, must find each.
+func TestHistory_MutatedEventsAreCaught_Postgres(t *testing.T) {
+	t.Parallel()
+	checkEventsCaught(t, testdb.Postgres(t), allFaults)
+}
+
+func TestHistory_MutatedEventsAreCaught_MariaDB(t *testing.T) {
+	t.Parallel()
+	checkEventsCaught(t, testdb.MySQL(t), allFaults)
+}
+
+func TestHistory_MutatedEventsAreCaught_SQLite(t *testing.T) {
+	t.Parallel()
+	checkEventsCaught(t, testdb.SQLite(t), []string{FaultPause, FaultCrash})
+}
+
+// errRollback rolls a corruption's transaction back.
+var errRollback = errors.New("rolled back")
+
+func checkEventsCaught(t *testing.T, s *testdb.Server, faults []string) {
+	d := serverDatabase(t, s)
+	o := runOn(t, d, scenario{duration: duration(t, 15e9), workers: 3, targets: 2, faults: faults, seed: seed(t)})
+	require.Empty(t, o.rep.Violations, "the clean run")
+	require.NotZero(t, o.rep.Events, "no event was recorded")
+	ctx := context.Background()
+
+	// corrupt runs stmts (each a statement and its arguments) in a
+	// transaction, checks the run with the events read there, and rolls
+	// it back; Check must report want.
+	corrupt := func(name, want string, stmts ...[]any) {
+		t.Helper()
+		err := d.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			for _, st := range stmts {
+				require.NoError(t, tx.Exec(st[0].(string), st[1:]...).Error, "%s: %s", name, st[0])
+			}
+			events, err := ReadEvents(ctx, tx)
+			require.NoError(t, err)
+			in := o.in
+			in.LeaseEvents = events
+			got := kinds(Check(in))
+			t.Logf("%s: found %v", name, got)
+			assert.NotZero(t, got[want], "%s: %q not found; found %v", name, want, got)
+			return errRollback
+		})
+		require.ErrorIs(t, err, errRollback)
+	}
+	// first finds the first event that is k's.
+	first := func(k func(e LeaseEvent) bool) LeaseEvent {
+		t.Helper()
+		i := slices.IndexFunc(o.in.LeaseEvents, k)
+		require.GreaterOrEqual(t, i, 0, "no such event")
+		return o.in.LeaseEvents[i]
+	}
+	saved := first(func(e LeaseEvent) bool { return e.Kind == "ended" && e.How == "saved" })
+	corrupt("an end deleted", ViolationEventMissing,
+		[]any{"DELETE FROM job_lease_event WHERE target_id = ? AND seq = ?", saved.Target, saved.Seq})
+	released := first(func(e LeaseEvent) bool { return e.Kind == "acquired" && e.How == "released" })
+	corrupt("an acquisition's how changed", ViolationEventWrong,
+		[]any{"UPDATE job_lease_event SET how = 'seized' WHERE target_id = ? AND seq = ?", released.Target, released.Seq})
+	corrupt("a save's end changed to a failure", ViolationEventOutcome,
+		[]any{"UPDATE job_lease_event SET how = 'failed', detail = 'boom' WHERE target_id = ? AND seq = ?", saved.Target, saved.Seq})
+	paused := first(func(e LeaseEvent) bool { return e.Kind == "paused" })
+	corrupt("a pause's event deleted", ViolationEventMissing,
+		[]any{"DELETE FROM job_lease_event WHERE target_id = ? AND seq = ?", paused.Target, paused.Seq})
+
+	// The key dropped (for good: the run is over), a seq made the same as
+	// the one before.
+	switch d.name {
+	case "postgres":
+		require.NoError(t, d.db.Exec("ALTER TABLE job_lease_event DROP CONSTRAINT job_lease_event_pkey").Error)
+	case "mysql":
+		require.NoError(t, d.db.Exec("ALTER TABLE job_lease_event DROP PRIMARY KEY").Error)
+	case "sqlite":
+		// No DROP CONSTRAINT: a copy without the key takes the table's
+		// name (the lease table's triggers follow the old one).
+		require.NoError(t, d.db.Exec("ALTER TABLE job_lease_event RENAME TO job_lease_event_keyed").Error)
+		require.NoError(t, d.db.Exec("CREATE TABLE job_lease_event AS SELECT * FROM job_lease_event_keyed").Error)
+	default:
+		t.Fatalf("no way to drop the event table's key on %s", d.name)
+	}
+	corrupt("a seq duplicated", ViolationEventSeq,
+		[]any{"UPDATE job_lease_event SET seq = seq - 1 WHERE target_id = ? AND seq = ?", saved.Target, saved.Seq})
 }

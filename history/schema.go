@@ -30,9 +30,13 @@ type Change struct {
 	Target                     string
 	OldGen, NewGen             int64
 	OldToken, NewToken         string
+	OldHolder, NewHolder       string
 	OldUpdated, NewUpdated     int64
 	OldReleased, NewReleased   int64
 	OldTimeoutMS, NewTimeoutMS int64
+	// NewAcquired is the row's acquired_at after the change (0: NULL):
+	// the acquisition's time, which its generation's ended event repeats.
+	NewAcquired int64
 	// At is when the change was made, read as it ran (not when its
 	// statement or transaction started); 0 when the database cannot tell.
 	At int64
@@ -49,8 +53,11 @@ type schema struct {
 	nowMicros string
 	// changes reads every Change, in order; or versions reads every
 	// version of every lease row, by target and in order (target,
-	// generation, token, updated, released, timeout_ms).
+	// generation, token, holder, updated, released, timeout_ms,
+	// acquired).
 	changes, versions string
+	// events reads every LeaseEvent, by target and seq.
+	events string
 }
 
 func schemaOf(db *gorm.DB) (schema, error) {
@@ -75,22 +82,25 @@ var postgresSchema = schema{
 			generation bigint NOT NULL, token varchar(36) NOT NULL, value text NOT NULL, at_us bigint NOT NULL)`,
 		`CREATE TABLE history_lease_log (seq bigserial PRIMARY KEY, op char(1) NOT NULL, target_id varchar(255) NOT NULL,
 			old_generation bigint, new_generation bigint, old_token varchar(36), new_token varchar(36),
+			old_holder varchar(255), new_holder varchar(255),
 			old_updated_us bigint, new_updated_us bigint, old_released_us bigint, new_released_us bigint,
-			old_timeout_ms bigint, new_timeout_ms bigint, at_us bigint NOT NULL)`,
+			old_timeout_ms bigint, new_timeout_ms bigint, new_acquired_us bigint, at_us bigint NOT NULL)`,
 		`CREATE FUNCTION history_lease_log() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF TG_OP = 'INSERT' THEN
-				INSERT INTO history_lease_log (op, target_id, new_generation, new_token, new_updated_us, new_released_us,
-					new_timeout_ms, at_us)
-				VALUES ('I', NEW.target_id, NEW.generation, NEW.lease_token::text, ` + fmt.Sprintf(pgMicros, "NEW.updated_at") + `,
-					` + fmt.Sprintf(pgMicros, "NEW.released_at") + `, NEW.timeout_ms, ` + fmt.Sprintf(pgMicros, "clock_timestamp()") + `);
+				INSERT INTO history_lease_log (op, target_id, new_generation, new_token, new_holder, new_updated_us, new_released_us,
+					new_timeout_ms, new_acquired_us, at_us)
+				VALUES ('I', NEW.target_id, NEW.generation, NEW.lease_token::text, NEW.holder, ` + fmt.Sprintf(pgMicros, "NEW.updated_at") + `,
+					` + fmt.Sprintf(pgMicros, "NEW.released_at") + `, NEW.timeout_ms, ` + fmt.Sprintf(pgMicros, "NEW.acquired_at") + `,
+					` + fmt.Sprintf(pgMicros, "clock_timestamp()") + `);
 			ELSE
-				INSERT INTO history_lease_log (op, target_id, old_generation, new_generation, old_token, new_token,
-					old_updated_us, new_updated_us, old_released_us, new_released_us, old_timeout_ms, new_timeout_ms, at_us)
+				INSERT INTO history_lease_log (op, target_id, old_generation, new_generation, old_token, new_token, old_holder, new_holder,
+					old_updated_us, new_updated_us, old_released_us, new_released_us, old_timeout_ms, new_timeout_ms, new_acquired_us, at_us)
 				VALUES ('U', NEW.target_id, OLD.generation, NEW.generation, OLD.lease_token::text, NEW.lease_token::text,
+					OLD.holder, NEW.holder,
 					` + fmt.Sprintf(pgMicros, "OLD.updated_at") + `, ` + fmt.Sprintf(pgMicros, "NEW.updated_at") + `,
 					` + fmt.Sprintf(pgMicros, "OLD.released_at") + `, ` + fmt.Sprintf(pgMicros, "NEW.released_at") + `,
-					OLD.timeout_ms, NEW.timeout_ms, ` + fmt.Sprintf(pgMicros, "clock_timestamp()") + `);
+					OLD.timeout_ms, NEW.timeout_ms, ` + fmt.Sprintf(pgMicros, "NEW.acquired_at") + `, ` + fmt.Sprintf(pgMicros, "clock_timestamp()") + `);
 			END IF;
 			RETURN NULL;
 		END $$`,
@@ -99,9 +109,13 @@ var postgresSchema = schema{
 	},
 	nowMicros: fmt.Sprintf(pgMicros, "clock_timestamp()"),
 	changes: `SELECT op = 'I', target_id, COALESCE(old_generation, 0), COALESCE(new_generation, 0),
-		COALESCE(old_token, ''), COALESCE(new_token, ''), COALESCE(old_updated_us, 0), COALESCE(new_updated_us, 0),
+		COALESCE(old_token, ''), COALESCE(new_token, ''), COALESCE(old_holder, ''), COALESCE(new_holder, ''),
+		COALESCE(old_updated_us, 0), COALESCE(new_updated_us, 0),
 		COALESCE(old_released_us, 0), COALESCE(new_released_us, 0), COALESCE(old_timeout_ms, 0), COALESCE(new_timeout_ms, 0),
-		at_us FROM history_lease_log ORDER BY seq`,
+		COALESCE(new_acquired_us, 0), at_us FROM history_lease_log ORDER BY seq`,
+	events: `SELECT target_id, seq, ` + fmt.Sprintf(pgMicros, "at") + `, kind, generation, holder, COALESCE(how, ''),
+		COALESCE(from_generation, 0), COALESCE(` + fmt.Sprintf(pgMicros, "acquired_at") + `, 0), COALESCE(operator, ''),
+		COALESCE(detail, '') FROM job_lease_event ORDER BY target_id, seq`,
 }
 
 // MariaDB: no trigger, since any trigger on job_lease makes the server
@@ -129,10 +143,14 @@ var mysqlSchema = schema{
 			ADD PERIOD FOR SYSTEM_TIME(history_start, history_end), ADD SYSTEM VERSIONING`,
 	},
 	nowMicros: "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)",
-	versions: `SELECT target_id, generation, lease_token, ` + fmt.Sprintf(myMicros, "updated_at") + `,
-		COALESCE(` + fmt.Sprintf(myMicros, "released_at") + `, 0), COALESCE(timeout_ms, 0)
+	versions: `SELECT target_id, generation, lease_token, holder, ` + fmt.Sprintf(myMicros, "updated_at") + `,
+		COALESCE(` + fmt.Sprintf(myMicros, "released_at") + `, 0), COALESCE(timeout_ms, 0),
+		COALESCE(` + fmt.Sprintf(myMicros, "acquired_at") + `, 0)
 		FROM job_lease FOR SYSTEM_TIME ALL
 		ORDER BY target_id, generation, updated_at, released_at IS NOT NULL, released_at`,
+	events: `SELECT target_id, seq, ` + fmt.Sprintf(myMicros, "at") + `, kind, generation, holder, COALESCE(how, ''),
+		COALESCE(from_generation, 0), COALESCE(` + fmt.Sprintf(myMicros, "acquired_at") + `, 0), COALESCE(operator, ''),
+		COALESCE(detail, '') FROM job_lease_event ORDER BY target_id, seq`,
 }
 
 // SQLite: a trigger, as on PostgreSQL. The lease's times are text with
@@ -147,25 +165,29 @@ var sqliteSchema = schema{
 			generation integer NOT NULL, token varchar(36) NOT NULL, value text NOT NULL, at_us integer NOT NULL)`,
 		`CREATE TABLE history_lease_log (seq integer PRIMARY KEY AUTOINCREMENT, op char(1) NOT NULL, target_id varchar(255) NOT NULL,
 			old_generation integer, new_generation integer, old_token varchar(36), new_token varchar(36),
+			old_holder varchar(255), new_holder varchar(255),
 			old_updated_us integer, new_updated_us integer, old_released_us integer, new_released_us integer,
-			old_timeout_ms integer, new_timeout_ms integer, at_us integer NOT NULL)`,
+			old_timeout_ms integer, new_timeout_ms integer, new_acquired_us integer, at_us integer NOT NULL)`,
 		`CREATE TRIGGER history_lease_insert AFTER INSERT ON job_lease BEGIN
-			INSERT INTO history_lease_log (op, target_id, new_generation, new_token, new_updated_us, new_released_us,
-				new_timeout_ms, at_us)
-			VALUES ('I', NEW.target_id, NEW.generation, NEW.lease_token, ` + fmt.Sprintf(liteMicros, "NEW.updated_at") + `,
-				` + fmt.Sprintf(liteMicros, "NEW.released_at") + `, NEW.timeout_ms, 0);
+			INSERT INTO history_lease_log (op, target_id, new_generation, new_token, new_holder, new_updated_us, new_released_us,
+				new_timeout_ms, new_acquired_us, at_us)
+			VALUES ('I', NEW.target_id, NEW.generation, NEW.lease_token, NEW.holder, ` + fmt.Sprintf(liteMicros, "NEW.updated_at") + `,
+				` + fmt.Sprintf(liteMicros, "NEW.released_at") + `, NEW.timeout_ms, ` + fmt.Sprintf(liteMicros, "NEW.acquired_at") + `, 0);
 		END`,
 		`CREATE TRIGGER history_lease_update AFTER UPDATE ON job_lease BEGIN
-			INSERT INTO history_lease_log (op, target_id, old_generation, new_generation, old_token, new_token,
-				old_updated_us, new_updated_us, old_released_us, new_released_us, old_timeout_ms, new_timeout_ms, at_us)
-			VALUES ('U', NEW.target_id, OLD.generation, NEW.generation, OLD.lease_token, NEW.lease_token,
+			INSERT INTO history_lease_log (op, target_id, old_generation, new_generation, old_token, new_token, old_holder, new_holder,
+				old_updated_us, new_updated_us, old_released_us, new_released_us, old_timeout_ms, new_timeout_ms, new_acquired_us, at_us)
+			VALUES ('U', NEW.target_id, OLD.generation, NEW.generation, OLD.lease_token, NEW.lease_token, OLD.holder, NEW.holder,
 				` + fmt.Sprintf(liteMicros, "OLD.updated_at") + `, ` + fmt.Sprintf(liteMicros, "NEW.updated_at") + `,
 				` + fmt.Sprintf(liteMicros, "OLD.released_at") + `, ` + fmt.Sprintf(liteMicros, "NEW.released_at") + `,
-				OLD.timeout_ms, NEW.timeout_ms, 0);
+				OLD.timeout_ms, NEW.timeout_ms, ` + fmt.Sprintf(liteMicros, "NEW.acquired_at") + `, 0);
 		END`,
 	},
 	nowMicros: "CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)",
 	changes:   postgresSchema.changes,
+	events: `SELECT target_id, seq, ` + fmt.Sprintf(liteMicros, "at") + `, kind, generation, holder, COALESCE(how, ''),
+		COALESCE(from_generation, 0), COALESCE(` + fmt.Sprintf(liteMicros, "acquired_at") + `, 0), COALESCE(operator, ''),
+		COALESCE(detail, '') FROM job_lease_event ORDER BY target_id, seq`,
 }
 
 // Migrate creates the history tables and the lease row trigger in db,
@@ -241,8 +263,9 @@ func ReadDB(ctx context.Context, db *gorm.DB) ([]Result, []Change, error) {
 	defer rows.Close()
 	for rows.Next() {
 		var c Change
-		if err := rows.Scan(&c.Insert, &c.Target, &c.OldGen, &c.NewGen, &c.OldToken, &c.NewToken,
-			&c.OldUpdated, &c.NewUpdated, &c.OldReleased, &c.NewReleased, &c.OldTimeoutMS, &c.NewTimeoutMS, &c.At); err != nil {
+		if err := rows.Scan(&c.Insert, &c.Target, &c.OldGen, &c.NewGen, &c.OldToken, &c.NewToken, &c.OldHolder, &c.NewHolder,
+			&c.OldUpdated, &c.NewUpdated, &c.OldReleased, &c.NewReleased, &c.OldTimeoutMS, &c.NewTimeoutMS,
+			&c.NewAcquired, &c.At); err != nil {
 			return nil, nil, err
 		}
 		changes = append(changes, c)
@@ -261,17 +284,64 @@ func readVersions(db *gorm.DB, query string) ([]Change, error) {
 	var prev Change
 	for rows.Next() {
 		c := Change{}
-		if err := rows.Scan(&c.Target, &c.NewGen, &c.NewToken, &c.NewUpdated, &c.NewReleased, &c.NewTimeoutMS); err != nil {
+		if err := rows.Scan(&c.Target, &c.NewGen, &c.NewToken, &c.NewHolder, &c.NewUpdated, &c.NewReleased, &c.NewTimeoutMS,
+			&c.NewAcquired); err != nil {
 			return nil, err
 		}
 		if len(changes) == 0 || prev.Target != c.Target {
 			c.Insert = true
 		} else {
-			c.OldGen, c.OldToken, c.OldUpdated = prev.NewGen, prev.NewToken, prev.NewUpdated
+			c.OldGen, c.OldToken, c.OldHolder, c.OldUpdated = prev.NewGen, prev.NewToken, prev.NewHolder, prev.NewUpdated
 			c.OldReleased, c.OldTimeoutMS = prev.NewReleased, prev.NewTimeoutMS
 		}
 		changes = append(changes, c)
 		prev = c
 	}
 	return changes, rows.Err()
+}
+
+// LeaseEvent is one row of the lease table's event table (job_lease_event,
+// kept when the lease table is migrated with gormlease.WithHistory): one
+// event of a lease row's history, written by gormlease's triggers in the
+// transaction of the change it records (see admin.Event, whose fields these
+// are). At and AcquiredAt are the database's clock in Unix microseconds
+// (AcquiredAt 0: NULL); FromGen, How, Operator and Detail are 0 or "" for
+// NULL.
+type LeaseEvent struct {
+	Target     string
+	Seq        int64
+	At         int64
+	Kind       string
+	Gen        int64
+	Holder     string
+	How        string
+	FromGen    int64
+	AcquiredAt int64
+	Operator   string
+	Detail     string
+}
+
+// ReadEvents reads every event of the lease table's event table, by target
+// and seq, with plain SQL: not through admin.History, whose reading the
+// checker is not to depend on. An error when the table does not exist.
+func ReadEvents(ctx context.Context, db *gorm.DB) ([]LeaseEvent, error) {
+	s, err := schemaOf(db)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.WithContext(ctx).Raw(s.events).Rows()
+	if err != nil {
+		return nil, fmt.Errorf("history: read the events: %w", err)
+	}
+	defer rows.Close()
+	var events []LeaseEvent
+	for rows.Next() {
+		var e LeaseEvent
+		if err := rows.Scan(&e.Target, &e.Seq, &e.At, &e.Kind, &e.Gen, &e.Holder, &e.How, &e.FromGen, &e.AcquiredAt,
+			&e.Operator, &e.Detail); err != nil {
+			return nil, fmt.Errorf("history: read the events: %w", err)
+		}
+		events = append(events, e)
+	}
+	return events, rows.Err()
 }

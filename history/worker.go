@@ -140,7 +140,7 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 	for g := range loops {
 		rng := rand.New(rand.NewPCG(cfg.Seed, uint64(g)))
 		call := func(rng *rand.Rand) error {
-			logErr, _ := w.run(runner, rng, w.pick(rng))
+			logErr, _ := w.run(runner, cfg.Name, rng, w.pick(rng))
 			return logErr
 		}
 		if g >= cfg.Goroutines {
@@ -155,9 +155,10 @@ func RunWorker(cfg WorkerConfig, stop <-chan struct{}) error {
 				}
 				return err
 			}
-			call = func(rng *rand.Rand) error { return w.do(ctx, r, rng) }
+			holder := cfg.Name + role
+			call = func(rng *rand.Rand) error { return w.do(ctx, r, holder, rng) }
 			if g >= cfg.Goroutines+cfg.Doers {
-				call = func(rng *rand.Rand) error { return w.runWait(ctx, r, rng) }
+				call = func(rng *rand.Rand) error { return w.runWait(ctx, r, holder, rng) }
 			}
 		}
 		wg.Go(func() {
@@ -223,18 +224,20 @@ func (w *worker) loop(rng *rand.Rand, stop <-chan struct{}, call func(rng *rand.
 
 func (w *worker) pick(rng *rand.Rand) string { return w.cfg.Targets[rng.IntN(len(w.cfg.Targets))] }
 
-// call is one logged call of Run, RunWait or Do.
+// call is one logged call of Run, RunWait or Do, by a Runner whose holder
+// name is holder.
 type call struct {
 	w      *worker
 	id     int64
 	target string
+	holder string
 	tries  int
 	logErr error
 }
 
-// begin logs the call of kind on target, and returns it.
-func (w *worker) begin(kind, target string) (*call, error) {
-	c := &call{w: w, id: w.runs.Add(1), target: target}
+// begin logs the call of kind on target by holder's Runner, and returns it.
+func (w *worker) begin(kind, target, holder string) (*call, error) {
+	c := &call{w: w, id: w.runs.Add(1), target: target, holder: holder}
 	return c, w.log.Write(stamp(c.ev(kind)))
 }
 
@@ -250,15 +253,24 @@ func (c *call) note(e Event) {
 }
 
 // work is the call's work: it logs its start and end, and takes d, unless
-// fail, when not nil, returns an error, which it then returns at once.
+// fail, when not nil, returns an error, which it then returns at once. Its
+// end logs the error it returns, if any, and whether it failed of its own
+// accord or its context ended.
 func (c *call) work(d time.Duration, fail func() error) func(ctx context.Context) (string, error) {
-	return func(ctx context.Context) (string, error) {
+	return func(ctx context.Context) (_ string, err error) {
 		l, _ := gormlease.LeaseFromContext(ctx)
 		c.tries++
 		e := c.ev(KindWork)
-		e.Gen, e.Token, e.Try = l.Generation, l.Token.String(), c.tries
+		e.Gen, e.Token, e.Holder, e.Try = l.Generation, l.Token.String(), c.holder, c.tries
 		c.note(e)
-		defer c.note(c.ev(KindWorkEnd))
+		outcome := WorkFailed
+		defer func() {
+			end := c.ev(KindWorkEnd)
+			if err != nil {
+				end.Outcome, end.Err = outcome, err.Error()
+			}
+			c.note(end)
+		}()
 		if fail != nil {
 			if err := fail(); err != nil {
 				return "", err
@@ -268,6 +280,7 @@ func (c *call) work(d time.Duration, fail func() error) func(ctx context.Context
 		case <-time.After(d):
 			return fmt.Sprintf("%s/%d", c.w.cfg.Name, c.id), nil
 		case <-ctx.Done():
+			outcome = WorkInterrupted
 			return "", context.Cause(ctx)
 		}
 	}
@@ -303,8 +316,8 @@ func workTime(rng *rand.Rand, lo, hi time.Duration) time.Duration {
 
 // run makes one Run on target and logs it. It returns the error of its
 // log, and Run's.
-func (w *worker) run(runner *gormlease.Runner[string], rng *rand.Rand, target string) (logErr, runErr error) {
-	c, err := w.begin(KindRun, target)
+func (w *worker) run(runner *gormlease.Runner[string], holder string, rng *rand.Rand, target string) (logErr, runErr error) {
+	c, err := w.begin(KindRun, target, holder)
 	if err != nil {
 		return err, nil
 	}
@@ -317,9 +330,9 @@ func (w *worker) run(runner *gormlease.Runner[string], rng *rand.Rand, target st
 // returns that Run's refusal (ErrLeaseHeld) wrapped, as a work that calls
 // Run on a held target does: an error of the work, which must end the
 // call rather than make it wait and run the work again.
-func (w *worker) runWait(ctx context.Context, runner *gormlease.Runner[string], rng *rand.Rand) error {
+func (w *worker) runWait(ctx context.Context, runner *gormlease.Runner[string], holder string, rng *rand.Rand) error {
 	target := w.pick(rng)
-	c, err := w.begin(KindRunWait, target)
+	c, err := w.begin(KindRunWait, target, holder)
 	if err != nil {
 		return err
 	}
@@ -330,7 +343,7 @@ func (w *worker) runWait(ctx context.Context, runner *gormlease.Runner[string], 
 				return nil
 			}
 			// Logged as a Run of its own, which the checker judges as any.
-			logErr, err := w.run(runner, rng, target)
+			logErr, err := w.run(runner, holder, rng, target)
 			if logErr != nil {
 				return logErr
 			}
@@ -346,9 +359,9 @@ func (w *worker) runWait(ctx context.Context, runner *gormlease.Runner[string], 
 
 // do makes one Do and logs it. One work in eight fails, so that the
 // callers that waited for it get a SharedJobError.
-func (w *worker) do(ctx context.Context, runner *gormlease.Runner[string], rng *rand.Rand) error {
+func (w *worker) do(ctx context.Context, runner *gormlease.Runner[string], holder string, rng *rand.Rand) error {
 	target := w.pick(rng)
-	c, err := w.begin(KindDo, target)
+	c, err := w.begin(KindDo, target, holder)
 	if err != nil {
 		return err
 	}
