@@ -120,9 +120,13 @@ type Report struct {
 	// Runs, Acquisitions, Saves and Changes count what was checked (Runs
 	// every call: Run, RunWait, Do); Ops the operations of the model
 	// check; Windows the quiet windows; Events the events of the history,
-	// and OperatorEvents those of them that the operator's calls wrote.
+	// OperatorEvents those of them that the operator's calls wrote, and
+	// EndsJudged the ended events judged by the call that held their
+	// generation (a release's cause, or a save).
 	Runs, Acquisitions, Saves, Changes, Ops, Windows int
-	Events, OperatorEvents                           int
+	Events, OperatorEvents, EndsJudged               int
+	// Ends counts the ended events by how.
+	Ends map[string]int
 	// Calls counts the calls by what was called, and Outcomes by outcome.
 	Calls    map[string]int
 	Outcomes map[string]int
@@ -289,7 +293,7 @@ func Check(in Input) Report {
 	checkDo(in, runs, saved, add)
 
 	if in.EventsKept {
-		rep.Events, rep.OperatorEvents = checkEvents(in, runs, saved, add)
+		checkEvents(in, runs, saved, &rep, add)
 	}
 
 	// Liveness: in every quiet window, each target has a Run that saved.

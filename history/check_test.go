@@ -251,6 +251,8 @@ func TestCheck_EventsCleanHistoryPasses(t *testing.T) {
 	assert.Empty(t, rep.Violations)
 	assert.Equal(t, 7, rep.Events)
 	assert.Equal(t, 3, rep.OperatorEvents)
+	assert.Equal(t, 2, rep.EndsJudged)
+	assert.Equal(t, map[string]int{"saved": 2}, rep.Ends)
 
 	in := eventsClean()
 	in.EventsKept = false

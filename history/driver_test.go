@@ -132,6 +132,9 @@ func land(call func(ctx context.Context) error) (failed int, err error) {
 	}
 }
 
+// operations numbers the operator's actions (see operate).
+var operations atomic.Int64
+
 // operatorName is the name the driver's operator records as its actions'
 // operator (admin.Operator.As), which the history's events carry.
 const operatorName = "history-driver"
@@ -150,6 +153,10 @@ func operate(repo *gormlease.Repository, kind, target string, hold time.Duration
 ) {
 	f := Fault{Kind: kind, Worker: "operator", Start: Micros(time.Now())}
 	op := admin.New(repo).As(operatorName)
+	// A reason of its own, so that each call that lands changes the row,
+	// and records its event, even on a row that an earlier call left
+	// paused or asked to stop (see OperatorCall).
+	reason := fmt.Sprintf("history %d", operations.Add(1))
 	var errs []error
 	// send lands call, an operator's call of the event kind event with
 	// reason, recording it: attempt returns the attempt's answer, and
@@ -173,10 +180,10 @@ func operate(repo *gormlease.Repository, kind, target string, hold time.Duration
 		return err == nil
 	}
 	stop := func() {
-		send("stop", string(admin.EventStopRequested), "history", func(ctx context.Context) (bool, error) {
+		send("stop", string(admin.EventStopRequested), reason, func(ctx context.Context) (bool, error) {
 			// No live lease: nobody to stop, or an attempt whose answer
 			// was lost stopped it.
-			err := op.RequestStop(ctx, target, "history")
+			err := op.RequestStop(ctx, target, reason)
 			if errors.Is(err, gormlease.ErrNoLiveLease) {
 				return false, nil
 			}
@@ -187,8 +194,8 @@ func operate(repo *gormlease.Repository, kind, target string, hold time.Duration
 		stop()
 	}
 	p := Pause{Target: target, Sent: Micros(time.Now())}
-	if send("pause", string(admin.EventPaused), "history", func(ctx context.Context) (bool, error) {
-		err := op.Pause(ctx, target, "history")
+	if send("pause", string(admin.EventPaused), reason, func(ctx context.Context) (bool, error) {
+		err := op.Pause(ctx, target, reason)
 		return err == nil, err
 	}) {
 		p.Committed = Micros(time.Now())
@@ -912,9 +919,11 @@ func runOn(t *testing.T, d *database, sc scenario) outcome {
 		EventsKept: true, LeaseEvents: leaseEvents, OperatorCalls: calls,
 		From: from, To: to, Recovery: recovery, Window: window, Resolution: d.resolution, CallLag: callLag, VisualizeDir: visualize}
 	rep := Check(in)
-	t.Logf("checked %d calls (%v; %v), %d acquisitions, %d saves, %d lease row changes, %d events (%d of %d operator calls), "+
+	t.Logf("checked %d calls (%v; %v), %d acquisitions, %d saves, %d lease row changes, "+
+		"%d events (%d by %d operator calls; ends by how %v, %d judged by their call), "+
 		"%d model operations, %d quiet windows; faults %v; %d violations",
-		rep.Runs, rep.Calls, rep.Outcomes, rep.Acquisitions, rep.Saves, rep.Changes, rep.Events, rep.OperatorEvents, len(calls),
+		rep.Runs, rep.Calls, rep.Outcomes, rep.Acquisitions, rep.Saves, rep.Changes,
+		rep.Events, rep.OperatorEvents, len(calls), rep.Ends, rep.EndsJudged,
 		rep.Ops, rep.Windows, counts, len(rep.Violations))
 	if d.patroni != nil {
 		t.Logf("on the old primaries: %d waits for synchronous replication cancelled by their client, %d cut by the shutdown",

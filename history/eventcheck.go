@@ -73,8 +73,8 @@ type eventKey struct {
 // checkEvents cross-checks the history (in.LeaseEvents) against the audit
 // log of the lease rows' changes (in.Changes), the saved results (saved
 // counts the saves of each target's generations), the workers' calls
-// (runs) and the operator's (in.OperatorCalls); it returns how many events
-// it checked, and how many of them were the operator's.
+// (runs) and the operator's (in.OperatorCalls); it counts what it checked
+// in rep.
 //
 // Against the audit log: each acquisition in it (an insert of a row not
 // released, or a change of the generation of a row left unreleased) has
@@ -111,9 +111,10 @@ type eventKey struct {
 // (and its reason), written between the call's first attempt and that
 // answer; and each such event was written during a call of its kind, by
 // its operator, on its target.
-func checkEvents(in Input, runs []*run, saved map[string]map[int64]int,
+func checkEvents(in Input, runs []*run, saved map[string]map[int64]int, rep *Report,
 	add func(kind, target, format string, args ...any),
-) (events, operatorEvents int) {
+) {
+	rep.Ends = map[string]int{}
 	evs := slices.Clone(in.LeaseEvents)
 	sort.SliceStable(evs, func(i, j int) bool {
 		if evs[i].Target != evs[j].Target {
@@ -131,7 +132,11 @@ func checkEvents(in Input, runs []*run, saved map[string]map[int64]int,
 		}
 		byTarget[e.Target] = append(byTarget[e.Target], e)
 		byKey[eventKey{e.Target, e.Kind, e.Gen}] = append(byKey[eventKey{e.Target, e.Kind, e.Gen}], e)
+		if admin.EventKind(e.Kind) == admin.EventEnded {
+			rep.Ends[e.How]++
+		}
 	}
+	rep.Events = len(evs)
 
 	// seq: 1, 2, ... per target; the first break of each target's.
 	for _, t := range targets {
@@ -201,7 +206,7 @@ func checkEvents(in Input, runs []*run, saved map[string]map[int64]int,
 					add(ViolationEventExtra, t, "saved event of generation %d (seq %d): no result of it was saved", e.Gen, e.Seq)
 				}
 			case admin.EventPaused, admin.EventResumed, admin.EventStopRequested:
-				operatorEvents++
+				rep.OperatorEvents++
 			default:
 				add(ViolationEventExtra, t, "event of kind %q (seq %d)", e.Kind, e.Seq)
 			}
@@ -211,9 +216,8 @@ func checkEvents(in Input, runs []*run, saved map[string]map[int64]int,
 	for _, t := range targets {
 		checkEventOrder(t, byTarget[t], add)
 	}
-	checkWorkerEvents(runs, byKey, add)
+	rep.EndsJudged = checkWorkerEvents(runs, byKey, add)
 	checkOperatorEvents(in, evs, add)
-	return len(evs), operatorEvents
 }
 
 // wantedEvents returns the acquired and ended events that changes, each
@@ -316,8 +320,8 @@ func checkEventOrder(target string, evs []*LeaseEvent, add func(kind, target, fo
 
 // checkWorkerEvents checks the events of each generation that a worker's
 // call ran its work under against what the call observed (see
-// checkEvents).
-func checkWorkerEvents(runs []*run, byKey map[eventKey][]*LeaseEvent, add func(kind, target, format string, args ...any)) {
+// checkEvents), and returns how many ended events it judged so.
+func checkWorkerEvents(runs []*run, byKey map[eventKey][]*LeaseEvent, add func(kind, target, format string, args ...any)) (judged int) {
 	for _, r := range runs {
 		if r.token == "" {
 			continue
@@ -336,6 +340,7 @@ func checkWorkerEvents(runs []*run, byKey map[eventKey][]*LeaseEvent, add func(k
 		}
 		ends := byKey[eventKey{r.target, string(admin.EventEnded), r.gen}]
 		if r.outcome == OutcomeOK {
+			judged++
 			switch {
 			case len(ends) == 0:
 				add(ViolationEventMissing, r.target, "%s returned nil for generation %d, which has no ended event", who, r.gen)
@@ -355,6 +360,7 @@ func checkWorkerEvents(runs []*run, byKey map[eventKey][]*LeaseEvent, add func(k
 		if want == nil {
 			continue
 		}
+		judged++
 		if !slices.Contains(want, e.How) {
 			add(ViolationEventOutcome, r.target, "%s returned %s (%s) for generation %d, which its release ended %s (seq %d), not %s",
 				who, r.outcome, r.err, r.gen, e.How, e.Seq, strings.Join(want, " or "))
@@ -365,6 +371,7 @@ func checkWorkerEvents(runs []*run, byKey map[eventKey][]*LeaseEvent, add func(k
 				who, r.err, r.gen, e.Detail, e.Seq)
 		}
 	}
+	return judged
 }
 
 // endCauses are the causes that the release of r's generation may record,
@@ -401,7 +408,7 @@ func endCauses(r *run) []string {
 // work's own.
 func failureMatches(detail, runErr, workErr string) bool {
 	text := strings.ReplaceAll(runErr, "\x00", "")
-	if cut, ok := strings.CutSuffix(detail, "..."); ok && len(detail) >= 250 {
+	if cut, ok := strings.CutSuffix(detail, "..."); ok && len(detail) > 255-3-4 { // cut at a rune's start
 		return strings.Contains(text, cut)
 	}
 	return detail != "" && strings.Contains(text, detail) && strings.Contains(detail, workErr)
