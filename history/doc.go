@@ -25,6 +25,28 @@
 // their lease holds, and return its error). Their works run under leases
 // that the checks above judge as any other.
 //
+// The lease table keeps its history (gormlease.WithHistory), and Check
+// cross-checks its events (job_lease_event, read with plain SQL: see
+// ReadEvents, and checkEvents for the rules) against the records above and
+// the workers' logs, and so proves that the history says what happened,
+// all of it and nothing else: each acquisition in the audit log has
+// exactly one acquired event of its generation, with its holder, how (new,
+// released, expired) and the generation before; each end of a generation
+// (a release, a save, a takeover, a forced release) exactly one ended
+// event, with its holder and acquisition time, and a cause that fits the
+// change (expired for a takeover past the holder's timeout, a release's
+// cause for a release); no event without its change; seq 1, 2, ... per
+// target, in the order of the changes. Each call that ran its work under
+// a generation has that generation's acquired event, with the call's
+// Runner's holder; a call that returned nil has its generation ended as
+// saved; one that failed after its work ran, and whose release ended its
+// generation, has the cause its error says (failed, with the failure's
+// text, lost, stopped, cancelled, save_failed), unless its outcome could
+// not be known (a commit without an answer, a crash). The operator's
+// Pause, Resume and RequestStop, made as "history-driver" (OperatorCall),
+// each have their event with that name and reason when the call returned
+// nil, and no operator's event was written outside such a call.
+//
 // The randomized test that drives it (history_test.go) runs the workers
 // as processes of their own, with different settings, while it injects
 // faults: pauses past the lease timeout, connection kills, commits stalled
@@ -43,9 +65,11 @@
 // nodes (galera_test.go), it crashes a node in every other fault phase,
 // and reads the records on every node.
 //
-// The checker must catch two mutations (mutation_test.go): a fenced commit
-// without its token check (mutate.go), and, with the root package's build
+// The checker must catch three mutations (mutation_test.go): a fenced
+// commit without its token check (mutate.go); with the root package's build
 // tag gormlease_mutation_do_first_read, a Do that runs a second job after
-// its first reads were refused. It is its own module so that porcupine
-// stays out of the core module's dependencies.
+// its first reads were refused; and, after a clean run, its event table
+// corrupted (an event deleted, a how changed, an operator's event
+// deleted, a seq duplicated). It is its own module so that porcupine stays
+// out of the core module's dependencies.
 package history

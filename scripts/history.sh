@@ -7,8 +7,10 @@
 # which has no server); the checker then verifies every log and the
 # database's records. Then the mutations, which the checker must catch:
 # the fence broken (on PostgreSQL, MariaDB, the Patroni cluster and the
-# Galera cluster), and Do's first-read rule dropped (the workers built
-# with -tags gormlease_mutation_do_first_read; on PostgreSQL and MariaDB).
+# Galera cluster), Do's first-read rule dropped (the workers built
+# with -tags gormlease_mutation_do_first_read; on PostgreSQL and MariaDB),
+# and, after a clean run, the event table of the lease table's history
+# corrupted (on PostgreSQL, MariaDB and SQLite).
 #
 #   scripts/history.sh [DURATION]     each run's length (default 5m), every database at once
 #
@@ -35,7 +37,7 @@ for i in $(seq "$runs"); do
     -run '^TestHistory_(Postgres|MariaDB|SQLite|Patroni|Galera)$' ./
 done
 if [ "${HISTORY_MUTATION:-1}" != 0 ]; then
-  echo "== the fence and Do mutations, $duration per database: the checker must report violations"
-  GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -parallel 6 -timeout 0 \
-    -run '^TestHistory_Mutated(Fence|Do)IsCaught_' ./
+  echo "== the fence, Do and event mutations, $duration per database: the checker must report violations"
+  GORMLEASE_HISTORY_DURATION="$duration" go test -race -count=1 -v -parallel 9 -timeout 0 \
+    -run '^TestHistory_Mutated((Fence|Do)IsCaught|EventsAreCaught)_' ./
 fi
