@@ -233,6 +233,11 @@ func ReadDB(ctx context.Context, db *gorm.DB) ([]Result, []Change, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	return readDB(ctx, db, s)
+}
+
+// readDB is ReadDB on the tables of schema s.
+func readDB(ctx context.Context, db *gorm.DB, s schema) ([]Result, []Change, error) {
 	db = db.WithContext(ctx)
 	var results []Result
 	rows, err := db.Raw("SELECT target, generation, token, value, at_us FROM history_result ORDER BY id").Rows()
