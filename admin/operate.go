@@ -120,7 +120,8 @@ func (o *Operator) Resume(ctx context.Context, targetID string) error {
 // reason (as Pause's) and the operator (see As; none without it) are
 // recorded with the request. It returns an error wrapping
 // gormlease.ErrNoLiveLease when every row of the target is released, or
-// there is none.
+// there is none, when the request is made: nil only when a lease carries
+// the request (a lease acquired after it does not).
 func (o *Operator) RequestStop(ctx context.Context, targetID, reason string) error {
 	r, err := o.parts()
 	if err != nil {

@@ -2,12 +2,14 @@ package admin_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/admin"
@@ -284,6 +286,52 @@ func TestRequestStop_NoLiveLease(t *testing.T) {
 		require.NoError(t, repo.Release(ctx, l))
 		require.ErrorIs(t, op.RequestStop(ctx, target, "x"), gormlease.ErrNoLiveLease, "released")
 		assert.Nil(t, testkit.LeaseRow(t, db, target).StopGeneration)
+	})
+}
+
+// afterStatement is a logger that calls after with each statement, once
+// it has run (gormlease reports its statements to the pool's logger).
+type afterStatement struct {
+	logger.Interface
+	after func(sql string)
+}
+
+func (l afterStatement) Trace(_ context.Context, _ time.Time, fc func() (string, int64), _ error) {
+	sql, _ := fc()
+	l.after(sql)
+}
+
+func (l afterStatement) LogMode(logger.LogLevel) logger.Interface { return l }
+
+// RequestStop answers for the lease its request reached: on a target
+// whose lease was released when the request ran, and that another holder
+// acquired before RequestStop read the row back (which it does when its
+// UPDATE changed no row, as MySQL counts a request made again), it returns
+// ErrNoLiveLease, and the new holder is not asked to stop. It returned nil
+// there, saying that a holder was asked to stop when none was: the
+// history checker found it (history/, the operator's stop with no
+// stop_requested event).
+func TestRequestStop_TargetTakenBetweenItsStatements(t *testing.T) {
+	t.Parallel()
+	testkit.EachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
+		ctx := context.Background()
+		repo := testkit.NewRepository(t, db)
+		target, l := testkit.AcquireNew(t, repo, time.Minute)
+		require.NoError(t, repo.Release(ctx, l))
+		var next gormlease.Lease
+		var err error
+		hooked := db.Session(&gorm.Session{Logger: afterStatement{Interface: logger.Discard, after: func(sql string) {
+			if strings.Contains(sql, "SET stop_generation = generation") && next.Generation == 0 {
+				next, err = repo.Acquire(ctx, target, time.Minute) // on a pool of its own
+			}
+		}}})
+		op := admin.New(testkit.NewRepository(t, hooked))
+		stopErr := op.RequestStop(ctx, target, "drain")
+		require.NoError(t, err)
+		require.NotZero(t, next.Generation, "no acquisition between the request's statements")
+		require.ErrorIs(t, stopErr, gormlease.ErrNoLiveLease)
+		row := testkit.LeaseRow(t, db, target)
+		assert.True(t, row.StopGeneration == nil || *row.StopGeneration != next.Generation, "the new holder asked to stop")
 	})
 }
 

@@ -927,10 +927,12 @@ func (c *Common) Resume(ctx context.Context, db *gorm.DB, keys []string, by stri
 }
 
 // RequestStop records a request to stop the leases of the rows of keys
-// that are not released, and returns how many such rows there are. (MySQL
+// that are not released, and returns how many such rows carry it. (MySQL
 // counts the rows a statement changed, not those it found: a request made
 // again with the same reason changes none, so a count of 0 is checked by a
-// read.)
+// read, which counts the live rows whose lease carries this very request:
+// not a row that was released when the UPDATE ran and that another holder
+// acquired before the read, whose lease no request reached.)
 func (c *Common) RequestStop(ctx context.Context, db *gorm.DB, keys []string, reason, by string) (int64, error) {
 	t := c.tables
 	_, n, err := Exec(ctx, db, c.d.Rebind("UPDATE "+t.Lease+" SET stop_generation = generation, stop_reason = ?, stop_by = ? WHERE "+
@@ -938,8 +940,9 @@ func (c *Common) RequestStop(ctx context.Context, db *gorm.DB, keys []string, re
 	if err != nil || n > 0 {
 		return n, err
 	}
-	_, err = QueryRow(ctx, db, c.d.Rebind("SELECT COUNT(*) FROM "+t.Lease+" WHERE "+in(len(keys))+" AND released_at IS NULL"),
-		keyArgs(keys), &n)
+	_, err = QueryRow(ctx, db, c.d.Rebind("SELECT COUNT(*) FROM "+t.Lease+" WHERE "+in(len(keys))+
+		" AND released_at IS NULL AND stop_generation = generation AND stop_reason = ? AND COALESCE(stop_by, '') = ?"),
+		append(keyArgs(keys), reason, by), &n)
 	return n, err
 }
 
