@@ -65,7 +65,8 @@ type JobLease struct {
 	// acquired ("held since"), or nil when the row does not record it.
 	AcquiredAt *time.Time `gorm:"column:acquired_at"`
 	// PausedBy names the operator who paused the target
-	// (admin.Operator.As), or nil.
+	// (admin.Operator.As) while it is paused; once resumed, the operator
+	// who resumed it; nil when the action named none.
 	PausedBy *string `gorm:"column:paused_by"`
 	// StopBy names the operator who asked the holder to stop
 	// (admin.Operator.As), or nil.
@@ -73,7 +74,8 @@ type JobLease struct {
 	// EndCause says how the last generation ended ("saved", "failed",
 	// "forced", ...: docs/design.md, section History), written by the
 	// statement that ended it and cleared by the next acquisition; nil
-	// while held, and in rows ended before the column existed.
+	// while the generation runs (a minimum hold records it when the hold
+	// begins), and in rows ended before the column existed.
 	EndCause *string `gorm:"column:end_cause"`
 	// EndedBy names the operator who forced the last generation's release
 	// (admin.Operator.ForceRelease, with admin.Operator.As), or nil.

@@ -53,7 +53,8 @@ const (
 // The values of Event.How. An acquisition (EventAcquired) took the row in
 // one of these states:
 const (
-	// HowNew: there was no row; Event.FromGeneration is 0.
+	// HowNew: there was no row, or one that no acquisition had taken (made
+	// by Pause or by a semaphore's first acquire); Event.FromGeneration is 0.
 	HowNew = "new"
 	// HowReleased: a released row.
 	HowReleased = "released"
@@ -71,11 +72,13 @@ const (
 // Repository.Release), HowExpired and HowSeized (written by the takeover
 // that took the lease over, before its EventAcquired):
 const (
-	// HowSaved: the fenced commit saved and released.
+	// HowSaved: the generation saved before it ended: a fenced commit that
+	// saved and released, or a release or minimum hold after a save.
 	HowSaved = "saved"
 	// HowFailed: the work returned an error (Event.Detail).
 	HowFailed = "failed"
-	// HowSaveFailed: the saver failed (Event.Detail).
+	// HowSaveFailed: the saver, or the fenced commit around it, failed
+	// (Event.Detail).
 	HowSaveFailed = "save_failed"
 	// HowLost: the Run ended because its lease was lost.
 	HowLost = "lost"
@@ -83,7 +86,7 @@ const (
 	HowStopped = "stopped"
 	// HowMaxHold: the work outlasted gormlease.WithMaxHold.
 	HowMaxHold = "max_hold"
-	// HowPanic: the work panicked.
+	// HowPanic: the work or the saver panicked.
 	HowPanic = "panic"
 	// HowCancelled: the caller's context ended.
 	HowCancelled = "cancelled"

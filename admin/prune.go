@@ -98,8 +98,9 @@ type PruneOptions struct {
 // opts.BatchSize events, each a statement that reads the event table in
 // key order from where the last one stopped, and one that deletes what it
 // read: a whole Prune reads the event table about once. It keeps the
-// newest event of each row whose lease row it keeps, whatever its age, so
-// that the row's Seq goes on from it; a row's history ends with its lease
+// newest event of each row whose lease row is not prunable when the events
+// are read, whatever its age, so that the row's Seq goes on from it (a row
+// that comes of age between the two passes can lose all its events); a row's history ends with its lease
 // row, once Prune has deleted that and its events have aged. Where the
 // table keeps no history, there is nothing to delete, and no error.
 //

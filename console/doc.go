@@ -44,11 +44,12 @@
 //     when the lease table keeps one: a timeline, newest first, with an
 //     entry per generation (its holder, how it began: new, released,
 //     expired from generation g or seized; how it ended: saved, failed
-//     with the failure's text, released by force by whom and why...; and
+//     with the failure's text, released by force by whom...; and
 //     how long it was held), the operator's actions while it was held
 //     (a stop request, a pause) in it, and those between generations
-//     (paused, resumed, with who and why) as entries of their own. A page
-//     reads at most 100 events, however long the history; it ends at the
+//     (paused with who and why, resumed with who) as entries of their own.
+//     A page shows at most 100 events (it reads 101, to know whether older
+//     ones exist), however long the history; it ends at the
 //     oldest generation that begins on it, and its "Older events" link
 //     carries ?before=, the position where the older page starts.
 //     ?history=N shows slot N's history instead of the target's own

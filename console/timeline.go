@@ -167,7 +167,7 @@ func ended(how string) string {
 	case admin.HowMaxHold:
 		return "stopped at its maximum hold"
 	case admin.HowPanic:
-		return "the work panicked"
+		return "the work or the saver panicked"
 	case admin.HowCancelled:
 		return "cancelled by its caller"
 	case admin.HowForced:
@@ -197,7 +197,7 @@ func (g *generation) EndDetail() string {
 }
 
 // Outcome is the class of the generation's end, for its colour: "good"
-// (saved, released), "bad" (a failure, a loss, a takeover, by force),
+// (saved, released, stopped on request, cancelled by its caller), "bad" (a failure, a loss, a takeover, by force),
 // "open" (not ended).
 func (g *generation) Outcome() string {
 	if g.Ended == nil {

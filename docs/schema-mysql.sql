@@ -120,7 +120,7 @@ CREATE TABLE IF NOT EXISTS job_result (
 -- event of a lease row: its acquisitions, the end of each generation, the
 -- fenced saves and the operators' actions, numbered by seq from 1 per
 -- target (docs/design.md, section History). Its name is the lease table's
--- with _event appended; job_lease_event_at serves Prune's deletes by age.
+-- with _event appended; it has no index by time: Prune walks its key.
 CREATE TABLE IF NOT EXISTS job_lease_event (
 	target_id       varbinary(255) NOT NULL,
 	seq             bigint NOT NULL,
@@ -133,8 +133,7 @@ CREATE TABLE IF NOT EXISTS job_lease_event (
 	acquired_at     datetime(6) NULL,
 	operator        varchar(255) NULL,
 	detail          varchar(255) NULL,
-	PRIMARY KEY (target_id, seq),
-	KEY job_lease_event_at (at)
+	PRIMARY KEY (target_id, seq)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
 -- The triggers that write the events, each in the statement that makes the

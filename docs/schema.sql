@@ -104,7 +104,7 @@ CREATE TABLE IF NOT EXISTS job_result (
 -- event of a lease row: its acquisitions, the end of each generation, the
 -- fenced saves and the operators' actions, numbered by seq from 1 per
 -- target (docs/design.md, section History). Its name is the lease table's
--- with _event appended; job_lease_event_at serves Prune's deletes by age.
+-- with _event appended; it has no index by time: Prune walks its key.
 CREATE TABLE IF NOT EXISTS job_lease_event (
 	target_id       varchar(255) NOT NULL,
 	seq             bigint       NOT NULL,
@@ -119,7 +119,6 @@ CREATE TABLE IF NOT EXISTS job_lease_event (
 	detail          varchar(255),
 	PRIMARY KEY (target_id, seq)
 );
-CREATE INDEX IF NOT EXISTS job_lease_event_at ON job_lease_event (at);
 
 -- event_seq is the seq of the row's last event, which the trigger on UPDATE
 -- advances in the row it writes, so that it numbers an event without reading

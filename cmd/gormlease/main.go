@@ -41,7 +41,7 @@
 // acquisition (how: new, released, expired or seized, from which
 // generation), save, end of a generation (the cause, how long it was
 // held, the failure), and operator's action (pause, resume, stop request,
-// forced release: who, and why). It needs a table that keeps history
+// forced release: who, and, for a pause or a stop request, why). It needs a table that keeps history
 // (migrate -history, or gormlease.AutoMigrate with gormlease.WithHistory);
 // on another it fails, saying how to turn it on. A target without events
 // and without a lease row exits 3; one with a lease row but no event

@@ -12,8 +12,8 @@ import (
 )
 
 // eventTable is the history's event table (the optional part of
-// docs/schema-mysql.sql), keyed by target and seq, with its index by time,
-// which Prune reads.
+// docs/schema-mysql.sql), keyed by target and seq: nothing reads it by
+// time (Prune walks the key).
 const eventTable = `CREATE TABLE IF NOT EXISTS job_lease_event (
 	target_id       varbinary(255) NOT NULL,
 	seq             bigint NOT NULL,
@@ -26,8 +26,7 @@ const eventTable = `CREATE TABLE IF NOT EXISTS job_lease_event (
 	acquired_at     datetime(6) NULL,
 	operator        varchar(255) NULL,
 	detail          varchar(255) NULL,
-	PRIMARY KEY (target_id, seq),
-	KEY job_lease_event_at (at)
+	PRIMARY KEY (target_id, seq)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
 
 // insertTrigger and updateTrigger write the history's events, each in the
@@ -124,12 +123,8 @@ BEGIN
 END`
 )
 
-// eventDDL is eventTable for tables t: the index's name is never
-// qualified by the schema.
-func eventDDL(t backend.Tables) string {
-	index, _ := backend.Unqualified(t.Event() + "_at")
-	return strings.Replace(t.Expand(eventTable), "\tKEY "+t.Event()+"_at ", "\tKEY "+index+" ", 1)
-}
+// eventDDL is eventTable for tables t.
+func eventDDL(t backend.Tables) string { return t.Expand(eventTable) }
 
 // The errors that CREATE TRIGGER meets.
 const (

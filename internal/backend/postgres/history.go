@@ -8,8 +8,8 @@ import (
 
 // HistorySchema is the DDL of the history, the optional part of
 // docs/schema.sql that Migrate runs with history: the event table, keyed by
-// target and seq, its index by time, which Prune reads, the lease table's
-// event_seq, and the triggers on the lease table that write the events,
+// target and seq (nothing reads it by time: Prune walks the key), the lease
+// table's event_seq, and the triggers on the lease table that write the events,
 // each in the statement that makes the change it records (docs/design.md,
 // section History).
 //
@@ -47,7 +47,6 @@ CREATE TABLE IF NOT EXISTS job_lease_event (
 	detail          varchar(255),
 	PRIMARY KEY (target_id, seq)
 );
-CREATE INDEX IF NOT EXISTS job_lease_event_at ON job_lease_event (at);
 ALTER TABLE job_lease ADD COLUMN IF NOT EXISTS event_seq bigint;
 CREATE OR REPLACE FUNCTION job_lease_history_new() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -143,15 +142,12 @@ BEGIN
 END
 $$;`
 
-// historySQL is HistorySchema for tables t. The index and the triggers
-// take their schema from their table, so their names are never
+// historySQL is HistorySchema for tables t. The triggers take their schema from their table, so their names are never
 // qualified; the function's and the tables' are.
 func historySQL(t backend.Tables) string {
-	index, _ := backend.Unqualified(t.Event() + "_at")
 	insert, _ := backend.Unqualified(t.Lease + "_history_insert")
 	update, _ := backend.Unqualified(t.Lease + "_history_update")
 	return strings.NewReplacer(
-		" "+t.Event()+"_at ON ", " "+index+" ON ",
 		t.Lease+"_history_insert", insert,
 		t.Lease+"_history_update", update,
 	).Replace(t.Expand(HistorySchema))

@@ -7,8 +7,8 @@ import (
 )
 
 // eventSchema is the DDL of the history (the optional part of
-// docs/sqlite.md): the event table, keyed by target and seq, its index by
-// time, which Prune reads, and the triggers on the lease table that write
+// docs/sqlite.md): the event table, keyed by target and seq (nothing reads
+// it by time: Prune walks the key), and the triggers on the lease table that write
 // it, each in the statement that makes the change it records, as
 // PostgreSQL's job_lease_history() does (see docs/design.md, section
 // History). The WHEN clause of the trigger on UPDATE lets the changes that
@@ -33,7 +33,6 @@ CREATE TABLE IF NOT EXISTS job_lease_event (
 	detail          text,
 	PRIMARY KEY (target_id, seq)
 );
-CREATE INDEX IF NOT EXISTS job_lease_event_at ON job_lease_event (at);
 CREATE TRIGGER IF NOT EXISTS job_lease_history_insert AFTER INSERT ON job_lease
 FOR EACH ROW WHEN NEW.released_at IS NULL
 BEGIN
@@ -103,13 +102,12 @@ const takeoverHow = `CASE WHEN OLD.lease_token = '00000000-0000-0000-0000-000000
 		ELSE 'expired' END`
 
 // eventSQL is eventSchema for tables t. SQLite qualifies the names of the
-// index and the triggers, not their table's, with the schema, and a
+// triggers, not their table's, with the schema, and a
 // trigger's statements name tables unqualified.
 func eventSQL(t backend.Tables) string {
 	lease, _ := backend.Unqualified(t.Lease)
 	event, _ := backend.Unqualified(t.Event())
 	return strings.NewReplacer(
-		" ON "+t.Event()+" (at)", " ON "+event+" (at)",
 		" ON "+t.Lease+"\n", " ON "+lease+"\n",
 		"INTO "+t.Event()+" ", "INTO "+event+" ",
 		"FROM "+t.Event()+" ", "FROM "+event+" ",
