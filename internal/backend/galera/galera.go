@@ -348,7 +348,11 @@ func (b *Backend) catchUp(ctx context.Context, db *gorm.DB, key string) error {
 //   - after a serialization failure, which rolled the whole transaction
 //     back, when a causal read shows l still the caller's: the failure came
 //     from another write on the row that did not take the lease. When the
-//     read shows l gone, it reports lost.
+//     read shows l gone, it reports lost. When the read itself fails after
+//     a serialization failure (a causal read that timed out on a node busy
+//     applying the very write that aborted the commit), it runs the commit
+//     again, as the lock under it checks the token: it then saves, or finds
+//     l gone.
 func (b *Backend) RetryCommit(ctx context.Context, db *gorm.DB, l backend.Lease, err error, attempt int) (again, lost bool) {
 	if attempt >= Attempts || !b.On(ctx, db) {
 		return false, false
@@ -357,14 +361,16 @@ func (b *Backend) RetryCommit(ctx context.Context, db *gorm.DB, l backend.Lease,
 	if !notOwned && !backend.IsSerializationFailure(err) {
 		return false, false
 	}
+	pause := backend.Backoff{Pause: 2 * time.Millisecond << (attempt - 1), Max: 100 * time.Millisecond}
 	row, found, getErr := b.Get(ctx, db, l.TargetID)
 	switch {
-	case getErr != nil:
+	case getErr != nil && (notOwned || ctx.Err() != nil):
 		return false, false
+	case getErr != nil:
+		return pause.Wait(ctx), false
 	case !found || !row.Holds(l):
 		return false, !notOwned
 	}
-	pause := backend.Backoff{Pause: 2 * time.Millisecond << (attempt - 1), Max: 100 * time.Millisecond}
 	return pause.Wait(ctx), false
 }
 
