@@ -88,7 +88,12 @@ func TestDo_ConcurrentCallersShareOneJob(t *testing.T) {
 			}
 			results = append(results, goDo(t, context.Background(), r, target, work))
 		}
-		// b's callers wait on the database; give a's late callers time to join.
+		// Every caller has joined its Runner's job before the job ends: a
+		// caller that began after the save would rightly run the work again.
+		// b's callers wait on the database.
+		waitFor(t, 10*time.Second, "every caller to join its Runner's job", func() bool {
+			return gormlease.DoCallers(a, target) == (n+1)/2 && gormlease.DoCallers(b, target) == n/2
+		})
 		waitWatched(t, target)
 		close(release)
 		unshared := 0
@@ -135,6 +140,7 @@ func TestDo_HolderFailsWaitersGetSharedFailure(t *testing.T) {
 		waiters := []<-chan doResult{goDo(t, context.Background(), a, target, work), goDo(t, context.Background(), a, target, work)}
 		waitFor(t, 10*time.Second, "the callers to join the job", func() bool { return gormlease.DoCallers(a, target) == 3 })
 		waiters = append(waiters, goDo(t, context.Background(), b, target, work), goDo(t, context.Background(), b, target, work))
+		waitFor(t, 10*time.Second, "b's callers to join its job", func() bool { return gormlease.DoCallers(b, target) == 2 })
 		waitWatched(t, target)
 		proc := startDoProcs(t, s, 1, noExpiry)[0]
 		proc.send(fmt.Sprintf("do %s 2 never quick", target))

@@ -73,6 +73,7 @@ func TestWait_EndsLeaveNothingBehind(t *testing.T) {
 			})
 			recv(t, started, 20*time.Second, "the work to start")
 			waits := []<-chan doResult{goDo(t, context.Background(), waiter, target, never), goDo(t, context.Background(), waiter, target, never)}
+			waitFor(t, 10*time.Second, "both callers to join the wait", func() bool { return gormlease.DoCallers(waiter, target) == 2 })
 			waitWatched(t, target)
 			close(release)
 			for _, ch := range append(waits, job) {
