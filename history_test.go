@@ -2,10 +2,10 @@ package gormlease_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -92,40 +92,55 @@ type event struct {
 	Generation, From                    int64
 }
 
-// readEvents reads the events of key (a target's own row, or a slot's) from
-// db's event table event, in order, with plain SQL, and checks what every
+// atoi is s as an int, which it must be.
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	require.NoError(t, err)
+	return n
+}
+
+// readEvents reads the events of key (a target's own row, or a slot's) of
+// the lease table whose event table is table, oldest first, as
+// admin.Operator.History returns them, page by page, and checks what every
 // list must be: seq 1, 2, ... and times that never go back, and an
 // acquisition time on each ended event, not after its end.
 func readEvents(t *testing.T, db *gorm.DB, table, key string) []event {
 	t.Helper()
-	rows, err := db.Raw("SELECT seq, kind, generation, holder, how, from_generation, operator, detail, at, acquired_at FROM "+
-		table+" WHERE target_id = ? ORDER BY seq", key).Rows()
+	lease := strings.TrimSuffix(table, "_event")
+	repo, err := gormlease.NewRepository(db, gormlease.WithTableNames(lease, lease+"_result"))
 	require.NoError(t, err)
-	defer rows.Close()
+	op := admin.New(repo)
+	target, slot := key, 0
+	if i := strings.LastIndexByte(key, 0x1f); i >= 0 { // a slot's row (backend.SlotKey)
+		target, slot = key[:i], atoi(t, key[i+1:])
+	}
+	var all []admin.Event
+	for before := int64(0); ; {
+		page, err := op.History(context.Background(), target, admin.HistoryOptions{Slot: slot, Before: before, Limit: 7})
+		require.NoError(t, err)
+		all = append(all, page...)
+		if len(page) < 7 {
+			break
+		}
+		before = page[len(page)-1].Seq
+	}
 	var (
 		out  []event
 		last time.Time
 	)
-	for rows.Next() {
-		var (
-			seq             int64
-			e               event
-			how, op, detail sql.NullString
-			from            sql.NullInt64
-			at              time.Time
-			acquiredAt      *time.Time
-		)
-		require.NoError(t, rows.Scan(&seq, &e.Kind, &e.Generation, &e.Holder, &how, &from, &op, &detail, &at, &acquiredAt))
-		e.How, e.Operator, e.Detail, e.From = how.String, op.String, detail.String, from.Int64
-		require.EqualValues(t, len(out)+1, seq, "seq of event %+v", e)
-		assert.False(t, at.Before(last), "event %d at %v, before the one before it (%v)", seq, at, last)
-		last = at
-		if e.Kind == "ended" && assert.NotNil(t, acquiredAt, "acquired_at of ended event %d", seq) {
-			assert.False(t, at.Before(*acquiredAt), "event %d ended at %v, before its acquisition at %v", seq, at, *acquiredAt)
+	for i := len(all) - 1; i >= 0; i-- {
+		a := all[i]
+		e := event{Kind: string(a.Kind), Holder: a.Holder, How: a.How, Operator: a.Operator, Detail: a.Detail,
+			Generation: a.Generation, From: a.FromGeneration}
+		require.EqualValues(t, len(out)+1, a.Seq, "seq of event %+v", e)
+		assert.False(t, a.At.Before(last), "event %d at %v, before the one before it (%v)", a.Seq, a.At, last)
+		last = a.At
+		if e.Kind == "ended" && assert.NotNil(t, a.AcquiredAt, "acquired_at of ended event %d", a.Seq) {
+			assert.False(t, a.At.Before(*a.AcquiredAt), "event %d ended at %v, before its acquisition at %v", a.Seq, a.At, *a.AcquiredAt)
 		}
 		out = append(out, e)
 	}
-	require.NoError(t, rows.Err())
 	return out
 }
 
@@ -473,4 +488,75 @@ func TestAutoMigrate_MySQLHistoryWithoutTriggerPrivilege(t *testing.T) {
 	assert.Contains(t, err.Error(), "docs/operating.md")
 	_, err = newRunner(t, db).Run(ctx, newTarget(t), func(context.Context) (string, error) { return "v", nil }, gormlease.SaveJSON[string])
 	require.NoError(t, err, "the tables work without the history")
+}
+
+// On PostgreSQL a generation that nothing interrupts is one row of the
+// event table: its acquisition stays pending in the lease row, which
+// History reads, until the statement that ends it writes both events in
+// one row, which History reads as two. Heartbeats write nothing. An
+// operator's step while the lease is held writes the acquisition as a row
+// of its own first; a lease row deleted while its acquisition is pending
+// (as Prune deletes one) writes it as it goes.
+func TestHistory_PostgresOneRowPerGeneration(t *testing.T) {
+	t.Parallel()
+	s := testdb.Postgres(t)
+	ctx := context.Background()
+	db := historyDB(t, s)
+	target := newTarget(t)
+	stored := func() int64 {
+		t.Helper()
+		var n int64
+		require.NoError(t, db.Table("job_lease_event").Where("target_id = ?", target).Count(&n).Error)
+		return n
+	}
+	repo, err := gormlease.NewRepository(db, gormlease.WithHolder("h"))
+	require.NoError(t, err)
+	op := admin.New(repo)
+
+	l1, err := repo.Acquire(ctx, target, time.Hour)
+	require.NoError(t, err)
+	assert.Zero(t, stored(), "the acquisition of a new row was written at once")
+	assert.Equal(t, []event{{Kind: "acquired", Generation: 1, Holder: "h", How: "new"}},
+		readEvents(t, db, "job_lease_event", target), "the pending acquisition")
+	require.NoError(t, repo.Release(ctx, l1))
+	assert.EqualValues(t, 1, stored(), "rows for generation 1")
+
+	// A job whose work waits for two heartbeats.
+	r := newRunner(t, db, append(fast(50*time.Millisecond, 20*time.Second), gormlease.WithHolder("r"))...)
+	_, err = r.Run(ctx, target, func(ctx context.Context) (string, error) {
+		acquired := leaseRow(t, db, target).UpdatedAt
+		waitFor(t, 10*time.Second, "two heartbeats", func() bool {
+			return leaseRow(t, db, target).UpdatedAt.Sub(acquired) >= 90*time.Millisecond
+		})
+		return "v", nil
+	}, gormlease.SaveJSON[string])
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, stored(), "rows after generation 2, a job with heartbeats")
+
+	_, err = repo.Acquire(ctx, target, time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, op.As("alice").Pause(ctx, target, "deploy"))
+	assert.EqualValues(t, 4, stored(), "the pause of a held lease writes its acquisition, then itself")
+	require.NoError(t, op.As("alice").Resume(ctx, target))
+	_, err = op.ForceRelease(ctx, target)
+	require.NoError(t, err)
+	assert.EqualValues(t, 6, stored(), "rows after generation 3")
+
+	_, err = repo.Acquire(ctx, target, time.Hour) // generation 5: the forced release left the row at 4
+	require.NoError(t, err)
+	assert.EqualValues(t, 6, stored(), "the acquisition of a released row was written at once")
+	require.NoError(t, db.Exec("DELETE FROM job_lease WHERE target_id = ?", target).Error)
+	assert.EqualValues(t, 7, stored(), "the row deleted while pending")
+
+	assert.Equal(t, []event{
+		{Kind: "acquired", Generation: 1, Holder: "h", How: "new"},
+		{Kind: "ended", Generation: 1, Holder: "h", How: "released"},
+		{Kind: "acquired", Generation: 2, Holder: "r", How: "released", From: 1},
+		{Kind: "ended", Generation: 2, Holder: "r", How: "saved"},
+		{Kind: "acquired", Generation: 3, Holder: "h", How: "released", From: 2},
+		{Kind: "paused", Generation: 3, Holder: "h", Operator: "alice", Detail: "deploy"},
+		{Kind: "resumed", Generation: 3, Holder: "h", Operator: "alice"},
+		{Kind: "ended", Generation: 3, Holder: "h", How: "forced", Detail: "released by force by an operator"},
+		{Kind: "acquired", Generation: 5, Holder: "h", How: "released", From: 4},
+	}, readEvents(t, db, "job_lease_event", target))
 }

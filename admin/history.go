@@ -165,7 +165,9 @@ type HistoryOptions struct {
 // History returns the events of targetID's row (or, with opts.Slot, of
 // that slot's row), newest first: a page of at most opts.Limit, below
 // opts.Before. It reads them in one statement, from the event table's
-// primary key, so a page costs the same however long the history. A row
+// primary key (on PostgreSQL with the lease row, whose acquisition the
+// trigger may leave pending until the generation's end: docs/design.md,
+// History), so a page costs the same however long the history. A row
 // that has no event (a target never acquired, nor paused, since history
 // was turned on; or whose events were pruned) returns none, and no error.
 //

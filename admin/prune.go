@@ -67,8 +67,10 @@ type PruneOptions struct {
 
 	// KeepEvents caps each row's history, where the table keeps one
 	// (gormlease.WithHistory): Prune also deletes a row's events beyond
-	// its KeepEvents newest, whatever their age. 0, the default, sets no
-	// cap; it cannot be negative.
+	// its KeepEvents newest, whatever their age (on PostgreSQL, where one
+	// row of the event table may hold a generation's acquisition and
+	// end, the two go together: a row may keep KeepEvents + 1). 0, the
+	// default, sets no cap; it cannot be negative.
 	KeepEvents int
 	// EventsDeleted, when not nil, is set to the number of events that
 	// Prune deleted (with DryRun, that it would delete now), also when it

@@ -100,10 +100,13 @@ CREATE TABLE IF NOT EXISTS job_result (
 
 -- Optional: the history of each target (AutoMigrate with
 -- gormlease.WithHistory(), or `gormlease migrate -history`). Leave this part
--- out for a table that keeps no history. job_lease_event holds one row per
--- event of a lease row: its acquisitions, the end of each generation, the
--- fenced saves and the operators' actions, numbered by seq from 1 per
--- target (docs/design.md, section History). Its name is the lease table's
+-- out for a table that keeps no history. job_lease_event holds the events of
+-- a lease row: its acquisitions, the end of each generation, the fenced saves
+-- and the operators' actions, numbered by seq from 1 per target
+-- (docs/design.md, section History). A row is one event, or the two events of
+-- a generation that nothing interrupted: its acquisition at seq, and its end
+-- at seq + 1 (ended_at, end_cause, with operator and detail), which no other
+-- row holds; History returns the two apart. Its name is the lease table's
 -- with _event appended; it has no index by time: Prune walks its key.
 CREATE TABLE IF NOT EXISTS job_lease_event (
 	target_id       varchar(255) NOT NULL,
@@ -117,37 +120,97 @@ CREATE TABLE IF NOT EXISTS job_lease_event (
 	acquired_at     timestamptz,
 	operator        varchar(255),
 	detail          varchar(255),
+	ended_at        timestamptz,
+	end_cause       varchar(16),
 	PRIMARY KEY (target_id, seq)
 );
 
+-- The columns added since the table first had them, and the lease row's own:
 -- event_seq is the seq of the row's last event, which the trigger on UPDATE
 -- advances in the row it writes, so that it numbers an event without reading
--- the event table; NULL until then. Do not change it by hand.
-ALTER TABLE job_lease ADD COLUMN IF NOT EXISTS event_seq bigint;
+-- the event table. event_gen is the generation that the row's statements may
+-- give it without calling the trigger's function: the one held, and once its
+-- release is written, the next. event_how is how the acquisition of
+-- event_gen began (new or released) while that acquisition is pending, not
+-- yet written: the next event of the row writes it first. NULL until the
+-- trigger writes them. Do not change them by hand.
+ALTER TABLE job_lease_event ADD COLUMN IF NOT EXISTS ended_at timestamptz, ADD COLUMN IF NOT EXISTS end_cause varchar(16);
+ALTER TABLE job_lease ADD COLUMN IF NOT EXISTS event_seq bigint, ADD COLUMN IF NOT EXISTS event_gen bigint,
+	ADD COLUMN IF NOT EXISTS event_how varchar(16);
 
--- job_lease_history_new() writes the acquired event of a row that an acquire
--- inserts, numbered 1 + the target's last seq. job_lease_history() writes, in
--- a statement that changes a row, before the row is written and under its
--- lock, the events of the change: an acquisition (new, released, expired or
--- seized, with the ended event of an unreleased lease taken over first), the
--- end of a generation (its cause from end_cause, written by the statement that
--- ends it), a fenced save, a minimum hold, a pause, a resume and a stop request.
+-- job_lease_history_top() is the seq of a target's last event, by one probe
+-- of the primary key, for a row that has no event_seq.
+CREATE OR REPLACE FUNCTION job_lease_history_top(key varchar) RETURNS bigint LANGUAGE sql STABLE AS $$
+	SELECT COALESCE((SELECT e.seq + CASE WHEN e.end_cause IS NULL THEN 0 ELSE 1 END FROM job_lease_event e
+		WHERE e.target_id = key ORDER BY e.seq DESC LIMIT 1), 0)
+$$;
+
+-- job_lease_history_new() numbers the events of a row that an acquire
+-- inserts, whose acquisition is pending (how new).
 CREATE OR REPLACE FUNCTION job_lease_history_new() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-	INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how)
-	SELECT NEW.target_id, COALESCE(max(e.seq), 0) + 1, clock_timestamp(), 'acquired', NEW.generation, NEW.holder, 'new'
-	FROM job_lease_event e WHERE e.target_id = NEW.target_id;
+	NEW.event_seq := job_lease_history_top(NEW.target_id);
+	NEW.event_gen := NEW.generation;
+	NEW.event_how := 'new';
+	RETURN NEW;
+END
+$$;
+
+-- job_lease_history_gone() writes the pending acquisition of a row deleted.
+CREATE OR REPLACE FUNCTION job_lease_history_gone() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, from_generation)
+	VALUES (OLD.target_id, COALESCE(OLD.event_seq, job_lease_history_top(OLD.target_id)) + 1,
+		COALESCE(OLD.acquired_at, OLD.updated_at), 'acquired', OLD.generation, OLD.holder, OLD.event_how,
+		CASE WHEN OLD.event_how <> 'new' THEN OLD.generation - 1 END);
 	RETURN NULL;
 END
 $$;
+
+-- job_lease_history() writes, in a statement that changes a row, before the
+-- row is written and under its lock, the events of the change: an
+-- acquisition that the WHEN clause lets through (seized, expired, after a
+-- minimum hold, of a row made before the history, or by Pause), with the
+-- ended event of an unreleased lease taken over first; the end of a
+-- generation (its cause from end_cause, written by the statement that ends
+-- it), in one row with its pending acquisition; a fenced save, a minimum
+-- hold, a pause, a resume and a stop request, after the pending acquisition.
 CREATE OR REPLACE FUNCTION job_lease_history() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-	n     bigint := OLD.event_seq;
-	v_how varchar(16);
+	n      bigint := OLD.event_seq;
+	pend   boolean;
+	p_from bigint;
+	v_how  varchar(16);
+	e_save boolean;
+	e_hold boolean;
+	e_op   boolean;
 BEGIN
 	IF n IS NULL THEN
-		SELECT COALESCE(max(e.seq), 0) INTO n FROM job_lease_event e WHERE e.target_id = NEW.target_id;
+		n := job_lease_history_top(NEW.target_id);
 	END IF;
+	IF OLD.released_at IS NULL AND NEW.released_at IS NOT NULL AND OLD.hold_generation IS DISTINCT FROM OLD.generation THEN
+		IF OLD.event_how IS NOT NULL AND OLD.event_gen = OLD.generation THEN
+			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, from_generation, operator, detail,
+				ended_at, end_cause)
+			VALUES (NEW.target_id, n + 1, COALESCE(OLD.acquired_at, OLD.updated_at), 'acquired', OLD.generation, OLD.holder,
+				OLD.event_how, CASE WHEN OLD.event_how <> 'new' THEN OLD.generation - 1 END, NEW.ended_by, NEW.failure,
+				clock_timestamp(), COALESCE(NEW.end_cause, CASE WHEN NEW.failure IS NOT NULL THEN 'failed'
+					WHEN NEW.saved_generation = OLD.generation THEN 'saved' ELSE 'released' END));
+			NEW.event_seq := n + 2;
+		ELSE
+			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, acquired_at, operator, detail)
+			VALUES (NEW.target_id, n + 1, clock_timestamp(), 'ended', OLD.generation, OLD.holder,
+				COALESCE(NEW.end_cause, CASE WHEN NEW.failure IS NOT NULL THEN 'failed'
+					WHEN NEW.saved_generation = OLD.generation THEN 'saved' ELSE 'released' END),
+				OLD.acquired_at, NEW.ended_by, NEW.failure);
+			NEW.event_seq := n + 1;
+		END IF;
+		NEW.event_gen := NEW.generation + 1;
+		NEW.event_how := 'released';
+		RETURN NEW;
+	END IF;
+	pend := OLD.event_how IS NOT NULL AND OLD.event_gen = OLD.generation AND OLD.released_at IS NULL;
+	p_from := CASE WHEN OLD.event_how <> 'new' THEN OLD.generation - 1 END;
 	IF NEW.generation <> OLD.generation AND NEW.released_at IS NULL THEN
 		v_how := CASE WHEN OLD.lease_token = '00000000-0000-0000-0000-000000000000' THEN 'new'
 			WHEN OLD.released_at IS NOT NULL THEN 'released'
@@ -155,40 +218,66 @@ BEGIN
 				AND OLD.updated_at >= clock_timestamp() - OLD.timeout_ms * interval '1 millisecond' THEN 'seized'
 			WHEN OLD.hold_generation = OLD.generation THEN 'released'
 			ELSE 'expired' END;
-		IF OLD.released_at IS NULL AND OLD.hold_generation IS DISTINCT FROM OLD.generation THEN
+		IF OLD.released_at IS NULL AND OLD.hold_generation IS DISTINCT FROM OLD.generation AND pend THEN
+			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, from_generation, ended_at, end_cause)
+			VALUES (NEW.target_id, n + 1, COALESCE(OLD.acquired_at, OLD.updated_at), 'acquired', OLD.generation, OLD.holder,
+				OLD.event_how, p_from, clock_timestamp(), v_how);
+			n := n + 2;
+		ELSIF OLD.released_at IS NULL AND OLD.hold_generation IS DISTINCT FROM OLD.generation THEN
 			n := n + 1;
 			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, acquired_at)
 			VALUES (NEW.target_id, n, clock_timestamp(), 'ended', OLD.generation, OLD.holder, v_how, OLD.acquired_at);
+		ELSIF pend THEN
+			n := n + 1;
+			INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, from_generation)
+			VALUES (NEW.target_id, n, COALESCE(OLD.acquired_at, OLD.updated_at), 'acquired', OLD.generation, OLD.holder,
+				OLD.event_how, p_from);
 		END IF;
 		n := n + 1;
 		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, from_generation)
 		VALUES (NEW.target_id, n, clock_timestamp(), 'acquired', NEW.generation, NEW.holder, v_how,
 			CASE WHEN v_how <> 'new' THEN OLD.generation END);
 		NEW.event_seq := n;
+		NEW.event_gen := NEW.generation;
+		NEW.event_how := NULL;
 		RETURN NEW;
 	END IF;
-	IF OLD.released_at IS NULL AND NEW.released_at IS NOT NULL AND OLD.hold_generation IS DISTINCT FROM OLD.generation THEN
+	e_save := NEW.released_at IS NULL AND NEW.generation = OLD.generation AND NEW.saved_generation = NEW.generation
+		AND NEW.saved_at IS DISTINCT FROM OLD.saved_at;
+	e_hold := NEW.released_at IS NULL AND NEW.generation = OLD.generation AND NEW.hold_generation = NEW.generation
+		AND OLD.hold_generation IS DISTINCT FROM OLD.generation;
+	e_op := (NEW.paused_at IS NOT NULL AND (OLD.paused_at IS NULL OR NEW.pause_reason IS DISTINCT FROM OLD.pause_reason
+			OR NEW.paused_by IS DISTINCT FROM OLD.paused_by))
+		OR (OLD.paused_at IS NOT NULL AND NEW.paused_at IS NULL)
+		OR (NEW.stop_generation = NEW.generation AND (OLD.stop_generation IS DISTINCT FROM NEW.stop_generation
+			OR NEW.stop_reason IS DISTINCT FROM OLD.stop_reason OR NEW.stop_by IS DISTINCT FROM OLD.stop_by));
+	IF pend AND (e_save OR e_op) THEN
 		n := n + 1;
-		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, acquired_at, operator, detail)
-		VALUES (NEW.target_id, n, clock_timestamp(), 'ended', OLD.generation, OLD.holder,
-			COALESCE(NEW.end_cause, CASE WHEN NEW.failure IS NOT NULL THEN 'failed'
-				WHEN NEW.saved_generation = OLD.generation THEN 'saved' ELSE 'released' END),
-			OLD.acquired_at, NEW.ended_by, NEW.failure);
-		NEW.event_seq := n;
-		RETURN NEW;
+		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, from_generation)
+		VALUES (NEW.target_id, n, COALESCE(OLD.acquired_at, OLD.updated_at), 'acquired', OLD.generation, OLD.holder,
+			OLD.event_how, p_from);
+		pend := false;
+		NEW.event_how := NULL;
 	END IF;
-	IF NEW.released_at IS NULL AND NEW.generation = OLD.generation AND NEW.saved_generation = NEW.generation
-		AND NEW.saved_at IS DISTINCT FROM OLD.saved_at THEN
+	IF e_save THEN
 		n := n + 1;
 		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder)
 		VALUES (NEW.target_id, n, clock_timestamp(), 'saved', NEW.generation, NEW.holder);
 	END IF;
-	IF NEW.released_at IS NULL AND NEW.generation = OLD.generation AND NEW.hold_generation = NEW.generation
-		AND OLD.hold_generation IS DISTINCT FROM OLD.generation THEN
+	IF e_hold AND pend THEN
+		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, from_generation, detail, ended_at, end_cause)
+		VALUES (NEW.target_id, n + 1, COALESCE(OLD.acquired_at, OLD.updated_at), 'acquired', OLD.generation, OLD.holder,
+			OLD.event_how, p_from, NEW.failure, clock_timestamp(), COALESCE(NEW.end_cause, 'released'));
+		n := n + 2;
+	ELSIF e_hold THEN
 		n := n + 1;
 		INSERT INTO job_lease_event (target_id, seq, at, kind, generation, holder, how, acquired_at, detail)
 		VALUES (NEW.target_id, n, clock_timestamp(), 'ended', NEW.generation, NEW.holder, COALESCE(NEW.end_cause, 'released'),
 			NEW.acquired_at, NEW.failure);
+	END IF;
+	IF e_hold THEN
+		NEW.event_gen := NEW.generation;
+		NEW.event_how := NULL;
 	END IF;
 	IF NEW.paused_at IS NOT NULL AND (OLD.paused_at IS NULL OR NEW.pause_reason IS DISTINCT FROM OLD.pause_reason
 		OR NEW.paused_by IS DISTINCT FROM OLD.paused_by) THEN
@@ -207,27 +296,46 @@ BEGIN
 		VALUES (NEW.target_id, n, clock_timestamp(), 'stop_requested', NEW.stop_generation, NEW.holder, NEW.stop_by,
 			NEW.stop_reason);
 	END IF;
+	IF NEW.event_gen IS NULL AND NEW.lease_token <> '00000000-0000-0000-0000-000000000000' THEN
+		NEW.event_gen := NEW.generation + CASE WHEN NEW.released_at IS NULL THEN 0 ELSE 1 END;
+		NEW.event_how := CASE WHEN NEW.released_at IS NOT NULL THEN 'released' END;
+	END IF;
 	NEW.event_seq := n;
 	RETURN NEW;
 END
 $$;
 
--- The triggers, made only when missing. The WHEN clause of the trigger on
--- UPDATE is checked on the row without calling the function: a heartbeat,
--- which changes only updated_at, never calls it. To stop keeping history:
+-- The triggers, made only when missing (an earlier version's are replaced).
+-- The WHEN clause of the trigger on UPDATE is checked on the row without
+-- calling the function: a heartbeat, which changes only updated_at, never
+-- calls it, nor does the acquisition of a row that its holder released,
+-- which stays pending. To stop keeping history:
 --   DROP TRIGGER job_lease_history_update ON job_lease;
---   DROP TRIGGER job_lease_history_insert ON job_lease;
---   DROP FUNCTION job_lease_history(), job_lease_history_new();
--- (and DROP TABLE job_lease_event to delete the events too).
+--   DROP TRIGGER job_lease_history_ins ON job_lease;
+--   DROP TRIGGER job_lease_history_del ON job_lease;
+--   DROP FUNCTION job_lease_history(), job_lease_history_new(), job_lease_history_gone(), job_lease_history_top(varchar);
+-- (and DROP TABLE job_lease_event to delete the events too; a pending
+-- acquisition is lost with the triggers).
 DO $$
 BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_insert') THEN
-		CREATE TRIGGER job_lease_history_insert AFTER INSERT ON job_lease
+	IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_insert') THEN
+		DROP TRIGGER job_lease_history_insert ON job_lease;
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_ins') THEN
+		CREATE TRIGGER job_lease_history_ins BEFORE INSERT ON job_lease
 		FOR EACH ROW WHEN (NEW.released_at IS NULL) EXECUTE FUNCTION job_lease_history_new();
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_del') THEN
+		CREATE TRIGGER job_lease_history_del AFTER DELETE ON job_lease
+		FOR EACH ROW WHEN (OLD.event_how IS NOT NULL AND OLD.event_gen = OLD.generation) EXECUTE FUNCTION job_lease_history_gone();
+	END IF;
+	IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_update'
+		AND position('event_gen' in pg_get_triggerdef(oid)) = 0) THEN
+		DROP TRIGGER job_lease_history_update ON job_lease;
 	END IF;
 	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_update') THEN
 		CREATE TRIGGER job_lease_history_update BEFORE UPDATE ON job_lease
-		FOR EACH ROW WHEN (NEW.updated_at = OLD.updated_at OR NEW.generation <> OLD.generation
+		FOR EACH ROW WHEN (NEW.updated_at = OLD.updated_at OR OLD.event_gen IS DISTINCT FROM NEW.generation
 			OR NEW.hold_generation IS DISTINCT FROM OLD.hold_generation)
 		EXECUTE FUNCTION job_lease_history();
 	END IF;

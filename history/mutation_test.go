@@ -162,13 +162,20 @@ func checkEventsCaught(t *testing.T, s *testdb.Server, faults []string) {
 		return o.in.LeaseEvents[i]
 	}
 	saved := first(func(e LeaseEvent) bool { return e.Kind == "ended" && e.How == "saved" })
+	// An end is a row of its own, or, on PostgreSQL, the second half of
+	// its generation's row (seq - 1, with end_cause): each corruption of
+	// one is two statements, of which one finds its row.
 	corrupt("an end deleted", ViolationEventMissing,
-		[]any{"DELETE FROM job_lease_event WHERE target_id = ? AND seq = ?", saved.Target, saved.Seq})
+		[]any{"DELETE FROM job_lease_event WHERE target_id = ? AND seq = ?", saved.Target, saved.Seq},
+		[]any{"UPDATE job_lease_event SET ended_at = NULL, end_cause = NULL, operator = NULL, detail = NULL" +
+			" WHERE target_id = ? AND seq = ? AND end_cause IS NOT NULL", saved.Target, saved.Seq - 1})
 	released := first(func(e LeaseEvent) bool { return e.Kind == "acquired" && e.How == "released" })
 	corrupt("an acquisition's how changed", ViolationEventWrong,
 		[]any{"UPDATE job_lease_event SET how = 'seized' WHERE target_id = ? AND seq = ?", released.Target, released.Seq})
 	corrupt("a save's end changed to a failure", ViolationEventOutcome,
-		[]any{"UPDATE job_lease_event SET how = 'failed', detail = 'boom' WHERE target_id = ? AND seq = ?", saved.Target, saved.Seq})
+		[]any{"UPDATE job_lease_event SET how = 'failed', detail = 'boom' WHERE target_id = ? AND seq = ?", saved.Target, saved.Seq},
+		[]any{"UPDATE job_lease_event SET end_cause = 'failed', detail = 'boom' WHERE target_id = ? AND seq = ? AND end_cause IS NOT NULL",
+			saved.Target, saved.Seq - 1})
 	paused := first(func(e LeaseEvent) bool { return e.Kind == "paused" })
 	corrupt("a pause's event deleted", ViolationEventMissing,
 		[]any{"DELETE FROM job_lease_event WHERE target_id = ? AND seq = ?", paused.Target, paused.Seq})
@@ -189,5 +196,5 @@ func checkEventsCaught(t *testing.T, s *testdb.Server, faults []string) {
 		t.Fatalf("no way to drop the event table's key on %s", d.name)
 	}
 	corrupt("a seq duplicated", ViolationEventSeq,
-		[]any{"UPDATE job_lease_event SET seq = seq - 1 WHERE target_id = ? AND seq = ?", saved.Target, saved.Seq})
+		[]any{"UPDATE job_lease_event SET seq = seq - 1 WHERE target_id = ? AND seq = ?", paused.Target, paused.Seq})
 }

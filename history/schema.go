@@ -115,8 +115,18 @@ var postgresSchema = schema{
 		COALESCE(new_acquired_us, 0), at_us FROM history_lease_log ORDER BY seq`,
 	events: `SELECT target_id, seq, ` + fmt.Sprintf(pgMicros, "at") + `, kind, generation, holder, COALESCE(how, ''),
 		COALESCE(from_generation, 0), COALESCE(` + fmt.Sprintf(pgMicros, "acquired_at") + `, 0), COALESCE(operator, ''),
-		COALESCE(detail, '') FROM job_lease_event ORDER BY target_id, seq`,
+		COALESCE(detail, ''), COALESCE(` + fmt.Sprintf(pgMicros, "ended_at") + `, 0), COALESCE(end_cause, '')
+		FROM job_lease_event` + pendingEvents + ` ORDER BY target_id, seq`,
 }
+
+// pendingEvents reads, on PostgreSQL, the acquisitions that the history's
+// trigger left pending in the lease rows (event_how set while event_gen is
+// the row's generation), as the events that it will write (docs/design.md,
+// History).
+var pendingEvents = `
+		UNION ALL SELECT target_id, event_seq + 1, ` + fmt.Sprintf(pgMicros, "COALESCE(acquired_at, updated_at)") + `, 'acquired',
+		generation, holder, event_how, CASE WHEN event_how = 'new' THEN 0 ELSE generation - 1 END, 0, '', '', 0, ''
+		FROM job_lease WHERE event_how IS NOT NULL AND event_gen = generation AND released_at IS NULL`
 
 // MariaDB: no trigger, since any trigger on job_lease makes the server
 // report 0 as the insert ID of the acquire's statements, by which
@@ -150,7 +160,8 @@ var mysqlSchema = schema{
 		ORDER BY target_id, generation, updated_at, released_at IS NOT NULL, released_at`,
 	events: `SELECT target_id, seq, ` + fmt.Sprintf(myMicros, "at") + `, kind, generation, holder, COALESCE(how, ''),
 		COALESCE(from_generation, 0), COALESCE(` + fmt.Sprintf(myMicros, "acquired_at") + `, 0), COALESCE(operator, ''),
-		COALESCE(detail, '') FROM job_lease_event ORDER BY target_id, seq`,
+		COALESCE(detail, ''), COALESCE(` + fmt.Sprintf(myMicros, "ended_at") + `, 0), COALESCE(end_cause, '')
+		FROM job_lease_event ORDER BY target_id, seq`,
 }
 
 // SQLite: a trigger, as on PostgreSQL. The lease's times are text with
@@ -187,7 +198,8 @@ var sqliteSchema = schema{
 	changes:   postgresSchema.changes,
 	events: `SELECT target_id, seq, ` + fmt.Sprintf(liteMicros, "at") + `, kind, generation, holder, COALESCE(how, ''),
 		COALESCE(from_generation, 0), COALESCE(` + fmt.Sprintf(liteMicros, "acquired_at") + `, 0), COALESCE(operator, ''),
-		COALESCE(detail, '') FROM job_lease_event ORDER BY target_id, seq`,
+		COALESCE(detail, ''), COALESCE(` + fmt.Sprintf(liteMicros, "ended_at") + `, 0), COALESCE(end_cause, '')
+		FROM job_lease_event ORDER BY target_id, seq`,
 }
 
 // Migrate creates the history tables and the lease row trigger in db,
@@ -328,7 +340,10 @@ type LeaseEvent struct {
 
 // ReadEvents reads every event of the lease table's event table, by target
 // and seq, with plain SQL: not through admin.History, whose reading the
-// checker is not to depend on. An error when the table does not exist.
+// checker is not to depend on. A row that holds a generation's two events
+// (PostgreSQL's) is read as both, and the acquisitions that PostgreSQL's
+// trigger left pending in the lease rows as the events they will be. An
+// error when the table does not exist.
 func ReadEvents(ctx context.Context, db *gorm.DB) ([]LeaseEvent, error) {
 	s, err := schemaOf(db)
 	if err != nil {
@@ -342,11 +357,22 @@ func ReadEvents(ctx context.Context, db *gorm.DB) ([]LeaseEvent, error) {
 	var events []LeaseEvent
 	for rows.Next() {
 		var e LeaseEvent
+		var endedAt int64
+		var endCause string
 		if err := rows.Scan(&e.Target, &e.Seq, &e.At, &e.Kind, &e.Gen, &e.Holder, &e.How, &e.FromGen, &e.AcquiredAt,
-			&e.Operator, &e.Detail); err != nil {
+			&e.Operator, &e.Detail, &endedAt, &endCause); err != nil {
 			return nil, fmt.Errorf("history: read the events: %w", err)
 		}
-		events = append(events, e)
+		if endCause == "" {
+			events = append(events, e)
+			continue
+		}
+		// A row of a generation's two events: its acquisition, then, at
+		// the next seq, its end, with the row's operator and detail.
+		acquired := e
+		acquired.Operator, acquired.Detail, acquired.AcquiredAt = "", "", 0
+		events = append(events, acquired, LeaseEvent{Target: e.Target, Seq: e.Seq + 1, At: endedAt, Kind: "ended",
+			Gen: e.Gen, Holder: e.Holder, How: endCause, AcquiredAt: e.At, Operator: e.Operator, Detail: e.Detail})
 	}
 	return events, rows.Err()
 }

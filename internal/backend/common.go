@@ -86,10 +86,11 @@ type Dialect struct {
 // ForceRelease, List and PruneBatch, and no capabilities. A backend embeds
 // it and adds its own acquire, migration, waiter state and capabilities.
 type Common struct {
-	d      Dialect
-	tables Tables
-	own    [HoldFor + 1]string
-	get    string
+	d       Dialect
+	tables  Tables
+	own     [HoldFor + 1]string
+	get     string
+	pending string // see SetPendingEvent
 }
 
 // The causes that end_cause records, by which a generation ended: the

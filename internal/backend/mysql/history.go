@@ -26,6 +26,8 @@ const eventTable = `CREATE TABLE IF NOT EXISTS job_lease_event (
 	acquired_at     datetime(6) NULL,
 	operator        varchar(255) NULL,
 	detail          varchar(255) NULL,
+	ended_at        datetime(6) NULL,
+	end_cause       varchar(16) NULL,
 	PRIMARY KEY (target_id, seq)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4`
 
@@ -123,6 +125,14 @@ BEGIN
 END`
 )
 
+// addedEventColumns are the columns of the event table that Migrate adds
+// to one made before them. MySQL writes them NULL: only PostgreSQL's
+// trigger writes a generation's two events as one row (backend.Event).
+var addedEventColumns = []backend.Column{
+	{Name: "ended_at", DDL: "datetime(6) NULL"},
+	{Name: "end_cause", DDL: "varchar(16) NULL"},
+}
+
 // eventDDL is eventTable for tables t.
 func eventDDL(t backend.Tables) string { return t.Expand(eventTable) }
 
@@ -146,6 +156,9 @@ var ErrTriggerPrivilege = errors.New("the server refused to create the history's
 // migration made meanwhile (error 1359) is no error.
 func (b *Backend) migrateHistory(ctx context.Context, db *gorm.DB, t backend.Tables) error {
 	if err := db.Exec(b.eventDDL).Error; err != nil {
+		return err
+	}
+	if err := backend.AddMissingColumns(db, t.Event(), addedEventColumns); err != nil {
 		return err
 	}
 	table, schema := backend.Unqualified(t.Lease)

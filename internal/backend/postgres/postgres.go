@@ -88,6 +88,7 @@ WHERE target_id = $1 AND generation = $2 AND (released_at IS NULL OR paused_at I
 	d := dialect(t)
 	d.PrefixRange = b.bytewiseOrder
 	b.Common = backend.NewCommon(d, t)
+	b.SetPendingEvent(t.Expand(pendingEventSQL))
 	b.Kit = backend.NewKit(d, t, func(col string) string {
 		return "(" + col + " - CAST(? AS bigint) * interval '1 microsecond')"
 	})

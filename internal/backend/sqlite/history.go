@@ -31,6 +31,8 @@ CREATE TABLE IF NOT EXISTS job_lease_event (
 	acquired_at     datetime,
 	operator        text,
 	detail          text,
+	ended_at        datetime,
+	end_cause       varchar(16),
 	PRIMARY KEY (target_id, seq)
 );
 CREATE TRIGGER IF NOT EXISTS job_lease_history_insert AFTER INSERT ON job_lease
@@ -86,6 +88,14 @@ BEGIN
 	WHERE NEW.stop_generation = NEW.generation AND (OLD.stop_generation IS NOT NEW.stop_generation
 		OR NEW.stop_reason IS NOT OLD.stop_reason OR NEW.stop_by IS NOT OLD.stop_by);
 END;`
+
+// addedEventColumns are the columns of the event table that Migrate adds
+// to one made before them. SQLite writes them NULL: only PostgreSQL's
+// trigger writes a generation's two events as one row (backend.Event).
+var addedEventColumns = []backend.Column{
+	{Name: "ended_at", DDL: "datetime"},
+	{Name: "end_cause", DDL: "varchar(16)"},
+}
 
 // nextSeq is the seq of a target's next event, in a trigger's statement:
 // one probe of the primary key, from the target's end.

@@ -190,7 +190,10 @@ func (b *Backend) Migrate(ctx context.Context, db *gorm.DB, history bool) error 
 		if !history {
 			return nil
 		}
-		return tx.Exec(b.eventSQL).Error
+		if err := tx.Exec(b.eventSQL).Error; err != nil {
+			return err
+		}
+		return backend.AddMissingColumns(tx, backend.Tables{Lease: b.lease}.Event(), addedEventColumns)
 	}, b.TxOptions())
 }
 
