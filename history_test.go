@@ -560,3 +560,41 @@ func TestHistory_PostgresOneRowPerGeneration(t *testing.T) {
 		{Kind: "acquired", Generation: 5, Holder: "h", How: "released", From: 4},
 	}, readEvents(t, db, "job_lease_event", target))
 }
+
+// On PostgreSQL a lease held when the history was turned on gets its
+// record in the row (event_gen) at the first statement that calls the
+// trigger's function, its first heartbeat, and later heartbeats then
+// leave the function alone; its end is written as an ended event of its
+// own (its acquisition was never recorded), and the next acquisition is
+// pending as any other.
+func TestHistory_PostgresLeaseHeldWhenHistoryBegan(t *testing.T) {
+	t.Parallel()
+	s := testdb.Postgres(t)
+	ctx := context.Background()
+	db := s.OpenEmpty(t, nil)
+	require.NoError(t, gormlease.AutoMigrate(ctx, db))
+	target := newTarget(t)
+	repo, err := gormlease.NewRepository(db, gormlease.WithHolder("h"))
+	require.NoError(t, err)
+	l, err := repo.Acquire(ctx, target, time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, gormlease.AutoMigrate(ctx, db, gormlease.WithHistory()))
+	eventGen := func() *int64 {
+		t.Helper()
+		var g *int64
+		require.NoError(t, db.Raw("SELECT event_gen FROM job_lease WHERE target_id = ?", target).Scan(&g).Error)
+		return g
+	}
+	require.Nil(t, eventGen(), "event_gen before any statement")
+	require.NoError(t, repo.Heartbeat(ctx, l))
+	if g := eventGen(); assert.NotNil(t, g, "event_gen after a heartbeat") {
+		assert.EqualValues(t, 1, *g)
+	}
+	require.NoError(t, repo.Release(ctx, l))
+	_, err = repo.Acquire(ctx, target, time.Hour)
+	require.NoError(t, err)
+	assert.Equal(t, []event{
+		{Kind: "ended", Generation: 1, Holder: "h", How: "released"},
+		{Kind: "acquired", Generation: 2, Holder: "h", How: "released", From: 1},
+	}, readEvents(t, db, "job_lease_event", target))
+}

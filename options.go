@@ -91,9 +91,11 @@ func (historyOption) applyMigrate(m *migrateConfig) { m.history = true }
 
 // WithHistory makes AutoMigrate keep a history of each target: it creates
 // the event table (the lease table's name with "_event" appended) and the
-// triggers on the lease table that write an event, in the statement's own
-// transaction, for each acquisition, each end of a generation, each fenced
-// save and each operator action (docs/design.md, section History). Whether
+// triggers on the lease table that write an event, in the transaction of
+// the change, for each acquisition, each end of a generation, each fenced
+// save and each operator action (on PostgreSQL an acquisition may stay
+// pending in the lease row until the row's next event: docs/design.md,
+// section History). Whether
 // a table keeps history is the schema's, so every process that uses the
 // table records events whatever its own options. AutoMigrate without it
 // leaves an existing history as it is: docs/operating.md says how to turn

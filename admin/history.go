@@ -14,9 +14,10 @@ import (
 // History. A lease table migrated with gormlease.WithHistory keeps an
 // event for each change of a lease row that a person would ask about: an
 // acquisition, a save, the end of a generation, and each operator's
-// action. The lease table's triggers write them, in the statement that
-// makes the change, into the event table: the lease table's name with
-// "_event" appended. History reads them; Prune deletes the old ones
+// action. The lease table's triggers write them, in the transaction of the
+// change, into the event table: the lease table's name with "_event"
+// appended (on PostgreSQL an acquisition may stay pending in the lease row
+// until the row's next event, and History reads it there). History reads them; Prune deletes the old ones
 // (PruneOptions.OlderThan, KeepEvents). See docs/operating.md, History.
 
 // ErrNoHistory is the error, wrapped, of History when the lease table

@@ -69,8 +69,9 @@ type PruneOptions struct {
 	// (gormlease.WithHistory): Prune also deletes a row's events beyond
 	// its KeepEvents newest, whatever their age (on PostgreSQL, where one
 	// row of the event table may hold a generation's acquisition and
-	// end, the two go together: a row may keep KeepEvents + 1). 0, the
-	// default, sets no cap; it cannot be negative.
+	// end, the two go together: a row may keep KeepEvents + 1 in the
+	// table, and History may show one more, pending in the lease row).
+	// 0, the default, sets no cap; it cannot be negative.
 	KeepEvents int
 	// EventsDeleted, when not nil, is set to the number of events that
 	// Prune deleted (with DryRun, that it would delete now), also when it
@@ -97,7 +98,9 @@ type PruneOptions struct {
 // Where the table keeps history (gormlease.WithHistory), Prune then
 // deletes the events older than opts.OlderThan, and with opts.KeepEvents
 // those of each row beyond its newest KeepEvents, in batches of
-// opts.BatchSize events, each a statement that reads the event table in
+// opts.BatchSize rows of the event table (on PostgreSQL a row may hold a
+// generation's acquisition and end, which go together, judged by the end),
+// each a statement that reads the event table in
 // key order from where the last one stopped, and one that deletes what it
 // read: a whole Prune reads the event table about once. It keeps the
 // newest event of each row whose lease row is not prunable when the events

@@ -175,3 +175,37 @@ func TestPrune_WithoutHistory(t *testing.T) {
 		assert.Zero(t, events)
 	})
 }
+
+// On PostgreSQL a row of the event table may hold a generation's
+// acquisition and its end: Prune judges it by its end, the newer of the
+// two, and counts both events when it deletes it.
+func TestPrune_GenerationRowJudgedByItsEnd(t *testing.T) {
+	t.Parallel()
+	s := testdb.Postgres(t)
+	ctx := context.Background()
+	db := historyDB(t, s)
+	repo, op := newOperator(t, db)
+	l, err := repo.Acquire(ctx, "long", time.Hour)
+	require.NoError(t, err)
+	// Held for two hours: the acquisition is old, its end is not.
+	require.NoError(t, db.Exec("UPDATE job_lease SET acquired_at = acquired_at - interval '2 hours' WHERE target_id = 'long'").Error)
+	require.NoError(t, repo.Release(ctx, l))
+	released(t, repo, "long") // a newer row, which Prune keeps as the newest
+	require.Equal(t, []int64{1, 3}, eventSeqs(t, db, "long"), "each generation one row")
+
+	var events int64
+	_, err = op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour, EventsDeleted: &events})
+	require.NoError(t, err)
+	assert.Zero(t, events, "events deleted")
+	assert.Equal(t, []int64{1, 3}, eventSeqs(t, db, "long"))
+
+	// Both generations ended two hours ago: the first row goes, two events.
+	require.NoError(t, db.Exec("UPDATE job_lease_event SET ended_at = ended_at - interval '2 hours', at = at - interval '2 hours'").Error)
+	_, err = op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour, EventsDeleted: &events, DryRun: true})
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, events, "events a dry run counts")
+	_, err = op.Prune(ctx, admin.PruneOptions{OlderThan: time.Hour, EventsDeleted: &events})
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, events, "events deleted")
+	assert.Equal(t, []int64{3}, eventSeqs(t, db, "long"))
+}

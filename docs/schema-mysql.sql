@@ -121,6 +121,9 @@ CREATE TABLE IF NOT EXISTS job_result (
 -- fenced saves and the operators' actions, numbered by seq from 1 per
 -- target (docs/design.md, section History). Its name is the lease table's
 -- with _event appended; it has no index by time: Prune walks its key.
+-- ended_at and end_cause stay NULL here: only PostgreSQL's trigger writes a
+-- generation's acquisition and end as one row. (AutoMigrate adds the two to
+-- an event table made before them.)
 CREATE TABLE IF NOT EXISTS job_lease_event (
 	target_id       varbinary(255) NOT NULL,
 	seq             bigint NOT NULL,
@@ -133,6 +136,8 @@ CREATE TABLE IF NOT EXISTS job_lease_event (
 	acquired_at     datetime(6) NULL,
 	operator        varchar(255) NULL,
 	detail          varchar(255) NULL,
+	ended_at        datetime(6) NULL,
+	end_cause       varchar(16) NULL,
 	PRIMARY KEY (target_id, seq)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 

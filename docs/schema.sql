@@ -170,7 +170,7 @@ $$;
 -- job_lease_history() writes, in a statement that changes a row, before the
 -- row is written and under its lock, the events of the change: an
 -- acquisition that the WHEN clause lets through (seized, expired, after a
--- minimum hold, of a row made before the history, or by Pause), with the
+-- minimum hold, of a row made before the history, or by Pause or SetSlots), with the
 -- ended event of an unreleased lease taken over first; the end of a
 -- generation (its cause from end_cause, written by the statement that ends
 -- it), in one row with its pending acquisition; a fenced save, a minimum
@@ -296,7 +296,8 @@ BEGIN
 		VALUES (NEW.target_id, n, clock_timestamp(), 'stop_requested', NEW.stop_generation, NEW.holder, NEW.stop_by,
 			NEW.stop_reason);
 	END IF;
-	IF NEW.event_gen IS NULL AND NEW.lease_token <> '00000000-0000-0000-0000-000000000000' THEN
+	IF NOT pend AND NEW.lease_token <> '00000000-0000-0000-0000-000000000000'
+		AND NEW.event_gen IS DISTINCT FROM (NEW.generation + (CASE WHEN NEW.released_at IS NULL THEN 0 ELSE 1 END)) THEN
 		NEW.event_gen := NEW.generation + CASE WHEN NEW.released_at IS NULL THEN 0 ELSE 1 END;
 		NEW.event_how := CASE WHEN NEW.released_at IS NOT NULL THEN 'released' END;
 	END IF;
@@ -308,8 +309,9 @@ $$;
 -- The triggers, made only when missing (an earlier version's are replaced).
 -- The WHEN clause of the trigger on UPDATE is checked on the row without
 -- calling the function: a heartbeat, which changes only updated_at, never
--- calls it, nor does the acquisition of a row that its holder released,
--- which stays pending. To stop keeping history:
+-- calls it once the row's record is set (the function's first call sets
+-- it), nor does the acquisition of a row that its holder released, which
+-- stays pending. To stop keeping history:
 --   DROP TRIGGER job_lease_history_update ON job_lease;
 --   DROP TRIGGER job_lease_history_ins ON job_lease;
 --   DROP TRIGGER job_lease_history_del ON job_lease;
@@ -327,7 +329,8 @@ BEGIN
 	END IF;
 	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_del') THEN
 		CREATE TRIGGER job_lease_history_del AFTER DELETE ON job_lease
-		FOR EACH ROW WHEN (OLD.event_how IS NOT NULL AND OLD.event_gen = OLD.generation) EXECUTE FUNCTION job_lease_history_gone();
+		FOR EACH ROW WHEN (OLD.event_how IS NOT NULL AND OLD.event_gen = OLD.generation AND OLD.released_at IS NULL)
+		EXECUTE FUNCTION job_lease_history_gone();
 	END IF;
 	IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_update'
 		AND position('event_gen' in pg_get_triggerdef(oid)) = 0) THEN

@@ -121,8 +121,8 @@ var postgresSchema = schema{
 
 // pendingEvents reads, on PostgreSQL, the acquisitions that the history's
 // trigger left pending in the lease rows (event_how set while event_gen is
-// the row's generation), as the events that it will write (docs/design.md,
-// History).
+// the generation of an unreleased row), as the events that it will write
+// (docs/design.md, History).
 var pendingEvents = `
 		UNION ALL SELECT target_id, event_seq + 1, ` + fmt.Sprintf(pgMicros, "COALESCE(acquired_at, updated_at)") + `, 'acquired',
 		generation, holder, event_how, CASE WHEN event_how = 'new' THEN 0 ELSE generation - 1 END, 0, '', '', 0, ''
@@ -317,11 +317,13 @@ func readVersions(db *gorm.DB, query string) ([]Change, error) {
 	return changes, rows.Err()
 }
 
-// LeaseEvent is one row of the lease table's event table (job_lease_event,
-// kept when the lease table is migrated with gormlease.WithHistory): one
-// event of a lease row's history, written by gormlease's triggers in the
+// LeaseEvent is one event of a lease row's history, as the lease table's
+// event table (job_lease_event, kept when the lease table is migrated with
+// gormlease.WithHistory) holds it, written by gormlease's triggers in the
 // transaction of the change it records (see admin.Event, whose fields these
-// are). At and AcquiredAt are the database's clock in Unix microseconds
+// are): a row of the table, or one of the two events of a row that holds a
+// generation's acquisition and end, or an acquisition still pending in the
+// lease row (PostgreSQL: see ReadEvents). At and AcquiredAt are the database's clock in Unix microseconds
 // (AcquiredAt 0: NULL); FromGen, How, Operator and Detail are 0 or "" for
 // NULL.
 type LeaseEvent struct {

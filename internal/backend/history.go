@@ -155,25 +155,29 @@ func (c *Common) History(ctx context.Context, db *gorm.DB, q HistoryQuery) ([]Ev
 // which the dialect's trigger has not yet written to the event table: a
 // SELECT of EventColumns from the lease table, whose WHERE ends with
 // target_id = ? (and then History may add a condition on event_seq).
-// PostgreSQL's trigger leaves an acquisition of a released row pending,
-// and writes it with the row's next event (docs/design.md, History).
+// PostgreSQL's trigger leaves the acquisition of a released row, and of a
+// row that the acquire inserts, pending, and writes it with the row's next
+// event (docs/design.md, History).
 func (c *Common) SetPendingEvent(query string) { c.pending = query }
 
 // prunableEvent is the condition on an event row e that PruneEvents
-// deletes it by, and its arguments: older than q.OlderThan, but not the
+// deletes it by, and its arguments: older than q.OlderThan (a row of two
+// events by its end, the newer), but not the
 // newest of a key whose lease row Prune keeps (one not prunable: the
 // trigger numbers the next event from it); or, with q.Keep, when all its
 // events are beyond its key's q.Keep newest. Each reads the key's highest
 // seq from the primary key, for the event alone. A lease row that Prune
 // would delete counts as gone already, so that a dry run, made before the
-// lease rows are deleted, counts what Prune deletes after them.
+// lease rows are deleted, counts what Prune deletes after them (but for
+// the acquisitions that PostgreSQL's trigger writes as it deletes a lease
+// row whose acquisition was pending).
 func (c *Common) prunableEvent(q EventPruneQuery) (string, []any) {
 	secs := q.OlderThan.Seconds()
 	// Not MAX(m.seq), which a server may compute by reading every event
 	// of the key for each event (MySQL's correlated subqueries): the
 	// newest entry of the key in the primary key's index, read backwards.
 	newest := " FROM " + c.tables.Event() + " m WHERE m.target_id = e.target_id ORDER BY m.seq DESC LIMIT 1)"
-	cond := "(" + c.d.SecondsSince("e.at") + " > ? AND (e.seq < (SELECT m.seq" + newest +
+	cond := "(" + c.d.SecondsSince("COALESCE(e.ended_at, e.at)") + " > ? AND (e.seq < (SELECT m.seq" + newest +
 		" OR NOT EXISTS (SELECT 1 FROM " + c.tables.Lease + " l WHERE l.target_id = e.target_id AND NOT " + c.prunable() + ")))"
 	args := []any{secs, secs, secs}
 	if q.Keep > 0 {

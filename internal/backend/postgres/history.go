@@ -10,39 +10,44 @@ import (
 // docs/schema.sql that Migrate runs with history: the event table, keyed by
 // target and seq (nothing reads it by time: Prune walks the key), the lease
 // table's event_seq, event_gen and event_how, and the triggers on the lease
-// table that write the events, each in the statement that makes the change
-// it records (docs/design.md, section History).
+// table that write the events, in the transaction of the change each
+// records: in the statement that makes it, or, for an acquisition left
+// pending (below), in the lease row until the row's next event is written
+// (docs/design.md, section History).
 //
 // The trigger on UPDATE runs job_lease_history() before the row is
 // written, once the statement holds the row's lock, when its WHEN clause,
 // which PostgreSQL checks on the row without calling the function, lets it
 // through: a statement that leaves updated_at as it was (a release, a save,
-// an operator's step), changes the hold, or gives the row a generation
-// other than event_gen. event_gen is the generation that the row's
-// statements may have without calling the function: the one held, and,
-// once the trigger has written a release, the next. So a heartbeat never
-// calls it, and neither does the common acquisition, of a row that its
-// holder released: that acquisition is pending (event_how, how it began,
-// is set while it is not written), and the statement that next writes an
-// event of the row writes it first. A generation that nothing interrupts,
-// acquired and then ended, so costs one call and one row: its end writes
-// both events as one row, which History reads as two (the acquisition at
-// seq, the end at seq + 1). A row made by an INSERT (BEFORE INSERT:
-// job_lease_history_new()) is pending as new, and one deleted while pending
-// (job_lease_history_gone()) writes its acquisition as it goes.
+// an operator's step, a Do waiter's mark, which writes nothing), changes
+// the hold, or gives the row a generation other than event_gen. event_gen
+// is the generation that the row's statements may give it without calling
+// the function: the one held, and, once the function has written a release,
+// the next. So a heartbeat calls it only on a row that has no such record
+// (made before the history, or changed while the triggers were gone), once,
+// and the common acquisition, of a row that its holder released, never:
+// that acquisition is pending (event_how, how it began, is set while it is
+// not written), and the statement that next writes an event of the row
+// writes it first. A generation that nothing interrupts, acquired and then
+// ended, so costs one call and one row: its end writes both events as one
+// row, which History reads as two (the acquisition at seq, the end at
+// seq + 1). An acquire that inserts the row calls job_lease_history_new()
+// (BEFORE INSERT), which makes the acquisition pending as new; a row
+// deleted while pending calls job_lease_history_gone(), which writes it.
 //
 // After a minimum hold begins, event_gen stays the generation held: the
 // acquisition after the hold takes an unreleased row, and the function
-// writes it. A row from before the history (no event_gen) gets one at its
-// first event, as if the function had written its last acquisition (held)
-// or release (released).
+// writes it. Each call of the function that leaves no acquisition pending
+// sets the row's record (event_gen, event_how) as if the function had
+// written the row's last acquisition (held) or release (released).
 //
 // The function numbers its events from the row's event_seq, which it
 // advances in the row it writes (no read of the event table; the row's
 // lock serialises every writer of the target's events); a row without one
-// (made before the history, or by an INSERT) gets it from the target's
-// last event, by an index probe of the primary key
-// (job_lease_history_top()). A lease taken over while unreleased is judged
+// (made before the history, or by Pause or SetSlots) gets it from the
+// target's last event, by an index probe of the primary key
+// (job_lease_history_top()), as job_lease_history_new() does for a row
+// that an acquire inserts. A lease taken over while unreleased is judged
 // by the timeout its holder recorded, on the database's clock, as the
 // acquire judges it: expired, or seized while still live.
 //
@@ -211,7 +216,8 @@ BEGIN
 		VALUES (NEW.target_id, n, clock_timestamp(), 'stop_requested', NEW.stop_generation, NEW.holder, NEW.stop_by,
 			NEW.stop_reason);
 	END IF;
-	IF NEW.event_gen IS NULL AND NEW.lease_token <> '00000000-0000-0000-0000-000000000000' THEN
+	IF NOT pend AND NEW.lease_token <> '00000000-0000-0000-0000-000000000000'
+		AND NEW.event_gen IS DISTINCT FROM (NEW.generation + (CASE WHEN NEW.released_at IS NULL THEN 0 ELSE 1 END)) THEN
 		NEW.event_gen := NEW.generation + CASE WHEN NEW.released_at IS NULL THEN 0 ELSE 1 END;
 		NEW.event_how := CASE WHEN NEW.released_at IS NOT NULL THEN 'released' END;
 	END IF;
@@ -230,7 +236,8 @@ BEGIN
 	END IF;
 	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_del') THEN
 		CREATE TRIGGER job_lease_history_del AFTER DELETE ON job_lease
-		FOR EACH ROW WHEN (OLD.event_how IS NOT NULL AND OLD.event_gen = OLD.generation) EXECUTE FUNCTION job_lease_history_gone();
+		FOR EACH ROW WHEN (OLD.event_how IS NOT NULL AND OLD.event_gen = OLD.generation AND OLD.released_at IS NULL)
+		EXECUTE FUNCTION job_lease_history_gone();
 	END IF;
 	IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_update'
 		AND position('event_gen' in pg_get_triggerdef(oid)) = 0) THEN
