@@ -316,8 +316,9 @@ $$;
 --   DROP TRIGGER job_lease_history_ins ON job_lease;
 --   DROP TRIGGER job_lease_history_del ON job_lease;
 --   DROP FUNCTION job_lease_history(), job_lease_history_new(), job_lease_history_gone(), job_lease_history_top(varchar);
--- (and DROP TABLE job_lease_event to delete the events too; a pending
--- acquisition is lost with the triggers).
+-- (and DROP TABLE job_lease_event to delete the events too; an acquisition
+-- pending then is written only if the triggers are back before its
+-- generation ends).
 DO $$
 BEGIN
 	IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_insert') THEN
@@ -326,6 +327,10 @@ BEGIN
 	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_ins') THEN
 		CREATE TRIGGER job_lease_history_ins BEFORE INSERT ON job_lease
 		FOR EACH ROW WHEN (NEW.released_at IS NULL) EXECUTE FUNCTION job_lease_history_new();
+	END IF;
+	IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_del'
+		AND position('released_at' in pg_get_triggerdef(oid)) = 0) THEN
+		DROP TRIGGER job_lease_history_del ON job_lease;
 	END IF;
 	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_del') THEN
 		CREATE TRIGGER job_lease_history_del AFTER DELETE ON job_lease

@@ -22,8 +22,8 @@ import (
 // an operator's step, a Do waiter's mark, which writes nothing), changes
 // the hold, or gives the row a generation other than event_gen. event_gen
 // is the generation that the row's statements may give it without calling
-// the function: the one held, and, once the function has written a release,
-// the next. So a heartbeat calls it only on a row that has no such record
+// the function: the one held, and, once the row is released (the function
+// has written its release, or ended a minimum hold's row), the next. So a heartbeat calls it only on a row that has no such record
 // (made before the history, or changed while the triggers were gone), once,
 // and the common acquisition, of a row that its holder released, never:
 // that acquisition is pending (event_how, how it began, is set while it is
@@ -38,8 +38,10 @@ import (
 // After a minimum hold begins, event_gen stays the generation held: the
 // acquisition after the hold takes an unreleased row, and the function
 // writes it. Each call of the function that leaves no acquisition pending
-// sets the row's record (event_gen, event_how) as if the function had
-// written the row's last acquisition (held) or release (released).
+// sets the record (event_gen, event_how) of a row that an acquire has
+// taken as if the function had written its last acquisition (held) or
+// release (released); a row that Pause or SetSlots made keeps none until
+// an acquire takes it, which calls the function and is written as new.
 //
 // The function numbers its events from the row's event_seq, which it
 // advances in the row it writes (no read of the event table; the row's
@@ -233,6 +235,10 @@ BEGIN
 	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_ins') THEN
 		CREATE TRIGGER job_lease_history_ins BEFORE INSERT ON job_lease
 		FOR EACH ROW WHEN (NEW.released_at IS NULL) EXECUTE FUNCTION job_lease_history_new();
+	END IF;
+	IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_del'
+		AND position('released_at' in pg_get_triggerdef(oid)) = 0) THEN
+		DROP TRIGGER job_lease_history_del ON job_lease;
 	END IF;
 	IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = CAST('job_lease' AS regclass) AND tgname = 'job_lease_history_del') THEN
 		CREATE TRIGGER job_lease_history_del AFTER DELETE ON job_lease
