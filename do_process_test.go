@@ -161,7 +161,11 @@ func TestDo_ProcessFrozenHolderTakenOver(t *testing.T) {
 	t.Parallel()
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		target := newTarget(t)
-		procs := startDoProcs(t, s, 3, 2*time.Second)
+		// The frozen holder's lease expires when the test ages it, once
+		// every caller waits for it: one that expired on its own could be
+		// taken over, and the result saved, before the callers of a helper
+		// that ran late began, which would rightly run the work again.
+		procs := startDoProcs(t, s, 3, noExpiry)
 		frozen, waiters := procs[0], procs[1:]
 		frozen.send(fmt.Sprintf("do %s 1 from-%s hold", target, frozen.name))
 		require.Equal(t, "holding", frozen.status(target, 1))
@@ -169,7 +173,9 @@ func TestDo_ProcessFrozenHolderTakenOver(t *testing.T) {
 		const n = 5
 		for _, p := range waiters {
 			p.send(fmt.Sprintf("do %s %d from-%s quick", target, n, p.name))
+			require.Equal(t, "waiting", p.status(target, n))
 		}
+		age(t, s, db, target, 2*noExpiry) // the holder froze a minute ago
 		outcomes := map[*doProc][]string{}
 		for _, p := range waiters {
 			outcomes[p] = p.outcomes(n)

@@ -206,7 +206,12 @@ func TestDo_ExpiredHolderTakenOverByOneWaiter(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
 		repo := newRepository(t, db)
 		target := newTarget(t)
-		frozen, err := repo.Acquire(context.Background(), target, time.Second)
+		// Never renewed, and expired by the test (aged past its timeout)
+		// once every caller waits for it: a lease that expired on its own
+		// after a second could be taken over, and the result saved, before
+		// a caller whose goroutine ran late began, which would rightly run
+		// the work again.
+		frozen, err := repo.Acquire(context.Background(), target, time.Hour)
 		require.NoError(t, err)
 
 		var runs atomic.Int32
@@ -222,6 +227,16 @@ func TestDo_ExpiredHolderTakenOverByOneWaiter(t *testing.T) {
 		for i := range 12 {
 			results = append(results, goDo(t, context.Background(), runners[i%3], target, work))
 		}
+		waitFor(t, 10*time.Second, "every caller to wait for the frozen holder", func() bool {
+			for _, r := range runners {
+				if gormlease.DoCallers(r, target) != 4 {
+					return false
+				}
+			}
+			w := waiters(t, target)
+			return w.Waits == len(runners) && w.Held
+		})
+		age(t, s, db, target, 2*time.Hour) // the holder froze two hours ago
 		unshared := 0
 		for _, ch := range results {
 			res := recv(t, ch, 20*time.Second, "Do")

@@ -44,10 +44,14 @@ func TestDo_NoWatchWhileRunningTheWork(t *testing.T) {
 
 		t.Run("AfterTakingOver", func(t *testing.T) {
 			target := newTarget(t)
-			_, err := repo.Acquire(context.Background(), target, time.Second) // never renewed: expires
+			// Never renewed, and expired by the test once Do waits: a lease
+			// that expired on its own after a second might be found expired
+			// by a Do whose goroutine ran late, which would not wait.
+			_, err := repo.Acquire(context.Background(), target, time.Hour)
 			require.NoError(t, err)
 			ch := goDo(t, context.Background(), r, target, checkWork(target))
 			waitWatched(t, target) // Do waits first
+			age(t, s, db, target, 2*time.Hour)
 			res := recv(t, ch, 20*time.Second, "Do")
 			require.NoError(t, res.err)
 			assert.False(t, res.shared)

@@ -48,6 +48,9 @@ func TestElector_ResignHandsOver(t *testing.T) {
 			bLeads <- l.Generation
 			return nil
 		})
+		// b stands by before a resigns: a Lead whose goroutine ran late
+		// would find the role free, and show nothing of a standby's wait.
+		waitFor(t, 20*time.Second, "b to wait", func() bool { return waiters(t, role).Waits >= 1 })
 		select {
 		case <-bLeads:
 			t.Fatal("b leads while a does")

@@ -49,12 +49,12 @@ const (
 	missingSaved = "gormlease_missing_saved" // a table that the saver writes to, which does not exist
 )
 
-// quietScenario runs, on db, with gorm's own logger at level (slow
-// threshold 200ms, its default) writing into the returned printed and
+// quietScenario runs, on db, a pool on s, with gorm's own logger at level
+// (slow threshold 200ms, its default) writing into the returned printed and
 // WithLogger into the returned handler: a Run whose acquire waits 500ms for
 // the row lock of a transaction of the test's, and whose saver fails on a
 // missing table; a refused Run; and an acquire on a missing lease table.
-func quietScenario(t *testing.T, db *gorm.DB, level logger.LogLevel) (*printed, *recordingHandler) {
+func quietScenario(t *testing.T, s *testdb.Server, db *gorm.DB, level logger.LogLevel) (*printed, *recordingHandler) {
 	t.Helper()
 	p := &printed{}
 	logged := db.Session(&gorm.Session{NewDB: true, Context: context.Background(),
@@ -72,12 +72,23 @@ func quietScenario(t *testing.T, db *gorm.DB, level logger.LogLevel) (*printed, 
 	require.NoError(t, err)
 
 	// The row is locked before the Run starts: its acquire waits for the
-	// lock for as long as the test holds it.
+	// lock for as long as the test holds it, from the moment it is sent
+	// (the Run's goroutine may run late).
 	unlock := lockRow(t, db, target)
+	acquires := testdb.Started(db, "INSERT INTO job_lease") // on SQLite
 	done := goRun(t, ctx, r, target, func(context.Context) (string, error) { return "second", nil },
 		func(tx *gorm.DB, v string) error {
 			return tx.Exec("INSERT INTO "+missingSaved+" (v) VALUES (?)", v).Error
 		})
+	if s.Name == "sqlite" {
+		// No view of who waits for the write lock: an acquire that has
+		// begun can only be waiting for it.
+		waitFor(t, 10*time.Second, "the acquire to begin, and wait for the write lock", func() bool {
+			return testdb.Started(db, "INSERT INTO job_lease") > acquires
+		})
+	} else {
+		waitLockWait(t, s, "the acquire", "%job_lease%lease_token%")
+	}
 	time.Sleep(500 * time.Millisecond) // the lock's hold, not a wait for an event
 	unlock()
 	res := recv(t, done, 10*time.Second, "the Run that waited for the lock")
@@ -100,7 +111,7 @@ func quietScenario(t *testing.T, db *gorm.DB, level logger.LogLevel) (*printed, 
 // The slow statement is logged by WithLogger instead, at Warn.
 func TestLogging_LibraryStatementsQuietAtWarn(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
-		p, h := quietScenario(t, db, logger.Warn)
+		p, h := quietScenario(t, s, db, logger.Warn)
 		assert.Empty(t, p.mentioning("job_lease"), "the library's statements, in gorm's logger at Warn")
 		assert.Empty(t, p.mentioning(missingLease), "the library's failed statement, in gorm's logger at Warn")
 		saver := p.mentioning(missingSaved)
@@ -121,7 +132,7 @@ func TestLogging_LibraryStatementsQuietAtWarn(t *testing.T) {
 // lock and the one that failed too, never as slow nor as an error.
 func TestLogging_LibraryStatementsAtInfo(t *testing.T) {
 	eachDB(t, func(t *testing.T, s *testdb.Server, db *gorm.DB) {
-		p, _ := quietScenario(t, db, logger.Info)
+		p, _ := quietScenario(t, s, db, logger.Info)
 		lib := append(p.mentioning("job_lease"), p.mentioning(missingLease)...)
 		require.NotEmpty(t, p.mentioning("job_lease"), "the library's statements, in gorm's logger at Info")
 		require.NotEmpty(t, p.mentioning(missingLease), "the library's failed statement, in gorm's logger at Info")

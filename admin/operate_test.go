@@ -137,6 +137,12 @@ func TestPause_RunWaitAndDoWaitForResume(t *testing.T) {
 			_, _, err := r.Do(ctx, doTarget, work, save, func(*gorm.DB) (string, error) { return "loaded", nil })
 			doDone <- err
 		}()
+		// Both wait, before the window in which they must go on waiting: a
+		// call whose goroutine ran late would otherwise begin after the
+		// Resume, and the test would pass without either having waited.
+		testkit.WaitFor(t, 10*time.Second, "RunWait and Do to wait for the Resume", func() bool {
+			return op.Waiters(waitTarget).Waits == 1 && op.Waiters(doTarget).Waits == 1
+		})
 		select {
 		case err := <-waitDone:
 			t.Fatalf("RunWait returned while paused: %v", err)
@@ -491,6 +497,11 @@ func TestRequestStop_ElectorTermEnds(t *testing.T) {
 		require.Equal(t, "a", testkit.Recv(t, leading, 10*time.Second, "a leads"))
 		require.NoError(t, admin.New(a.Repository()).Pause(ctx, role, "no leader"))
 		bDone := testkit.GoLead(t, ctx, b, lead("b"))
+		// b campaigns before a's term ends: a Lead whose goroutine ran late
+		// would begin only after the window below.
+		testkit.WaitFor(t, 10*time.Second, "b to wait for a's term", func() bool {
+			return admin.New(a.Repository()).Waiters(role).Waits == 1
+		})
 		require.NoError(t, admin.New(a.Repository()).RequestStop(ctx, role, "step down"))
 		err := testkit.Recv(t, aDone, 10*time.Second, "a's Lead")
 		require.ErrorIs(t, err, gormlease.ErrStopRequested)

@@ -16,6 +16,7 @@ import (
 	"github.com/gormlease/gormlease"
 	"github.com/gormlease/gormlease/admin"
 	"github.com/gormlease/gormlease/internal/testdb"
+	"github.com/gormlease/gormlease/internal/testkit"
 	"github.com/gormlease/gormlease/leasetest"
 )
 
@@ -150,7 +151,12 @@ func TestDo_WaitsForAnOccupantAndTakesOverAfterExpire(t *testing.T) {
 			})
 			done <- result{v, shared, err}
 		}()
-		// Do waits: the hold stays live and the work does not run.
+		// Do waits: its watch has read the live hold (a Do whose goroutine
+		// ran late would begin only after Expire, and never wait); the hold
+		// stays live and the work does not run.
+		repo, err := gormlease.NewRepository(db)
+		require.NoError(t, err)
+		testkit.WaitFor(t, 10*time.Second, "Do to wait for the occupant", func() bool { return admin.New(repo).Waiters(target).Held })
 		select {
 		case res := <-done:
 			t.Fatalf("Do returned while the target was held: %+v", res)
