@@ -64,12 +64,20 @@ func (r *Repository) commit(ctx context.Context, l Lease, fn func(tx *gorm.DB) e
 	}}
 	for attempt := 1; ; attempt++ {
 		panicked = nil
-		err := r.backend.CommitFenced(ctx, r.db, f)
-		if err == nil {
+		raw := r.backend.CommitFenced(ctx, r.db, f)
+		if raw == nil {
 			return nil
 		}
-		err = fenceError(l, err, panicked)
-		switch again, lost := r.backend.RetryCommit(ctx, r.db, l.row(), err, attempt); {
+		err := fenceError(l, raw, panicked)
+		// The backend judges the database's error as it came: a saver's
+		// statement that a Galera certification aborted (a deadlock) is
+		// the transaction's failure, which fenceError reports as the
+		// saver's, and one more attempt may settle it.
+		judged := raw
+		if panicked != nil {
+			judged = err
+		}
+		switch again, lost := r.backend.RetryCommit(ctx, r.db, l.row(), judged, attempt); {
 		case lost:
 			return wrapf(fmt.Errorf("%w: another write on the lease row came first (%w)", ErrLeaseLost, unwrapStep(err)),
 				"commit %q", l.TargetID)
